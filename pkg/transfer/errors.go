@@ -1,0 +1,70 @@
+package transfer
+
+import "errors"
+
+// Layout and region errors.
+var (
+	// ErrInvalidLayout means a Layout is malformed (zero page size, overlapping buffers, ...).
+	ErrInvalidLayout = errors.New("transfer: invalid layout")
+	// ErrIncompatibleLayout means the two sides' layouts cannot exchange pages
+	// (buffer count, page size or aux row size differ).
+	ErrIncompatibleLayout = errors.New("transfer: incompatible layouts")
+	// ErrRegionTooSmall means the region file is shorter than its layout needs.
+	ErrRegionTooSmall = errors.New("transfer: region file smaller than layout")
+	// ErrRegionClosed means the region was unmapped.
+	ErrRegionClosed = errors.New("transfer: region closed")
+)
+
+// Page list errors.
+var (
+	// ErrPageOutOfRange means a run names a page outside its buffer.
+	ErrPageOutOfRange = errors.New("transfer: page out of range")
+	// ErrRunsOverlap means a page appears twice in one page list (repeats are refused).
+	ErrRunsOverlap = errors.New("transfer: page repeated in page list")
+	// ErrEmptyRun means a run has a count below one or a negative start.
+	ErrEmptyRun = errors.New("transfer: run with non-positive count or negative start")
+	// ErrRunsMismatch means source and destination page lists differ in page count, or the
+	// number of per-buffer page lists differs from the layout's buffer count.
+	ErrRunsMismatch = errors.New("transfer: source and destination page lists do not match")
+	// ErrAuxMismatch means an aux row is missing, the wrong length or out of range.
+	ErrAuxMismatch = errors.New("transfer: aux row mismatch")
+)
+
+// Wire errors, returned by the frame decoders. A decoder never panics.
+var (
+	// ErrShortFrame means fewer bytes than a header or run list needs.
+	ErrShortFrame = errors.New("transfer: short frame")
+	// ErrBadMagic means the frame does not start with the pdlink data magic.
+	ErrBadMagic = errors.New("transfer: bad frame magic")
+	// ErrBadVersion means the frame has a wire version this build does not speak.
+	ErrBadVersion = errors.New("transfer: unsupported frame version")
+	// ErrHeaderChecksum means the header's own crc32c does not match: the header is
+	// corrupt and none of its fields (room, pages, lengths) may be trusted.
+	ErrHeaderChecksum = errors.New("transfer: header checksum mismatch")
+	// ErrBadFrameType means an unknown frame type or flags.
+	ErrBadFrameType = errors.New("transfer: bad frame type")
+	// ErrFrameTooLarge means a length field exceeds the protocol limits.
+	ErrFrameTooLarge = errors.New("transfer: frame too large")
+	// ErrRunsChecksum means the run list does not match the crc32c in its header.
+	ErrRunsChecksum = errors.New("transfer: run list checksum mismatch")
+)
+
+// Transfer errors.
+var (
+	// ErrChecksum means a payload did not match its crc32c (reason "checksum").
+	ErrChecksum = errors.New("transfer: payload checksum mismatch")
+	// ErrConnBroken means the data connection carrying the room failed (reason "transfer_error").
+	ErrConnBroken = errors.New("transfer: data connection broken")
+	// ErrRejected means the receiver refused the room's frames (reason "invalid").
+	ErrRejected = errors.New("transfer: receiver rejected the room")
+	// ErrUnknownPeer means Send named a peer that was not added with AddPeer.
+	ErrUnknownPeer = errors.New("transfer: unknown peer")
+	// ErrDuplicateRoom means a live room with the same key is already registered.
+	ErrDuplicateRoom = errors.New("transfer: room already registered")
+	// ErrClosed means the sender or receiver was closed.
+	ErrClosed = errors.New("transfer: closed")
+	// ErrBadConfig means a configuration value is out of range.
+	ErrBadConfig = errors.New("transfer: bad config")
+	// ErrAuth means the connection preface (Authenticator) failed.
+	ErrAuth = errors.New("transfer: connection authentication failed")
+)

@@ -1,0 +1,314 @@
+package transfer
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// ReceiverConfig configures the decode side. Zero values take the defaults.
+type ReceiverConfig struct {
+	// Checksum: ChecksumCRC32C (default) requires a payload crc32c on every chunk and aux
+	// row; ChecksumNone accepts frames with or without one and verifies it when present.
+	Checksum Checksum
+	// IdleTimeout closes a connection that delivers no byte for this long, including one
+	// stalled mid-chunk (transfer-idle deadline). Senders ping well within it. Default 10s.
+	IdleTimeout time.Duration
+	// WriteTimeout bounds writing a result or pong. Default 5s.
+	WriteTimeout time.Duration
+	// HandshakeTimeout bounds the Authenticator preface. Default 10s.
+	HandshakeTimeout time.Duration
+	// PieceBytes is the most bytes read into a room's pages between two fence checks, so
+	// Fence waits for at most one piece. Default 256 KiB.
+	PieceBytes int
+	// Auth runs before any frame is read. Default NoAuth.
+	Auth Authenticator
+	// Logger defaults to zap.NewNop().
+	Logger *zap.Logger
+}
+
+func (c *ReceiverConfig) setDefaults() error {
+	var err error
+	if c.Checksum, err = ParseChecksum(string(c.Checksum)); err != nil {
+		return err
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 10 * time.Second
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = 5 * time.Second
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = 10 * time.Second
+	}
+	if c.PieceBytes == 0 {
+		c.PieceBytes = 256 << 10
+	}
+	if c.IdleTimeout < 0 || c.WriteTimeout < 0 || c.HandshakeTimeout < 0 || c.PieceBytes < 4096 {
+		return fmt.Errorf("%w: receiver timeouts must be positive and piece_bytes >= 4096", ErrBadConfig)
+	}
+	if c.Auth == nil {
+		c.Auth = NoAuth{}
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// Expectation is a room's destination on the decode side, from its METADATA: the pages per
+// buffer (Dst has one entry per buffer of the region; an entry may be empty) and the aux row
+// index (-1 for none). Bytes land only in these pages.
+type Expectation struct {
+	Key    Key
+	Dst    [][]Run
+	AuxRow int64
+}
+
+// ReceiverStats counts frames that were received but not written.
+type ReceiverStats struct {
+	DiscardedChunks uint64 // chunks for unknown, fenced or terminal rooms, drained unread
+	DiscardedBytes  uint64
+	RejectedFrames  uint64 // frames that failed a room as invalid, or broke a connection
+}
+
+// Receiver is the decode-side Sink over stream connections (TCP, or MemNetwork pipes). It is
+// the only writer of its region.
+type Receiver struct {
+	region *Region
+	cfg    ReceiverConfig
+	events Events
+	log    *zap.Logger
+
+	mu     sync.Mutex
+	rooms  map[Key]*rxRoom
+	conns  map[net.Conn]struct{}
+	lns    map[net.Listener]struct{}
+	closed bool
+	wg     sync.WaitGroup
+
+	discardedChunks, discardedBytes, rejected atomic.Uint64
+}
+
+var _ Sink = (*Receiver)(nil)
+
+// NewReceiver returns a Receiver writing into region. events may be nil.
+func NewReceiver(region *Region, cfg ReceiverConfig, events Events) (*Receiver, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if events == nil {
+		events = NopEvents{}
+	}
+	return &Receiver{
+		region: region, cfg: cfg, events: events, log: cfg.Logger,
+		rooms: make(map[Key]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
+	}, nil
+}
+
+// Stats returns the discard and reject counters.
+func (r *Receiver) Stats() ReceiverStats {
+	return ReceiverStats{r.discardedChunks.Load(), r.discardedBytes.Load(), r.rejected.Load()}
+}
+
+// rxBuf is one buffer's expected destination pages: sorted, coalesced runs, the position of
+// each run's first page in the room's page list, and which positions were claimed.
+type rxBuf struct {
+	runs    []Run
+	pos     []int64
+	claimed []uint64
+}
+
+type outcome uint8
+
+const (
+	live outcome = iota
+	completed
+	failed
+	fenced
+)
+
+// rxRoom is one expected room. Fields under mu; the write protocol is: a connection
+// goroutine increments writers under mu only while the room is live, writes one piece
+// without the lock, then decrements. Fence marks the room fenced under mu and waits until
+// writers is zero, so once Fence returns no byte lands for the room.
+type rxRoom struct {
+	key    Key
+	auxRow int64
+	total  int64 // pages expected over all buffers
+
+	mu       sync.Mutex
+	idle     sync.Cond // signalled when writers drops to zero
+	writers  int
+	state    outcome
+	reason   Reason
+	nextSeq  uint32
+	claimed  int64
+	verified int64
+	bufs     []rxBuf
+}
+
+// Expect registers a room. Every destination page must be inside the region and appear
+// once; Dst must have one entry per buffer; AuxRow must be a row of the region (or -1 when
+// the region has no aux rows to fill). It fails with ErrDuplicateRoom if the key is live.
+func (r *Receiver) Expect(e Expectation) error {
+	l := r.region.Layout()
+	if len(e.Dst) != len(l.Buffers) {
+		return fmt.Errorf("%w: %d page lists for %d buffers", ErrRunsMismatch, len(e.Dst), len(l.Buffers))
+	}
+	if e.AuxRow < -1 || e.AuxRow >= l.Aux.Rows {
+		return fmt.Errorf("%w: row %d of %d", ErrAuxMismatch, e.AuxRow, l.Aux.Rows)
+	}
+	room := &rxRoom{key: e.Key, auxRow: e.AuxRow, bufs: make([]rxBuf, len(e.Dst))}
+	room.idle.L = &room.mu
+	for i, runs := range e.Dst {
+		if err := ValidateRuns(runs, l.Buffers[i].Pages()); err != nil {
+			return fmt.Errorf("buffer %d: %w", i, err)
+		}
+		s := slices.Clone(runs)
+		slices.SortFunc(s, func(a, b Run) int { return int(a.Start) - int(b.Start) })
+		s = Coalesce(s)
+		b := rxBuf{runs: s, pos: make([]int64, len(s))}
+		var n int64
+		for j, run := range s {
+			b.pos[j] = n
+			n += int64(run.Count)
+		}
+		b.claimed = make([]uint64, (n+63)/64)
+		room.total += n
+		room.bufs[i] = b
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	if _, ok := r.rooms[e.Key]; ok {
+		return fmt.Errorf("%w: %v", ErrDuplicateRoom, e.Key)
+	}
+	r.rooms[e.Key] = room
+	return nil
+}
+
+// Fence ends the room: it returns once no write for it is in progress and guarantees that
+// no later byte is written for it, even if its chunks are still on the wire (they are
+// drained and discarded). It forgets the room. Idempotent; unknown keys are ignored. Call it
+// for every expected room when the room ends (clear, abort, timeout), before the engine may
+// reuse the pages.
+func (r *Receiver) Fence(key Key) {
+	r.mu.Lock()
+	room := r.rooms[key]
+	delete(r.rooms, key)
+	r.mu.Unlock()
+	if room == nil {
+		return
+	}
+	room.mu.Lock()
+	if room.state == live {
+		room.state = fenced
+	}
+	for room.writers > 0 {
+		room.idle.Wait()
+	}
+	room.mu.Unlock()
+	r.log.Debug("room fenced", zap.Stringer("room", key))
+}
+
+func (r *Receiver) lookup(key Key) *rxRoom {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rooms[key]
+}
+
+// finish moves a live room to a terminal outcome under room.mu and reports whether it did.
+func (room *rxRoom) finish(o outcome, reason Reason) bool {
+	if room.state != live {
+		return false
+	}
+	room.state, room.reason = o, reason
+	return true
+}
+
+// fail moves the room to failed and reports the event if this call did it.
+func (r *Receiver) fail(room *rxRoom, reason Reason, err error) {
+	room.mu.Lock()
+	ok := room.finish(failed, reason)
+	room.mu.Unlock()
+	if ok {
+		r.log.Warn("room failed", zap.Stringer("room", room.key), zap.String("reason", string(reason)), zap.Error(err))
+		r.events.Failed(room.key, reason, err)
+	}
+}
+
+// claim validates a chunk against the region and the room's metadata and reserves its
+// pages, under room.mu. Nothing is written before claim succeeds.
+func (room *rxRoom) claim(h *Header, runs []Run, l Layout) error {
+	if h.Seq != room.nextSeq {
+		return fmt.Errorf("%w: seq %d, want %d", ErrRejected, h.Seq, room.nextSeq)
+	}
+	if int(h.Buffer) >= len(l.Buffers) || h.Buffer >= uint32(len(room.bufs)) {
+		return fmt.Errorf("%w: buffer %d of %d", ErrPageOutOfRange, h.Buffer, len(l.Buffers))
+	}
+	spec := l.Buffers[h.Buffer]
+	if err := ValidateRuns(runs, spec.Pages()); err != nil {
+		return err
+	}
+	pages := CountPages(runs)
+	if pages != int64(h.Pages) || uint64(pages)*uint64(spec.ItemLen) != h.PayloadLen {
+		return fmt.Errorf("%w: %d pages of %d bytes, header says %d pages, %d bytes",
+			ErrRejected, pages, spec.ItemLen, h.Pages, h.PayloadLen)
+	}
+	b := &room.bufs[h.Buffer]
+	// Check every run first, then claim, so a refused chunk claims nothing.
+	for pass := 0; pass < 2; pass++ {
+		for _, run := range runs {
+			j, ok := slices.BinarySearchFunc(b.runs, run.Start, func(e Run, t int32) int {
+				switch {
+				case e.end() <= int64(t):
+					return -1
+				case int64(e.Start) > int64(t):
+					return 1
+				}
+				return 0
+			})
+			if !ok || run.end() > b.runs[j].end() {
+				return fmt.Errorf("%w: buffer %d pages [%d,%d) are not the room's destination",
+					ErrPageOutOfRange, h.Buffer, run.Start, run.end())
+			}
+			p0 := b.pos[j] + int64(run.Start-b.runs[j].Start)
+			for p := p0; p < p0+int64(run.Count); p++ {
+				bit := uint64(1) << (p % 64)
+				if pass == 0 && b.claimed[p/64]&bit != 0 {
+					return fmt.Errorf("%w: buffer %d page %d sent twice", ErrRunsOverlap, h.Buffer, run.Start+int32(p-p0))
+				}
+				if pass == 1 {
+					b.claimed[p/64] |= bit
+				}
+			}
+		}
+	}
+	room.nextSeq++
+	room.claimed += pages
+	return nil
+}
+
+// Close stops every listener and connection and waits for their goroutines. Rooms with bytes
+// pending on a connection fail with transfer_error.
+func (r *Receiver) Close() error {
+	r.mu.Lock()
+	r.closed = true
+	for ln := range r.lns {
+		ln.Close()
+	}
+	for c := range r.conns {
+		c.Close()
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+	return nil
+}

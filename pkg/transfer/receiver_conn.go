@@ -1,0 +1,367 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Serve accepts data connections on ln until ln fails or the Receiver is closed. Each
+// connection gets one goroutine, the only one that reads it, writes it and writes region
+// memory on its behalf. Serve returns nil after Close.
+func (r *Receiver) Serve(ln net.Listener) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		ln.Close()
+		return ErrClosed
+	}
+	r.lns[ln] = struct{}{}
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.lns, ln)
+		r.mu.Unlock()
+	}()
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			r.mu.Lock()
+			closed := r.closed
+			r.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(backoff)
+				backoff = min(2*backoff, time.Second)
+				continue
+			}
+			return fmt.Errorf("accept data connection: %w", err)
+		}
+		backoff = 5 * time.Millisecond
+		r.ServeConn(c)
+	}
+}
+
+// ServeConn serves one already accepted connection in a new goroutine.
+func (r *Receiver) ServeConn(c net.Conn) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		c.Close()
+		return
+	}
+	r.conns[c] = struct{}{}
+	r.wg.Add(1)
+	r.mu.Unlock()
+	go func() {
+		defer r.wg.Done()
+		rc := &rxConn{r: r, raw: c, pending: make(map[*rxRoom]struct{}), scratch: make([]byte, 64<<10)}
+		err := rc.serve()
+		c.Close()
+		r.mu.Lock()
+		delete(r.conns, c)
+		r.mu.Unlock()
+		rc.failPending(err)
+	}()
+}
+
+// rxConn is the state of one data connection, owned by its goroutine.
+type rxConn struct {
+	r       *Receiver
+	raw     net.Conn
+	c       net.Conn // after the Authenticator
+	hdr     [HeaderSize]byte
+	out     [HeaderSize]byte
+	runBuf  []byte
+	runs    []Run
+	scratch []byte
+	// pending holds the rooms that received a chunk on this connection; if it breaks, the
+	// live ones fail with transfer_error.
+	pending map[*rxRoom]struct{}
+}
+
+func (c *rxConn) serve() error {
+	r := c.r
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.HandshakeTimeout)
+	c.raw.SetDeadline(time.Now().Add(r.cfg.HandshakeTimeout))
+	conn, err := r.cfg.Auth.Server(ctx, c.raw)
+	cancel()
+	if err != nil {
+		r.log.Warn("data connection refused", zap.Stringer("remote", c.raw.RemoteAddr()), zap.Error(err))
+		return fmt.Errorf("%w: %w", ErrAuth, err)
+	}
+	c.c = conn
+	c.c.SetDeadline(time.Time{})
+	r.log.Debug("data connection accepted", zap.Stringer("remote", c.raw.RemoteAddr()))
+	for {
+		if err := c.readFull(c.hdr[:]); err != nil {
+			return err
+		}
+		h, err := DecodeHeader(c.hdr[:])
+		if err != nil {
+			// The stream cannot be resynchronised after a bad header.
+			r.rejected.Add(1)
+			r.log.Warn("bad frame header", zap.Stringer("remote", c.raw.RemoteAddr()), zap.Error(err))
+			return err
+		}
+		switch h.Type {
+		case FrameChunk:
+			err = c.chunk(&h)
+		case FrameDone:
+			err = c.done(&h)
+		case FramePing:
+			err = c.reply(&Header{Type: FramePong})
+		default:
+			r.rejected.Add(1)
+			err = fmt.Errorf("%w: %d from sender", ErrBadFrameType, h.Type)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// readFull reads exactly len(p) bytes under the transfer-idle deadline.
+func (c *rxConn) readFull(p []byte) error {
+	c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
+	_, err := io.ReadFull(c.c, p)
+	return err
+}
+
+// drain reads and discards n bytes; nothing is written to region memory.
+func (c *rxConn) drain(n uint64) error {
+	for n > 0 {
+		k := min(n, uint64(len(c.scratch)))
+		if err := c.readFull(c.scratch[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
+}
+
+func (c *rxConn) discard(n uint64) error {
+	c.r.discardedChunks.Add(1)
+	c.r.discardedBytes.Add(n)
+	return c.drain(n)
+}
+
+func (c *rxConn) reply(h *Header) error {
+	h.Encode(c.out[:])
+	c.c.SetWriteDeadline(time.Now().Add(c.r.cfg.WriteTimeout))
+	_, err := c.c.Write(c.out[:])
+	return err
+}
+
+func (c *rxConn) result(key Key, reason Reason) error {
+	code := codeOK
+	if reason != "" {
+		code = reason.code()
+	}
+	return c.reply(&Header{Type: FrameResult, Room: key.Room, Nonce: key.Nonce, Status: uint32(code)})
+}
+
+// reject fails room as invalid, drains the frame's payload and tells the sender.
+func (c *rxConn) reject(room *rxRoom, payload uint64, err error) error {
+	c.r.rejected.Add(1)
+	c.r.fail(room, ReasonInvalid, err)
+	if err := c.drain(payload); err != nil {
+		return err
+	}
+	return c.result(room.key, ReasonInvalid)
+}
+
+func (c *rxConn) chunk(h *Header) error {
+	r := c.r
+	n := int(h.NumRuns) * runSize
+	if cap(c.runBuf) < n {
+		c.runBuf = make([]byte, n)
+	}
+	if err := c.readFull(c.runBuf[:n]); err != nil {
+		return err
+	}
+	runs, err := DecodeRuns(c.runs, c.runBuf[:n], h.NumRuns, h.RunsCRC)
+	if err != nil {
+		r.rejected.Add(1)
+		return err // a run list that fails its checksum cannot be trusted to delimit the payload
+	}
+	c.runs = runs
+	room := r.lookup(h.Key())
+	if room == nil {
+		return c.discard(h.PayloadLen)
+	}
+	room.mu.Lock()
+	if room.state != live {
+		room.mu.Unlock()
+		return c.discard(h.PayloadLen)
+	}
+	if h.Flags&FlagPayloadCRC == 0 && r.cfg.Checksum == ChecksumCRC32C {
+		err = fmt.Errorf("%w: chunk without checksum", ErrRejected)
+	} else {
+		err = room.claim(h, runs, r.region.Layout())
+	}
+	room.mu.Unlock()
+	if err != nil {
+		return c.reject(room, h.PayloadLen, err)
+	}
+	c.addPending(room)
+	var crc uint32
+	left := h.PayloadLen
+	for _, run := range runs {
+		dst := r.region.Pages(int(h.Buffer), run)
+		var n int
+		var werr error
+		crc, n, werr = c.write(room, dst, crc)
+		left -= uint64(n)
+		if werr == errFenced {
+			return c.discard(left)
+		} else if werr != nil {
+			return werr
+		}
+	}
+	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
+		r.fail(room, ReasonChecksum, fmt.Errorf("%w: buffer %d seq %d", ErrChecksum, h.Buffer, h.Seq))
+		return c.result(room.key, ReasonChecksum)
+	}
+	room.mu.Lock()
+	room.verified += int64(h.Pages)
+	room.mu.Unlock()
+	r.events.Progress(room.key, int64(h.PayloadLen))
+	return nil
+}
+
+var errFenced = errors.New("room fenced")
+
+// write reads len(dst) bytes from the connection straight into dst, one piece at a time,
+// each piece only while the room is live (the fence protocol, see rxRoom). It returns the
+// crc32c updated over what it wrote and the bytes read, or errFenced with the rest of dst
+// unread.
+func (c *rxConn) write(room *rxRoom, dst []byte, crc uint32) (uint32, int, error) {
+	piece := c.r.cfg.PieceBytes
+	off := 0
+	for ; off < len(dst); off += piece {
+		p := dst[off:min(off+piece, len(dst))]
+		room.mu.Lock()
+		if room.state != live {
+			room.mu.Unlock()
+			return crc, off, errFenced
+		}
+		room.writers++
+		room.mu.Unlock()
+		err := c.readFull(p)
+		if err == nil {
+			crc = crc32.Update(crc, castagnoli, p)
+		}
+		room.mu.Lock()
+		if room.writers--; room.writers == 0 {
+			room.idle.Broadcast()
+		}
+		room.mu.Unlock()
+		if err != nil {
+			return crc, off, err
+		}
+	}
+	return crc, len(dst), nil
+}
+
+func (c *rxConn) done(h *Header) error {
+	r := c.r
+	room := r.lookup(h.Key())
+	if room == nil {
+		r.rejected.Add(1)
+		if err := c.discard(h.PayloadLen); err != nil {
+			return err
+		}
+		return c.result(h.Key(), ReasonInvalid)
+	}
+	room.mu.Lock()
+	if room.state != live {
+		reason := room.reason
+		if room.state != failed {
+			reason = ReasonInvalid
+		}
+		room.mu.Unlock()
+		if err := c.discard(h.PayloadLen); err != nil {
+			return err
+		}
+		return c.result(room.key, reason)
+	}
+	var aux []byte
+	if room.auxRow >= 0 {
+		aux = r.region.AuxRow(room.auxRow)
+	}
+	var err error
+	switch {
+	case h.Flags&FlagPayloadCRC == 0 && r.cfg.Checksum == ChecksumCRC32C:
+		err = fmt.Errorf("%w: done without checksum", ErrRejected)
+	case h.Seq != room.nextSeq || int64(h.Pages) != room.total || room.claimed != room.total:
+		err = fmt.Errorf("%w: done after %d chunks and %d pages, room has %d chunks, %d of %d pages",
+			ErrRejected, h.Seq, h.Pages, room.nextSeq, room.claimed, room.total)
+	case room.verified != room.total || room.writers > 0:
+		err = fmt.Errorf("%w: done while pages are still landing", ErrRejected)
+	case h.PayloadLen != uint64(len(aux)):
+		err = fmt.Errorf("%w: aux row of %d bytes, want %d", ErrAuxMismatch, h.PayloadLen, len(aux))
+	}
+	room.mu.Unlock()
+	if err != nil {
+		return c.reject(room, h.PayloadLen, err)
+	}
+	c.addPending(room)
+	crc, n, err := c.write(room, aux, 0)
+	if err == errFenced {
+		return c.discard(uint64(len(aux) - n))
+	} else if err != nil {
+		return err
+	}
+	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
+		r.fail(room, ReasonChecksum, fmt.Errorf("%w: aux row", ErrChecksum))
+		return c.result(room.key, ReasonChecksum)
+	}
+	room.mu.Lock()
+	ok := room.finish(completed, "")
+	room.mu.Unlock()
+	if !ok {
+		return c.result(room.key, ReasonInvalid) // fenced while the aux row landed
+	}
+	delete(c.pending, room)
+	r.log.Debug("room complete", zap.Stringer("room", room.key))
+	r.events.Complete(room.key)
+	return c.result(room.key, "")
+}
+
+func (c *rxConn) addPending(room *rxRoom) {
+	if len(c.pending) >= 1024 {
+		for p := range c.pending {
+			p.mu.Lock()
+			if p.state != live {
+				delete(c.pending, p)
+			}
+			p.mu.Unlock()
+		}
+	}
+	c.pending[room] = struct{}{}
+}
+
+// failPending fails, with transfer_error, the live rooms that received bytes on this
+// connection. Rooms that never used it are not touched.
+func (c *rxConn) failPending(cause error) {
+	if cause == nil || errors.Is(cause, io.EOF) {
+		cause = ErrConnBroken
+	}
+	for room := range c.pending {
+		c.r.fail(room, ReasonTransferError, fmt.Errorf("%w: %w", ErrConnBroken, cause))
+	}
+	if len(c.pending) > 0 || !errors.Is(cause, ErrConnBroken) {
+		c.r.log.Debug("data connection closed", zap.Stringer("remote", c.raw.RemoteAddr()), zap.Error(cause))
+	}
+}

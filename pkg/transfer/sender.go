@@ -1,0 +1,376 @@
+package transfer
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// SenderConfig configures the prefill side. Zero values take the defaults.
+type SenderConfig struct {
+	// ConnsPerPeer is the number of data connections kept per decode peer (--data-conns).
+	// Default 2.
+	ConnsPerPeer int
+	// Checksum is --checksum: ChecksumCRC32C (default) or ChecksumNone.
+	Checksum Checksum
+	// MaxChunkBytes bounds one chunk's payload; a chunk holds at least one page. Default 1 MiB.
+	MaxChunkBytes int64
+	// MaxInflightBytes bounds the bytes of rooms accepted by Send and not yet finished, per
+	// peer; Send blocks beyond it (backpressure). A room larger than the bound is admitted
+	// alone. Default 256 MiB.
+	MaxInflightBytes int64
+	// DialTimeout bounds a dial plus the Authenticator preface. Default 5s.
+	DialTimeout time.Duration
+	// IdleTimeout breaks a connection whose receiver does not answer a ping within it.
+	// Default 10s; keep it equal to the receiver's.
+	IdleTimeout time.Duration
+	// KeepAlive is how long a connection may go without a write before a ping. Default
+	// IdleTimeout/3.
+	KeepAlive time.Duration
+	// WriteTimeout is the base deadline of every write; MinWriteRate (bytes/s) scales it by
+	// size: deadline = WriteTimeout + bytes/MinWriteRate. Defaults 5s and 64 MiB/s.
+	WriteTimeout time.Duration
+	MinWriteRate int64
+	// RedialMin and RedialMax bound the redial backoff. Defaults 50ms and 5s.
+	RedialMin, RedialMax time.Duration
+	// Dialer defaults to a *net.Dialer.
+	Dialer Dialer
+	// Auth runs the connection preface before any chunk. Default NoAuth.
+	Auth Authenticator
+	// Logger defaults to zap.NewNop().
+	Logger *zap.Logger
+}
+
+func (c *SenderConfig) setDefaults() error {
+	var err error
+	if c.Checksum, err = ParseChecksum(string(c.Checksum)); err != nil {
+		return err
+	}
+	def := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	if c.ConnsPerPeer == 0 {
+		c.ConnsPerPeer = 2
+	}
+	if c.MaxChunkBytes == 0 {
+		c.MaxChunkBytes = 1 << 20
+	}
+	if c.MaxInflightBytes == 0 {
+		c.MaxInflightBytes = 256 << 20
+	}
+	if c.MinWriteRate == 0 {
+		c.MinWriteRate = 64 << 20
+	}
+	def(&c.DialTimeout, 5*time.Second)
+	def(&c.IdleTimeout, 10*time.Second)
+	def(&c.KeepAlive, c.IdleTimeout/3)
+	def(&c.WriteTimeout, 5*time.Second)
+	def(&c.RedialMin, 50*time.Millisecond)
+	def(&c.RedialMax, 5*time.Second)
+	if c.ConnsPerPeer < 1 || c.ConnsPerPeer > 64 || c.MaxChunkBytes < 1 || c.MaxChunkBytes > maxChunkPayload ||
+		c.MaxInflightBytes < 1 || c.MinWriteRate < 1 || c.DialTimeout < 0 || c.IdleTimeout < 0 ||
+		c.KeepAlive <= 0 || c.KeepAlive >= c.IdleTimeout || c.WriteTimeout < 0 || c.RedialMin <= 0 || c.RedialMax < c.RedialMin {
+		return fmt.Errorf("%w: sender config out of range", ErrBadConfig)
+	}
+	if c.Dialer == nil {
+		c.Dialer = &net.Dialer{}
+	}
+	if c.Auth == nil {
+		c.Auth = NoAuth{}
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// SendRequest is one room's transfer. Src and Dst have one page list per buffer (SamePages
+// builds them when every buffer uses the same pages); the k-th source page of a buffer goes
+// to its k-th destination page. Aux is the aux row (the layout's RowLen bytes, or empty when
+// the room has none); it is copied.
+type SendRequest struct {
+	Peer     string
+	Key      Key
+	Src, Dst [][]Run
+	Aux      []byte
+	// Done is called exactly once, from a sender goroutine, after no worker reads the
+	// room's source pages any more: with nil once the receiver confirmed every page and
+	// the aux row (I8), or with an *Error carrying a Reason. It is not called if Fence(Key)
+	// returns first. It must not block.
+	Done func(err error)
+}
+
+// Sender is the prefill-side Transport over stream connections (TCP, or MemNetwork pipes).
+type Sender struct {
+	region *Region
+	cfg    SenderConfig
+	log    *zap.Logger
+
+	mu     sync.Mutex
+	peers  map[string]*peer
+	jobs   map[Key]*job
+	closed bool
+	wg     sync.WaitGroup
+}
+
+var _ Transport = (*Sender)(nil)
+
+// NewSender returns a Sender reading from region.
+func NewSender(region *Region, cfg SenderConfig) (*Sender, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	return &Sender{region: region, cfg: cfg, log: cfg.Logger, peers: make(map[string]*peer), jobs: make(map[Key]*job)}, nil
+}
+
+// AddPeer registers a decode peer's data address and region layout and starts its
+// connection pool. Adding a known address with the same layout is a no-op.
+func (s *Sender) AddPeer(addr string, layout Layout) error {
+	if err := s.region.Layout().Compatible(layout); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if p, ok := s.peers[addr]; ok {
+		// The layout of a live peer is immutable; a restarted peer is removed and re-added.
+		return p.layout.Compatible(layout)
+	}
+	p := newPeer(s, addr, layout)
+	s.peers[addr] = p
+	for i := 0; i < s.cfg.ConnsPerPeer; i++ {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			p.runSlot(i)
+		}()
+	}
+	s.log.Info("data peer added", zap.String("peer", addr), zap.Int("conns", s.cfg.ConnsPerPeer))
+	return nil
+}
+
+// RemovePeer stops the peer's connections; its queued and unfinished rooms fail with
+// transfer_error.
+func (s *Sender) RemovePeer(addr string) {
+	s.mu.Lock()
+	p := s.peers[addr]
+	delete(s.peers, addr)
+	s.mu.Unlock()
+	if p != nil {
+		p.close(ErrUnknownPeer)
+	}
+}
+
+// Send validates req against the local region and the peer's layout, pairs and coalesces its
+// page runs and queues it on the peer. It blocks while the peer's in-flight budget is used
+// up, until ctx ends. Nothing is read or sent for a request that fails validation.
+func (s *Sender) Send(ctx context.Context, req SendRequest) error {
+	s.mu.Lock()
+	p := s.peers[req.Peer]
+	closed := s.closed
+	_, dup := s.jobs[req.Key]
+	s.mu.Unlock()
+	switch {
+	case closed:
+		return ErrClosed
+	case p == nil:
+		return fmt.Errorf("%w: %s", ErrUnknownPeer, req.Peer)
+	case dup:
+		return fmt.Errorf("%w: %v", ErrDuplicateRoom, req.Key)
+	}
+	j, err := s.plan(req, p.layout)
+	if err != nil {
+		return err
+	}
+	if err := p.acquire(ctx, j.charge); err != nil {
+		return err
+	}
+	j.peer = p
+	s.mu.Lock()
+	if _, dup := s.jobs[req.Key]; dup || s.closed {
+		s.mu.Unlock()
+		p.release(j.charge)
+		if dup {
+			return fmt.Errorf("%w: %v", ErrDuplicateRoom, req.Key)
+		}
+		return ErrClosed
+	}
+	s.jobs[req.Key] = j
+	s.mu.Unlock()
+	if !p.enqueue(j) {
+		j.finish(fail(ReasonTransferError, ErrUnknownPeer))
+	}
+	return nil
+}
+
+// plan validates a request and computes its segments.
+func (s *Sender) plan(req SendRequest, peerLayout Layout) (*job, error) {
+	local := s.region.Layout()
+	if len(req.Src) != len(local.Buffers) || len(req.Dst) != len(local.Buffers) {
+		return nil, fmt.Errorf("%w: %d source and %d destination page lists for %d buffers",
+			ErrRunsMismatch, len(req.Src), len(req.Dst), len(local.Buffers))
+	}
+	if n := len(req.Aux); n != 0 && int64(n) != peerLayout.Aux.RowLen {
+		return nil, fmt.Errorf("%w: aux row of %d bytes, peer rows are %d", ErrAuxMismatch, n, peerLayout.Aux.RowLen)
+	}
+	j := &job{s: s, req: req, aux: append([]byte(nil), req.Aux...), segs: make([][]Segment, len(req.Src))}
+	j.idle.L = &j.mu
+	for i := range req.Src {
+		if err := ValidateRuns(req.Src[i], local.Buffers[i].Pages()); err != nil {
+			return nil, fmt.Errorf("buffer %d source: %w", i, err)
+		}
+		if err := ValidateRuns(req.Dst[i], peerLayout.Buffers[i].Pages()); err != nil {
+			return nil, fmt.Errorf("buffer %d destination: %w", i, err)
+		}
+		segs, err := Pair(req.Src[i], req.Dst[i])
+		if err != nil {
+			return nil, fmt.Errorf("buffer %d: %w", i, err)
+		}
+		j.segs[i] = segs
+		n := CountPages(req.Src[i])
+		j.pages += n
+		j.charge += n * local.Buffers[i].ItemLen
+	}
+	if j.pages > 1<<32-1 {
+		return nil, fmt.Errorf("%w: %d pages in one room", ErrFrameTooLarge, j.pages)
+	}
+	j.charge = max(j.charge+int64(len(j.aux)), 1)
+	return j, nil
+}
+
+// Fence stops the room: it waits until no worker reads its source pages and makes sure none
+// will again (I9). After it returns, the room's Done callback has completed or will never
+// run. Unknown keys are ignored.
+func (s *Sender) Fence(key Key) {
+	s.mu.Lock()
+	j := s.jobs[key]
+	s.mu.Unlock()
+	if j == nil {
+		return
+	}
+	j.mu.Lock()
+	j.stopped = true
+	for j.readers > 0 {
+		j.idle.Wait()
+	}
+	j.mu.Unlock()
+	j.finalize(nil, false)
+	s.log.Debug("room fenced", zap.Stringer("room", key))
+}
+
+// Close stops every peer; unfinished rooms fail with transfer_error. It waits for all
+// goroutines.
+func (s *Sender) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	peers := s.peers
+	s.peers = map[string]*peer{}
+	s.mu.Unlock()
+	for _, p := range peers {
+		p.close(ErrClosed)
+	}
+	s.wg.Wait()
+	return nil
+}
+
+// job is one room on the sender. The fence protocol mirrors the receiver's: the writer
+// increments readers under mu only while the job is not stopped, reads the source pages
+// (checksum and socket write), then decrements; Fence sets stopped and waits for zero.
+type job struct {
+	s      *Sender
+	peer   *peer
+	req    SendRequest
+	aux    []byte
+	segs   [][]Segment
+	pages  int64
+	charge int64
+
+	mu        sync.Mutex
+	idle      sync.Cond
+	readers   int
+	stopped   bool // fenced or failed: no further read of source pages
+	writing   bool // a connection's writer holds the job
+	hasResult bool
+	result    error
+	once      sync.Once
+}
+
+// acquire marks a read of the source pages as started, unless the job is stopped.
+func (j *job) acquire() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.stopped {
+		return false
+	}
+	j.readers++
+	return true
+}
+
+func (j *job) release() {
+	j.mu.Lock()
+	if j.readers--; j.readers == 0 {
+		j.idle.Broadcast()
+	}
+	j.mu.Unlock()
+}
+
+// finish records the room's outcome (first one wins) and finalizes once the writer has let
+// go of the job.
+func (j *job) finish(err error) {
+	j.mu.Lock()
+	if !j.hasResult {
+		j.hasResult, j.result = true, err
+		if err != nil {
+			j.stopped = true
+		}
+	}
+	ready := !j.writing && j.readers == 0
+	res := j.result
+	j.mu.Unlock()
+	if ready {
+		j.finalize(res, true)
+	}
+}
+
+// setWriting records whether a writer holds the job; letting go may finalize it.
+func (j *job) setWriting(w bool) {
+	j.mu.Lock()
+	j.writing = w
+	ready := !w && j.hasResult
+	res := j.result
+	j.mu.Unlock()
+	if ready {
+		j.finalize(res, true)
+	}
+}
+
+// finalize runs once: it returns the budget, forgets the job and, unless fenced, calls Done.
+func (j *job) finalize(err error, callDone bool) {
+	j.once.Do(func() {
+		j.s.mu.Lock()
+		if j.s.jobs[j.req.Key] == j {
+			delete(j.s.jobs, j.req.Key)
+		}
+		j.s.mu.Unlock()
+		if j.peer != nil {
+			j.peer.release(j.charge)
+		}
+		if !callDone {
+			return
+		}
+		if err != nil {
+			j.s.log.Warn("room transfer failed", zap.Stringer("room", j.req.Key), zap.String("peer", j.req.Peer), zap.Error(err))
+		}
+		if j.req.Done != nil {
+			j.req.Done(err)
+		}
+	})
+}

@@ -1,0 +1,182 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// Key names a room on the data plane: the router's room id and the nonce decoded drew for
+// it. Two requests sharing a room id never touch each other's state.
+type Key struct {
+	Room  uint64
+	Nonce uint64
+}
+
+func (k Key) String() string { return fmt.Sprintf("%d/%d", k.Room, k.Nonce) }
+
+// Reason is the closed set of failure reasons the data plane reports.
+type Reason string
+
+// Failure reasons.
+const (
+	ReasonChecksum      Reason = "checksum"       // a payload or aux row failed its crc32c
+	ReasonTransferError Reason = "transfer_error" // the connection carrying the room broke or stalled
+	ReasonInvalid       Reason = "invalid"        // pages, totals or sequence did not match the room's metadata
+)
+
+type reasonCode uint32
+
+const (
+	codeOK reasonCode = iota
+	codeChecksum
+	codeTransferError
+	codeInvalid
+	maxReasonCode = codeInvalid
+)
+
+func (r Reason) code() reasonCode {
+	switch r {
+	case ReasonChecksum:
+		return codeChecksum
+	case ReasonTransferError:
+		return codeTransferError
+	default:
+		return codeInvalid
+	}
+}
+
+func reasonFromCode(c uint32) Reason {
+	switch reasonCode(c) {
+	case codeChecksum:
+		return ReasonChecksum
+	case codeTransferError:
+		return ReasonTransferError
+	default:
+		return ReasonInvalid
+	}
+}
+
+// Error is a room failure: a Reason from the closed set and the underlying cause.
+type Error struct {
+	Reason Reason
+	Err    error
+}
+
+func (e *Error) Error() string { return string(e.Reason) + ": " + e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+func fail(r Reason, err error) *Error { return &Error{Reason: r, Err: err} }
+
+// ReasonOf returns the failure reason carried by err, or ReasonTransferError for any error
+// that does not carry one.
+func ReasonOf(err error) Reason {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Reason
+	}
+	return ReasonTransferError
+}
+
+// Checksum selects payload integrity checking (--checksum).
+type Checksum string
+
+// Checksum settings.
+const (
+	ChecksumCRC32C Checksum = "crc32c" // default: crc32c (Castagnoli, hardware accelerated) on every payload
+	ChecksumNone   Checksum = "none"   // no payload checksum; headers and run lists are still checked
+)
+
+// ParseChecksum parses a --checksum flag value.
+func ParseChecksum(s string) (Checksum, error) {
+	switch Checksum(s) {
+	case ChecksumCRC32C, "":
+		return ChecksumCRC32C, nil
+	case ChecksumNone:
+		return ChecksumNone, nil
+	}
+	return "", fmt.Errorf("%w: checksum %q (want crc32c or none)", ErrBadConfig, s)
+}
+
+// Transport is the prefill side of the data plane: it moves a room's pages from a local
+// source region into a peer's destination region. The TCP Sender implements it; a same-host
+// shared-memory copy or an RDMA engine can implement it later without changes to the
+// callers, which only see Send, Fence and the done callback.
+type Transport interface {
+	// AddPeer registers a decode peer and its region layout (from REGISTER). It fails with
+	// ErrIncompatibleLayout if the layouts cannot exchange pages.
+	AddPeer(addr string, layout Layout) error
+	// RemovePeer forgets a peer; its rooms fail with transfer_error.
+	RemovePeer(addr string)
+	// Send validates req and queues it. It blocks while the peer's in-flight byte budget is
+	// used up (backpressure) until ctx ends. On a nil return req.Done is called exactly once,
+	// unless Fence(req.Key) returns first.
+	Send(ctx context.Context, req SendRequest) error
+	// Fence stops the room: it returns only once no worker reads the room's source pages
+	// and guarantees none will again (I9). After Fence returns the room's Done callback has
+	// either completed or will never run.
+	Fence(key Key)
+	Close() error
+}
+
+// Sink is the decode side of the data plane: it accepts bytes into the local region for
+// rooms registered with Expect and reports through Events. The TCP Receiver implements it.
+type Sink interface {
+	// Expect registers a room's destination pages and aux row before its bytes may land.
+	Expect(e Expectation) error
+	// Fence ends the room: it returns once no write for the room is in progress and
+	// guarantees no later byte is written for it (R7). It also forgets the room.
+	Fence(key Key)
+	Close() error
+}
+
+// Events receives the receiver's per-room outcomes. Calls come from connection goroutines:
+// they must not block, and they may call Fence. For a given room, Complete or Failed is
+// called at most once and never both; no Progress follows it.
+type Events interface {
+	// Progress reports that a chunk of the room was written and verified.
+	Progress(key Key, bytes int64)
+	// Complete reports that every page of every buffer and the aux row are in place and
+	// verified (I8). The room takes no more bytes.
+	Complete(key Key)
+	// Failed reports that the room failed; no further byte is written for it.
+	Failed(key Key, reason Reason, err error)
+}
+
+// NopEvents ignores every event.
+type NopEvents struct{}
+
+func (NopEvents) Progress(Key, int64)       {}
+func (NopEvents) Complete(Key)              {}
+func (NopEvents) Failed(Key, Reason, error) {}
+
+// Authenticator runs a connection preface before any frame is exchanged. A later issue adds
+// an HMAC challenge-response; NoAuth accepts every connection. Either side may wrap the
+// connection it returns. Implementations must honour ctx (set conn deadlines from it).
+type Authenticator interface {
+	Client(ctx context.Context, conn net.Conn) (net.Conn, error)
+	Server(ctx context.Context, conn net.Conn) (net.Conn, error)
+}
+
+// NoAuth is the no-op Authenticator.
+type NoAuth struct{}
+
+// Client returns conn unchanged.
+func (NoAuth) Client(_ context.Context, c net.Conn) (net.Conn, error) { return c, nil }
+
+// Server returns conn unchanged.
+func (NoAuth) Server(_ context.Context, c net.Conn) (net.Conn, error) { return c, nil }
+
+// Dialer opens data connections; *net.Dialer satisfies it, and MemNetwork provides an
+// in-memory one for tests.
+type Dialer interface {
+	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// deadlineFor scales a write deadline by size: base plus the time to move n bytes at
+// minRate bytes per second.
+func deadlineFor(base time.Duration, n int64, minRate int64) time.Time {
+	return time.Now().Add(base + time.Duration(n*int64(time.Second)/max(minRate, 1)))
+}

@@ -1,0 +1,204 @@
+package transfer
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+// Data-connection framing. Every frame is a fixed 64-byte little-endian header, then for a
+// chunk the run list (NumRuns x 8 bytes), then PayloadLen bytes of payload:
+//
+//	off size field
+//	  0    4 magic "PDKV"
+//	  4    1 version (1)
+//	  5    1 type (chunk, done, result, ping, pong)
+//	  6    2 flags (bit 0: PayloadCRC is set)
+//	  8    8 room
+//	 16    8 nonce
+//	 24    4 seq     chunk: sequence within the room; done: number of chunks sent
+//	 28    4 buffer  chunk: buffer index
+//	 32    4 runs    chunk: number of runs in the run list
+//	 36    4 pages   chunk: pages in this chunk; done: pages in the room
+//	 40    4 status  result: 0 ok, else a Reason code
+//	 44    8 payload length in bytes (chunk: pages x item_len; done: the aux row)
+//	 52    4 payload crc32c
+//	 56    4 run list crc32c
+//	 60    4 header crc32c over bytes 0..59
+//
+// The header checksum is always on (whatever the payload checksum setting) and the run list
+// has its own, so a corrupted header or run list is refused before a single payload byte is
+// placed: it cannot steer bytes into another room's pages.
+const (
+	// HeaderSize is the fixed size of a frame header.
+	HeaderSize = 64
+	// wireMagic is "PDKV" read as a little-endian uint32.
+	wireMagic   = 0x564B4450
+	wireVersion = 1
+
+	// maxRunsPerFrame bounds the run list a decoder will allocate for.
+	maxRunsPerFrame = 1 << 16
+	// maxFrameMeta bounds small payloads (the aux row).
+	maxFrameMeta = 1 << 20
+	// maxChunkPayload bounds one chunk's payload.
+	maxChunkPayload = 1 << 30
+	runSize         = 8
+)
+
+// FrameType is the type byte of a frame.
+type FrameType uint8
+
+// Frame types.
+const (
+	FrameChunk  FrameType = 1 // pages of one buffer of one room
+	FrameDone   FrameType = 2 // end of a room: totals and the aux row
+	FrameResult FrameType = 3 // receiver -> sender: the room's outcome
+	FramePing   FrameType = 4 // sender -> receiver keepalive
+	FramePong   FrameType = 5 // receiver -> sender keepalive reply
+)
+
+// FlagPayloadCRC says PayloadCRC holds the crc32c of the payload.
+const FlagPayloadCRC uint16 = 1
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Header is a decoded frame header.
+type Header struct {
+	Type       FrameType
+	Flags      uint16
+	Room       uint64
+	Nonce      uint64
+	Seq        uint32
+	Buffer     uint32
+	NumRuns    uint32
+	Pages      uint32
+	Status     uint32
+	PayloadLen uint64
+	PayloadCRC uint32
+	RunsCRC    uint32
+}
+
+// Key returns the room key the frame is about.
+func (h *Header) Key() Key { return Key{Room: h.Room, Nonce: h.Nonce} }
+
+// Encode writes h into b[:HeaderSize], including the header checksum.
+func (h *Header) Encode(b []byte) {
+	_ = b[HeaderSize-1]
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], wireMagic)
+	b[4] = wireVersion
+	b[5] = byte(h.Type)
+	le.PutUint16(b[6:], h.Flags)
+	le.PutUint64(b[8:], h.Room)
+	le.PutUint64(b[16:], h.Nonce)
+	le.PutUint32(b[24:], h.Seq)
+	le.PutUint32(b[28:], h.Buffer)
+	le.PutUint32(b[32:], h.NumRuns)
+	le.PutUint32(b[36:], h.Pages)
+	le.PutUint32(b[40:], h.Status)
+	le.PutUint64(b[44:], h.PayloadLen)
+	le.PutUint32(b[52:], h.PayloadCRC)
+	le.PutUint32(b[56:], h.RunsCRC)
+	le.PutUint32(b[60:], crc32.Checksum(b[:60], castagnoli))
+}
+
+// DecodeHeader parses and checks a frame header: magic, version, header checksum, type,
+// flags and that the length fields fit the frame type and the protocol limits. It never
+// panics and returns one of the wire sentinel errors.
+func DecodeHeader(b []byte) (Header, error) {
+	var h Header
+	if len(b) < HeaderSize {
+		return h, ErrShortFrame
+	}
+	le := binary.LittleEndian
+	if le.Uint32(b[0:]) != wireMagic {
+		return h, ErrBadMagic
+	}
+	if b[4] != wireVersion {
+		return h, fmt.Errorf("%w: %d", ErrBadVersion, b[4])
+	}
+	if le.Uint32(b[60:]) != crc32.Checksum(b[:60], castagnoli) {
+		return h, ErrHeaderChecksum
+	}
+	h = Header{
+		Type:       FrameType(b[5]),
+		Flags:      le.Uint16(b[6:]),
+		Room:       le.Uint64(b[8:]),
+		Nonce:      le.Uint64(b[16:]),
+		Seq:        le.Uint32(b[24:]),
+		Buffer:     le.Uint32(b[28:]),
+		NumRuns:    le.Uint32(b[32:]),
+		Pages:      le.Uint32(b[36:]),
+		Status:     le.Uint32(b[40:]),
+		PayloadLen: le.Uint64(b[44:]),
+		PayloadCRC: le.Uint32(b[52:]),
+		RunsCRC:    le.Uint32(b[56:]),
+	}
+	if h.Flags&^FlagPayloadCRC != 0 {
+		return h, fmt.Errorf("%w: flags %#x", ErrBadFrameType, h.Flags)
+	}
+	switch h.Type {
+	case FrameChunk:
+		if h.NumRuns == 0 || h.Pages == 0 {
+			return h, fmt.Errorf("%w: empty chunk", ErrBadFrameType)
+		}
+		if h.NumRuns > maxRunsPerFrame || h.PayloadLen > maxChunkPayload {
+			return h, fmt.Errorf("%w: %d runs, %d bytes", ErrFrameTooLarge, h.NumRuns, h.PayloadLen)
+		}
+	case FrameDone:
+		if h.NumRuns != 0 {
+			return h, fmt.Errorf("%w: done with runs", ErrBadFrameType)
+		}
+		if h.PayloadLen > maxFrameMeta {
+			return h, fmt.Errorf("%w: aux row %d bytes", ErrFrameTooLarge, h.PayloadLen)
+		}
+	case FrameResult:
+		if h.NumRuns != 0 || h.PayloadLen != 0 || h.Status > uint32(maxReasonCode) {
+			return h, fmt.Errorf("%w: malformed result", ErrBadFrameType)
+		}
+	case FramePing, FramePong:
+		if h.NumRuns != 0 || h.PayloadLen != 0 {
+			return h, fmt.Errorf("%w: keepalive with payload", ErrBadFrameType)
+		}
+	default:
+		return h, fmt.Errorf("%w: %d", ErrBadFrameType, h.Type)
+	}
+	return h, nil
+}
+
+// AppendRuns appends the wire form of runs to dst.
+func AppendRuns(dst []byte, runs []Run) []byte {
+	for _, r := range runs {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(r.Start))
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(r.Count))
+	}
+	return dst
+}
+
+// RunsChecksum is the crc32c of an encoded run list.
+func RunsChecksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// DecodeRuns parses n runs from b (exactly n*8 bytes) after checking them against crc. Each
+// run must have a non-negative start and a positive count; range and repeat checks against
+// a region are the receiver's job. It appends to dst[:0] to reuse its storage. It never panics.
+func DecodeRuns(dst []Run, b []byte, n uint32, crc uint32) ([]Run, error) {
+	if n == 0 || n > maxRunsPerFrame {
+		return dst[:0], fmt.Errorf("%w: %d runs", ErrFrameTooLarge, n)
+	}
+	if uint64(len(b)) != uint64(n)*runSize {
+		return dst[:0], ErrShortFrame
+	}
+	if RunsChecksum(b) != crc {
+		return dst[:0], ErrRunsChecksum
+	}
+	out := dst[:0]
+	le := binary.LittleEndian
+	for i := 0; i+runSize <= len(b); i += runSize {
+		r := Run{Start: int32(le.Uint32(b[i:])), Count: int32(le.Uint32(b[i+4:]))}
+		if r.Start < 0 || r.Count <= 0 {
+			return out[:0], fmt.Errorf("%w: run {start %d, count %d}", ErrEmptyRun, r.Start, r.Count)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
