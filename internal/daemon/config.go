@@ -1,0 +1,203 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.uber.org/zap/zapcore"
+)
+
+// Role says which daemon a Config is for.
+type Role string
+
+// The two daemons.
+const (
+	RolePrefill Role = "prefilld"
+	RoleDecode  Role = "decoded"
+)
+
+// Config is every setting of a daemon, filled from flags and environment.
+type Config struct {
+	Role Role
+
+	GRPCListen string
+	HTTPListen string
+	LogLevel   string
+	LogFormat  string
+
+	BootstrapTimeout    time.Duration
+	WaitingTimeout      time.Duration
+	TransferIdleTimeout time.Duration
+	ClearLinger         time.Duration
+	HeartbeatInterval   time.Duration
+	HeartbeatMisses     int
+	DrainTimeout        time.Duration
+	MaxRooms            int
+
+	// BootstrapListen is prefilld's ZeroMQ bind address.
+	BootstrapListen string
+	// DataListen is decoded's TCP listener for KV pages.
+	DataListen string
+}
+
+// DefaultConfig returns the defaults for a role; the flags show them.
+func DefaultConfig(role Role) Config {
+	c := Config{
+		Role:                role,
+		GRPCListen:          "unix:///run/pdlink/" + string(role) + ".sock",
+		HTTPListen:          "127.0.0.1:9400",
+		LogLevel:            "info",
+		LogFormat:           "json",
+		BootstrapTimeout:    30 * time.Second,
+		WaitingTimeout:      30 * time.Second,
+		TransferIdleTimeout: 10 * time.Second,
+		ClearLinger:         5 * time.Minute,
+		HeartbeatInterval:   time.Second,
+		HeartbeatMisses:     3,
+		DrainTimeout:        30 * time.Second,
+		MaxRooms:            65536,
+	}
+	switch role {
+	case RolePrefill:
+		c.BootstrapListen = "tcp://127.0.0.1:8998"
+	case RoleDecode:
+		c.HTTPListen = "127.0.0.1:9401"
+		c.DataListen = "127.0.0.1:9500"
+	}
+	return c
+}
+
+// BindFlags registers the flags of c's role on fs, with c's values as
+// defaults. Parsing fs writes into c.
+func (c *Config) BindFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.GRPCListen, "grpc-listen", c.GRPCListen, "scheduler gRPC address: unix:///path or host:port")
+	fs.StringVar(&c.HTTPListen, "http-listen", c.HTTPListen, "host:port for /metrics, /healthz, /readyz, /debug/rooms")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
+	fs.DurationVar(&c.BootstrapTimeout, "bootstrap-timeout", c.BootstrapTimeout, "longest a room may stay in Bootstrapping")
+	fs.DurationVar(&c.WaitingTimeout, "waiting-timeout", c.WaitingTimeout, "longest a room may stay in WaitingForInput")
+	fs.DurationVar(&c.TransferIdleTimeout, "transfer-idle-timeout", c.TransferIdleTimeout, "longest a Transferring room may go without progress")
+	fs.DurationVar(&c.ClearLinger, "clear-linger", c.ClearLinger, "how long a terminal room waits for Clear before it is reaped as uncleared")
+	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "interval between heartbeats to each peer")
+	fs.IntVar(&c.HeartbeatMisses, "heartbeat-misses", c.HeartbeatMisses, "missed heartbeats in a row after which a peer is lost")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM, how long inflight rooms may finish before they fail with shutdown")
+	fs.IntVar(&c.MaxRooms, "max-rooms", c.MaxRooms, "most rooms held at once; more are refused with ResourceExhausted")
+	switch c.Role {
+	case RolePrefill:
+		fs.StringVar(&c.BootstrapListen, "bootstrap-listen", c.BootstrapListen, "ZeroMQ bind address for decode daemons: tcp://host:port")
+	case RoleDecode:
+		fs.StringVar(&c.DataListen, "data-listen", c.DataListen, "host:port of the TCP listener for KV pages")
+	}
+}
+
+// FlagError is a refused flag value; its message is one line naming the flag.
+type FlagError struct {
+	Flag   string
+	Value  string
+	Reason string
+}
+
+func (e *FlagError) Error() string {
+	return fmt.Sprintf("invalid --%s %q: %s", e.Flag, e.Value, e.Reason)
+}
+
+// Validate refuses the first bad value, naming its flag.
+func (c *Config) Validate() error {
+	if _, _, err := ParseListen(c.GRPCListen); err != nil {
+		return &FlagError{"grpc-listen", c.GRPCListen, err.Error()}
+	}
+	if err := checkHostPort(c.HTTPListen); err != nil {
+		return &FlagError{"http-listen", c.HTTPListen, err.Error()}
+	}
+	var lvl zapcore.Level
+	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return &FlagError{"log-level", c.LogLevel, "want debug, info, warn or error"}
+	}
+	if c.LogFormat != "json" && c.LogFormat != "console" {
+		return &FlagError{"log-format", c.LogFormat, "want json or console"}
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"bootstrap-timeout", c.BootstrapTimeout},
+		{"waiting-timeout", c.WaitingTimeout},
+		{"transfer-idle-timeout", c.TransferIdleTimeout},
+		{"clear-linger", c.ClearLinger},
+		{"heartbeat-interval", c.HeartbeatInterval},
+	} {
+		if d.v <= 0 {
+			return &FlagError{d.flag, d.v.String(), "must be positive"}
+		}
+	}
+	if c.DrainTimeout < 0 {
+		return &FlagError{"drain-timeout", c.DrainTimeout.String(), "must not be negative"}
+	}
+	if c.HeartbeatMisses < 1 {
+		return &FlagError{"heartbeat-misses", fmt.Sprint(c.HeartbeatMisses), "must be at least 1"}
+	}
+	if c.MaxRooms < 1 {
+		return &FlagError{"max-rooms", fmt.Sprint(c.MaxRooms), "must be at least 1"}
+	}
+	switch c.Role {
+	case RolePrefill:
+		if err := checkZMQEndpoint(c.BootstrapListen); err != nil {
+			return &FlagError{"bootstrap-listen", c.BootstrapListen, err.Error()}
+		}
+	case RoleDecode:
+		if err := checkHostPort(c.DataListen); err != nil {
+			return &FlagError{"data-listen", c.DataListen, err.Error()}
+		}
+	default:
+		return fmt.Errorf("unknown role %q", c.Role)
+	}
+	return nil
+}
+
+// ParseListen splits a listen address into a network for net.Listen:
+// "unix:///run/x.sock" gives ("unix", "/run/x.sock"), "host:port" gives
+// ("tcp", "host:port").
+func ParseListen(addr string) (network, address string, err error) {
+	if strings.HasPrefix(addr, "unix://") {
+		p := strings.TrimPrefix(addr, "unix://")
+		if !strings.HasPrefix(p, "/") {
+			return "", "", errors.New("unix socket path must be absolute: unix:///path")
+		}
+		return "unix", p, nil
+	}
+	if strings.Contains(addr, "://") {
+		return "", "", errors.New("want unix:///path or host:port")
+	}
+	if err := checkHostPort(addr); err != nil {
+		return "", "", err
+	}
+	return "tcp", addr, nil
+}
+
+func checkHostPort(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return errors.New("want host:port")
+	}
+	if host != "" && net.ParseIP(host) == nil && host != "localhost" {
+		return errors.New("host must be an IP address or localhost")
+	}
+	p, err := net.LookupPort("tcp", port)
+	if err != nil || p < 0 || p > 65535 {
+		return errors.New("port must be 0..65535")
+	}
+	return nil
+}
+
+func checkZMQEndpoint(ep string) error {
+	u, err := url.Parse(ep)
+	if err != nil || u.Scheme != "tcp" || u.Host == "" || u.Path != "" {
+		return errors.New("want tcp://host:port")
+	}
+	return checkHostPort(u.Host)
+}

@@ -1,0 +1,150 @@
+package daemon
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func parse(t *testing.T, role Role, args []string, env map[string]string) (Config, error) {
+	t.Helper()
+	cfg := DefaultConfig(role)
+	fs := pflag.NewFlagSet(string(role), pflag.ContinueOnError)
+	cfg.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if err := ApplyEnv(fs, func(k string) (string, bool) { v, ok := env[k]; return v, ok }); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+func TestDefaultsAreValid(t *testing.T) {
+	for _, role := range []Role{RolePrefill, RoleDecode} {
+		cfg, err := parse(t, role, nil, nil)
+		if err != nil {
+			t.Fatalf("%s defaults refused: %v", role, err)
+		}
+		if want := "unix:///run/pdlink/" + string(role) + ".sock"; cfg.GRPCListen != want {
+			t.Errorf("%s grpc-listen default %q, want %q", role, cfg.GRPCListen, want)
+		}
+	}
+	p, _ := parse(t, RolePrefill, nil, nil)
+	d, _ := parse(t, RoleDecode, nil, nil)
+	if p.HTTPListen != "127.0.0.1:9400" || d.HTTPListen != "127.0.0.1:9401" {
+		t.Errorf("http defaults %q %q", p.HTTPListen, d.HTTPListen)
+	}
+	if p.BootstrapListen != "tcp://127.0.0.1:8998" || d.DataListen != "127.0.0.1:9500" {
+		t.Errorf("role defaults %q %q", p.BootstrapListen, d.DataListen)
+	}
+}
+
+func TestRoleFlagsExistOnlyOnTheirDaemon(t *testing.T) {
+	if _, err := parse(t, RoleDecode, []string{"--bootstrap-listen=tcp://127.0.0.1:1"}, nil); err == nil {
+		t.Error("decoded accepted --bootstrap-listen")
+	}
+	if _, err := parse(t, RolePrefill, []string{"--data-listen=127.0.0.1:1"}, nil); err == nil {
+		t.Error("prefilld accepted --data-listen")
+	}
+}
+
+func TestBadFlagValuesAreRefusedNamingTheFlag(t *testing.T) {
+	cases := []struct {
+		role Role
+		arg  string
+		flag string
+	}{
+		{RolePrefill, "--grpc-listen=unix://relative.sock", "grpc-listen"},
+		{RolePrefill, "--grpc-listen=http://x:1", "grpc-listen"},
+		{RolePrefill, "--grpc-listen=nohostport", "grpc-listen"},
+		{RolePrefill, "--http-listen=127.0.0.1", "http-listen"},
+		{RolePrefill, "--http-listen=example.com:80", "http-listen"},
+		{RolePrefill, "--log-level=loud", "log-level"},
+		{RolePrefill, "--log-format=xml", "log-format"},
+		{RolePrefill, "--bootstrap-timeout=0s", "bootstrap-timeout"},
+		{RolePrefill, "--waiting-timeout=-1s", "waiting-timeout"},
+		{RolePrefill, "--transfer-idle-timeout=0s", "transfer-idle-timeout"},
+		{RolePrefill, "--clear-linger=0s", "clear-linger"},
+		{RolePrefill, "--heartbeat-interval=0s", "heartbeat-interval"},
+		{RolePrefill, "--heartbeat-misses=0", "heartbeat-misses"},
+		{RolePrefill, "--drain-timeout=-1s", "drain-timeout"},
+		{RolePrefill, "--max-rooms=0", "max-rooms"},
+		{RolePrefill, "--bootstrap-listen=127.0.0.1:8998", "bootstrap-listen"},
+		{RolePrefill, "--bootstrap-listen=ipc:///tmp/x", "bootstrap-listen"},
+		{RoleDecode, "--data-listen=:99999", "data-listen"},
+	}
+	for _, c := range cases {
+		_, err := parse(t, c.role, []string{c.arg}, nil)
+		if err == nil {
+			t.Errorf("%s %s accepted", c.role, c.arg)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, "--"+c.flag) || strings.Contains(msg, "\n") {
+			t.Errorf("%s %s: error %q does not name --%s on one line", c.role, c.arg, msg, c.flag)
+		}
+	}
+}
+
+func TestEveryFlagReadsItsEnvironmentVariable(t *testing.T) {
+	for _, role := range []Role{RolePrefill, RoleDecode} {
+		cfg := DefaultConfig(role)
+		fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+		cfg.BindFlags(fs)
+		fs.VisitAll(func(f *pflag.Flag) {
+			var seen string
+			err := ApplyEnv(fs, func(k string) (string, bool) {
+				if k == EnvName(f.Name) {
+					seen = k
+					return f.DefValue, true
+				}
+				return "", false
+			})
+			if err != nil || seen == "" {
+				t.Errorf("%s: --%s not read from %s (err %v)", role, f.Name, EnvName(f.Name), err)
+			}
+		})
+	}
+}
+
+func TestEnvironmentSetsFlagsAndCommandLineWins(t *testing.T) {
+	env := map[string]string{
+		"PDLINK_HEARTBEAT_MISSES":  "7",
+		"PDLINK_WAITING_TIMEOUT":   "2s",
+		"PDLINK_BOOTSTRAP_TIMEOUT": "9s",
+	}
+	cfg, err := parse(t, RolePrefill, []string{"--bootstrap-timeout=3s"}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.HeartbeatMisses != 7 || cfg.WaitingTimeout != 2*time.Second {
+		t.Errorf("env not applied: %+v", cfg)
+	}
+	if cfg.BootstrapTimeout != 3*time.Second {
+		t.Errorf("command line lost to env: %v", cfg.BootstrapTimeout)
+	}
+}
+
+func TestBadEnvironmentValueNamesVariableAndFlag(t *testing.T) {
+	_, err := parse(t, RoleDecode, nil, map[string]string{"PDLINK_MAX_ROOMS": "many"})
+	if err == nil || !strings.Contains(err.Error(), "PDLINK_MAX_ROOMS") || !strings.Contains(err.Error(), "--max-rooms") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestParseListen(t *testing.T) {
+	for in, want := range map[string][2]string{
+		"unix:///run/pdlink/x.sock": {"unix", "/run/pdlink/x.sock"},
+		"127.0.0.1:50051":           {"tcp", "127.0.0.1:50051"},
+		"[::1]:0":                   {"tcp", "[::1]:0"},
+		":9000":                     {"tcp", ":9000"},
+	} {
+		n, a, err := ParseListen(in)
+		if err != nil || n != want[0] || a != want[1] {
+			t.Errorf("ParseListen(%q) = %q %q %v", in, n, a, err)
+		}
+	}
+}

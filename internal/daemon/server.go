@@ -1,0 +1,293 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+)
+
+// Server is one daemon process: its listeners, its gRPC and HTTP servers,
+// its metrics registry and the components the role adds.
+type Server struct {
+	cfg     Config
+	log     *zap.Logger
+	version string
+
+	// Registry holds every collector the daemon exports on /metrics.
+	Registry *prometheus.Registry
+	// GRPC is where the role registers its services before Run.
+	GRPC *grpc.Server
+	// Mux is where the role adds HTTP handlers (such as /debug/rooms) before Run.
+	Mux *http.ServeMux
+
+	health   *health.Server
+	grpcLis  net.Listener
+	httpLis  net.Listener
+	httpSrv  *http.Server
+	notifier *Notifier
+
+	group     Group
+	pending   atomic.Int32  // components that have not called ready yet
+	allReady  chan struct{} // closed when pending reaches zero
+	ready     atomic.Bool
+	drain     func(ctx context.Context)
+	unixPath  string
+	readyOnce sync.Once
+}
+
+// NewServer binds the gRPC and HTTP listeners so that a bad or busy address
+// fails the start with a clear error before anything runs.
+func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
+	s := &Server{cfg: cfg, log: log, version: version, notifier: NewNotifier(), allReady: make(chan struct{})}
+	network, address, err := ParseListen(cfg.GRPCListen)
+	if err != nil {
+		return nil, &FlagError{"grpc-listen", cfg.GRPCListen, err.Error()}
+	}
+	if network == "unix" {
+		if err := prepareUnixSocket(address); err != nil {
+			return nil, fmt.Errorf("--grpc-listen %s: %w", cfg.GRPCListen, err)
+		}
+		s.unixPath = address
+	}
+	s.grpcLis, err = net.Listen(network, address)
+	if err != nil {
+		return nil, fmt.Errorf("--grpc-listen %s: %w", cfg.GRPCListen, err)
+	}
+	if network == "unix" {
+		// Only the daemon's group (shared with the engine) may call it.
+		if err := os.Chmod(address, 0o660); err != nil {
+			s.grpcLis.Close()
+			return nil, fmt.Errorf("--grpc-listen %s: %w", cfg.GRPCListen, err)
+		}
+	}
+	s.httpLis, err = net.Listen("tcp", cfg.HTTPListen)
+	if err != nil {
+		s.grpcLis.Close()
+		return nil, fmt.Errorf("--http-listen %s: %w", cfg.HTTPListen, err)
+	}
+
+	s.Registry = prometheus.NewRegistry()
+	s.Registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo(cfg.Role, version),
+	)
+
+	s.GRPC = grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			// Schedulers ping idle connections; anything faster than this
+			// is abuse and gets GOAWAY.
+			MinTime:             5 * time.Second,
+			PermitWithoutStream: true,
+		}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time:    30 * time.Second,
+			Timeout: 10 * time.Second,
+		}),
+		grpc.MaxRecvMsgSize(16<<20),
+	)
+	s.health = health.NewServer()
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(s.GRPC, s.health)
+	reflection.Register(s.GRPC)
+
+	s.Mux = http.NewServeMux()
+	s.Mux.Handle("/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{Registry: s.Registry}))
+	s.Mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	s.Mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	s.httpSrv = &http.Server{Handler: s.Mux, ReadHeaderTimeout: 5 * time.Second}
+
+	s.Add("grpc", func(ready func()) error {
+		ready()
+		return s.GRPC.Serve(s.grpcLis)
+	}, func(error) { s.GRPC.Stop() })
+	s.Add("http", func(ready func()) error {
+		ready()
+		if err := s.httpSrv.Serve(s.httpLis); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}, func(error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = s.httpSrv.Shutdown(ctx)
+	})
+	return s, nil
+}
+
+func prepareUnixSocket(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%s exists and is not a socket", path)
+	}
+	// A socket left by a previous run: refuse if someone still serves it.
+	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
+		c.Close()
+		return fmt.Errorf("%s is in use by another process", path)
+	}
+	return os.Remove(path)
+}
+
+// GRPCAddr is the bound gRPC address (useful with port 0).
+func (s *Server) GRPCAddr() net.Addr { return s.grpcLis.Addr() }
+
+// HTTPAddr is the bound HTTP address (useful with port 0).
+func (s *Server) HTTPAddr() net.Addr { return s.httpLis.Addr() }
+
+// Ready reports whether every component serves.
+func (s *Server) Ready() bool { return s.ready.Load() }
+
+// Add registers a component. execute must call ready once it serves, then
+// block until interrupt makes it return.
+func (s *Server) Add(name string, execute func(ready func()) error, interrupt func(error)) {
+	s.pending.Add(1)
+	var once sync.Once
+	markReady := func() {
+		once.Do(func() {
+			if s.pending.Add(-1) == 0 {
+				close(s.allReady)
+			}
+		})
+	}
+	s.group.Add(func() error {
+		err := execute(markReady)
+		if err != nil {
+			s.log.Error("component stopped", zap.String("component", name), zap.Error(err))
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		s.log.Info("component stopped", zap.String("component", name))
+		return nil
+	}, interrupt)
+}
+
+// OnDrain sets what happens between SIGTERM and stopping the components:
+// the role refuses new rooms and lets inflight ones end within ctx.
+func (s *Server) OnDrain(drain func(ctx context.Context)) { s.drain = drain }
+
+// Run serves until ctx is done (SIGTERM) or a component fails. On ctx done
+// it turns not-ready, drains for at most --drain-timeout, and stops.
+func (s *Server) Run(ctx context.Context) error {
+	stop := make(chan struct{})
+	s.group.Add(func() error {
+		select {
+		case <-ctx.Done():
+		case <-stop:
+			return nil
+		}
+		s.setReady(false)
+		_ = s.notifier.Notify("STOPPING=1")
+		s.log.Info("draining", zap.Duration("drain_timeout", s.cfg.DrainTimeout))
+		if s.drain != nil {
+			dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+			s.drain(dctx)
+			cancel()
+		}
+		return nil
+	}, func(error) { close(stop) })
+
+	watchdogStop := make(chan struct{})
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		select {
+		case <-s.allReady:
+			s.setReady(true)
+			s.log.Info("serving",
+				zap.String("role", string(s.cfg.Role)),
+				zap.String("version", s.version),
+				zap.Stringer("grpc", s.grpcLis.Addr()),
+				zap.Stringer("http", s.httpLis.Addr()))
+			_ = s.notifier.Notify("READY=1")
+			s.watchdog(watchdogStop)
+		case <-watchdogStop:
+		}
+	}()
+
+	err := s.group.Run()
+	close(watchdogStop)
+	bg.Wait()
+	s.setReady(false)
+	if s.unixPath != "" {
+		_ = os.Remove(s.unixPath)
+	}
+	return err
+}
+
+func (s *Server) setReady(v bool) {
+	s.ready.Store(v)
+	status := healthpb.HealthCheckResponse_NOT_SERVING
+	if v {
+		status = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus("", status)
+}
+
+func (s *Server) watchdog(stop <-chan struct{}) {
+	every := WatchdogInterval()
+	if every == 0 || !s.notifier.Enabled() {
+		<-stop
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			if s.ready.Load() {
+				if err := s.notifier.Notify("WATCHDOG=1"); err != nil {
+					s.log.Warn("watchdog notify failed", zap.Error(err))
+				}
+			}
+		}
+	}
+}
+
+func buildInfo(role Role, version string) prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pdlink_build_info",
+		Help: "Always 1; labels say which daemon and version runs.",
+	}, []string{"side", "version"})
+	side := "prefill"
+	if role == RoleDecode {
+		side = "decode"
+	}
+	g.WithLabelValues(side, version).Set(1)
+	return g
+}

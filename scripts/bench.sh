@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# make bench: every benchmark, each beside a reference measured in the same
+# run (iperf3 over loopback for TCP, a plain memory copy for memory), so the
+# numbers are read as ratios on this noisy 2-core machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+benchtime=${BENCHTIME:-1s}
+echo "== room state machine and inflight queue"
+go test -run '^$' -bench . -benchmem -benchtime "$benchtime" ./pkg/poll/... ./pkg/inflight/...
+if [[ -x pkg/transfer/bench.sh ]]; then
+	echo "== data plane (ratios to iperf3 and memcpy measured in this run)"
+	pkg/transfer/bench.sh
+fi
