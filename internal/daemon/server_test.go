@@ -156,7 +156,6 @@ func TestComponentFailureStopsTheDaemonWithItsError(t *testing.T) {
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
-
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
