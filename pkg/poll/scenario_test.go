@@ -1,0 +1,289 @@
+package poll
+
+import (
+	"testing"
+	"time"
+)
+
+// R1: Failed must never be overwritten by a late WaitingForInput,
+// Transferring or Success (the reference used max() over state numbers).
+func TestFailedIsNotOverwrittenByLateSuccess_R1(t *testing.T) {
+	h := newHarness(t, Decode)
+	h.must(open(1, 42, testPeer))
+	h.must(ev(EvMetadata, 1, 42, testPeer))
+	h.must(local(EvFirstChunk, 1))
+	h.must(Event{Kind: EvAbortRemote, Key: Key{1, 42}, Peer: testPeer, Reason: ReasonTimeoutTransferring})
+	h.must(local(EvFenced, 1))
+
+	// Late events of every "higher" state arrive.
+	h.expectErr(local(EvDone, 1), ErrTerminal)
+	h.expectErr(local(EvProgress, 1), ErrTerminal)
+	h.expectErr(local(EvFirstChunk, 1), ErrTerminal)
+	h.expectErr(ev(EvMetadata, 1, 42, testPeer), ErrTerminal)
+
+	h.expectState(1, Failed)
+	if got := h.visible(1); got != Failed {
+		t.Fatalf("scheduler sees %v, want Failed", got)
+	}
+	if r := h.reason(1); r != ReasonAbortedRemote {
+		t.Fatalf("reason %q changed", r)
+	}
+	if n := h.tab.Stats(h.now).Rejected(RejectTerminal); n != 4 {
+		t.Fatalf("terminal rejections %d, want 4", n)
+	}
+}
+
+// R2: a late update after clear must not re-insert the room, and a later
+// request with the same room id must not see a stale status.
+func TestLateUpdateAfterClearDoesNotReinsert_R2(t *testing.T) {
+	h := newHarness(t, Prefill)
+	h.must(open(1, 0, NoPeer))
+	h.must(ev(EvMetadata, 1, 42, testPeer))
+	h.must(local(EvFirstChunk, 1))
+	h.must(ev(EvDone, 1, 42, testPeer)) // decode's STATUS Success
+	h.must(local(EvClear, 1))
+	h.take()
+
+	// Late frames about the cleared room: answered with its outcome, never
+	// stored.
+	h.expectErr(ev(EvDone, 1, 42, testPeer), ErrRoomEnded)
+	h.expectErr(ev(EvMetadata, 1, 42, testPeer), ErrRoomEnded)
+	h.expectErr(Event{Kind: EvAbortRemote, Key: Key{1, 42}, Peer: testPeer}, ErrRoomEnded)
+	if got := h.visible(1); got != StateNone {
+		t.Fatalf("cleared room reappeared as %v", got)
+	}
+	if !h.has(EffReplyUnknown, 1, func(e Effect) bool { return e.Reply == ReplyEnded && e.Status == Success }) {
+		t.Fatalf("late frame not answered with the ended outcome:\n%s", formatEffects(h.effects))
+	}
+
+	// A new request reuses room id 1: it starts clean, and a late frame of
+	// the old request (nonce 42) does not bind or touch it.
+	h.must(open(1, 0, NoPeer))
+	h.expectErr(ev(EvMetadata, 1, 42, testPeer), ErrRoomEnded)
+	h.expectState(1, Bootstrapping)
+	h.must(ev(EvMetadata, 1, 43, otherPeer))
+	h.expectState(1, WaitingForInput)
+	if info, _ := h.tab.Get(1); info.Key.Nonce != 43 || len(info.History) != 2 {
+		t.Fatalf("new room carries old state: %+v", info)
+	}
+}
+
+// R3: late metadata for a room prefill already timed out must not create
+// orphan state, and decode must be told at once instead of waiting for its
+// own waiting timeout.
+func TestLateMetadataForTimedOutRoomIsAnsweredFailed_R3(t *testing.T) {
+	h := newHarness(t, Prefill)
+	h.must(open(1, 0, NoPeer))
+	h.advance(bootT) // no METADATA: timeout:bootstrapping
+	h.expectState(1, Failed)
+	h.take()
+
+	h.expectErr(ev(EvMetadata, 1, 42, testPeer), ErrTerminal)
+	if !h.has(EffNotifyPeer, 1, func(e Effect) bool {
+		return e.Peer == testPeer && e.Key.Nonce == 42 && e.Status == Failed && e.Reason == ReasonTimeoutBootstrapping
+	}) {
+		t.Fatalf("decode not told:\n%s", formatEffects(h.effects))
+	}
+
+	// Same after the scheduler cleared it: the ended tombstone answers.
+	h.must(local(EvFenced, 1))
+	h.must(local(EvClear, 1))
+	h.take()
+	h.expectErr(ev(EvMetadata, 1, 42, testPeer), ErrRoomEnded)
+	if !h.has(EffReplyUnknown, 1, func(e Effect) bool {
+		return e.Reply == ReplyEnded && e.Status == Failed && e.Reason == ReasonTimeoutBootstrapping
+	}) {
+		t.Fatalf("late metadata after clear not answered:\n%s", formatEffects(h.effects))
+	}
+	if h.tab.Stats(h.now).Rooms != 0 {
+		t.Fatal("late metadata created state")
+	}
+}
+
+// R4: an ABORT that arrives before prefill has seen the room must not be
+// dropped: the later open fails at once with the abort's reason.
+func TestAbortBeforeOpenLeavesTombstone_R4(t *testing.T) {
+	h := newHarness(t, Prefill)
+	h.must(Event{Kind: EvAbortRemote, Key: Key{1, 42}, Peer: testPeer, Reason: ReasonAbortedLocal})
+	if s := h.tab.Stats(h.now); s.Tombstones != 1 || s.Rooms != 0 {
+		t.Fatalf("abort before open: tombstones %d rooms %d", s.Tombstones, s.Rooms)
+	}
+	h.advance(time.Second)
+	h.must(open(1, 0, NoPeer)) // prefill opens without a nonce
+	h.expectState(1, Failed)
+	if got := h.visible(1); got != Failed {
+		t.Fatalf("scheduler sees %v; a room born failed needs no fence", got)
+	}
+	info, _ := h.tab.Get(1)
+	if info.Reason != ReasonAbortedRemote || info.PeerReason != ReasonAbortedLocal || info.Key.Nonce != 42 {
+		t.Fatalf("born-failed room: %+v", info)
+	}
+	if s := h.tab.Stats(h.now); s.Tombstones != 0 {
+		t.Fatal("tombstone not consumed by the open")
+	}
+}
+
+func TestAbortTombstoneExpiresAndIsBounded_I4(t *testing.T) {
+	h := newHarness(t, Decode)
+	for i := RoomID(1); i <= maxTombs+4; i++ {
+		h.must(Event{Kind: EvAbortLocal, Key: Key{Room: i}})
+	}
+	s := h.tab.Stats(h.now)
+	if s.Tombstones != maxTombs || s.TombstonesEvicted != 4 {
+		t.Fatalf("tombstones %d evicted %d, want %d and 4", s.Tombstones, s.TombstonesEvicted, maxTombs)
+	}
+	// The oldest were evicted: room 1 opens normally, room 5 fails.
+	h.must(open(1, 9, testPeer))
+	h.expectState(1, Bootstrapping)
+	h.must(open(5, 9, testPeer))
+	h.expectState(5, Failed)
+
+	h.advance(tombTTL)
+	if s := h.tab.Stats(h.now); s.Tombstones != 0 || s.TombstonesExpired != maxTombs-1 {
+		t.Fatalf("after TTL: tombstones %d expired %d", s.Tombstones, s.TombstonesExpired)
+	}
+	h.must(open(6, 9, testPeer))
+	h.expectState(6, Bootstrapping) // its abort expired
+}
+
+// R5: two requests sharing a room id: the second open is refused and
+// counted; the first room is untouched by the other's frames and clear.
+func TestRoomIDCollisionIsRefused_R5(t *testing.T) {
+	h := newHarness(t, Decode)
+	h.must(open(1, 42, testPeer))
+	h.must(ev(EvMetadata, 1, 42, testPeer))
+	h.must(local(EvFirstChunk, 1))
+
+	h.expectErr(open(1, 43, testPeer), ErrCollision)
+	h.expectErr(open(1, 42, testPeer), ErrAlreadyExists)
+	if s := h.tab.Stats(h.now); s.Collisions != 1 {
+		t.Fatalf("collisions %d, want 1", s.Collisions)
+	}
+
+	// The other request's frames never conclude or abort this room.
+	h.expectErr(ev(EvDone, 1, 43, testPeer), ErrNonceMismatch)
+	h.expectErr(Event{Kind: EvAbortRemote, Key: Key{1, 43}, Peer: testPeer}, ErrNonceMismatch)
+	h.expectErr(Event{Kind: EvClear, Key: Key{1, 43}}, ErrNonceMismatch)
+	h.expectState(1, Transferring)
+	if !h.has(EffNotifyPeer, 1, func(e Effect) bool { return e.Key.Nonce == 43 && e.Reason == ReasonCollision }) {
+		t.Fatalf("colliding sender not told:\n%s", formatEffects(h.effects))
+	}
+	h.must(ev(EvDone, 1, 42, testPeer))
+	h.expectState(1, Success)
+}
+
+// R9: every non-terminal state has a deadline and a room left alone in it
+// fails with timeout:<state>; the peer is told.
+func TestEveryStateHasADeadline_R9(t *testing.T) {
+	cases := []struct {
+		s      start
+		after  time.Duration
+		reason Reason
+	}{
+		{inBootstrapping, bootT, ReasonTimeoutBootstrapping},
+		{inWaiting, waitT, ReasonTimeoutWaitingForInput},
+		{inTransferring, idleT, ReasonTimeoutTransferring},
+	}
+	for _, tc := range cases {
+		t.Run(startNames[tc.s], func(t *testing.T) {
+			h := reach(t, tc.s)
+			h.advance(tc.after - 1)
+			h.expectState(1, stateOfClass[tc.s])
+			h.advance(1)
+			h.expectState(1, Failed)
+			if r := h.reason(1); r != tc.reason {
+				t.Fatalf("reason %q, want %q", r, tc.reason)
+			}
+			if !h.has(EffFence, 1, nil) || !h.has(EffNotifyPeer, 1, func(e Effect) bool { return e.Reason == tc.reason }) {
+				t.Fatalf("timeout must fence and tell the peer:\n%s", formatEffects(h.effects))
+			}
+		})
+	}
+	// Config refuses a missing deadline.
+	for _, field := range []string{"BootstrapTimeout", "WaitingTimeout", "TransferIdleTimeout", "ClearLinger"} {
+		c := testConfig(Decode)
+		switch field {
+		case "BootstrapTimeout":
+			c.BootstrapTimeout = 0
+		case "WaitingTimeout":
+			c.WaitingTimeout = 0
+		case "TransferIdleTimeout":
+			c.TransferIdleTimeout = 0
+		case "ClearLinger":
+			c.ClearLinger = 0
+		}
+		if _, err := New(c); err == nil || !contains(err.Error(), field) {
+			t.Errorf("config without %s: %v", field, err)
+		}
+	}
+}
+
+func TestProgressRefreshesIdleDeadline_R9(t *testing.T) {
+	h := reach(t, inTransferring)
+	for i := 0; i < 10; i++ {
+		h.advance(idleT - time.Second)
+		h.must(local(EvProgress, 1))
+	}
+	h.expectState(1, Transferring)
+	h.advance(idleT)
+	h.expectState(1, Failed)
+}
+
+// R10: a peer that is lost or restarts fails every live room bound to it,
+// and only those.
+func TestPeerRestartFailsItsRooms_R10(t *testing.T) {
+	h := newHarness(t, Prefill)
+	for i := RoomID(1); i <= 3; i++ {
+		h.must(open(i, 0, NoPeer))
+		h.must(ev(EvMetadata, i, Nonce(100+i), testPeer))
+	}
+	h.must(open(4, 0, NoPeer))
+	h.must(ev(EvMetadata, 4, 104, otherPeer))
+	h.must(local(EvFirstChunk, 3))
+	h.must(ev(EvDone, 3, 103, testPeer)) // terminal: not touched
+	h.must(Event{Kind: EvPeerRestarted, Peer: testPeer})
+	for i, want := range []State{Failed, Failed, Success, WaitingForInput} {
+		h.expectState(RoomID(i+1), want)
+	}
+	if r := h.reason(1); r != ReasonPeerRestarted {
+		t.Fatalf("reason %q", r)
+	}
+	h.must(Event{Kind: EvPeerLost, Peer: otherPeer})
+	if r := h.reason(4); r != ReasonPeerLost {
+		t.Fatalf("reason %q", r)
+	}
+}
+
+// R11: a room waits for every distinct part; duplicates do not count.
+func TestMultiRankNeedsEveryDistinctPart_R11(t *testing.T) {
+	h := newHarness(t, Decode)
+	h.must(Event{Kind: EvOpen, Key: Key{1, 42}, Peer: testPeer, Parts: 3})
+	h.must(ev(EvMetadata, 1, 42, testPeer))
+	h.must(local(EvFirstChunk, 1))
+	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Part: 0})
+	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Part: 0}) // duplicate
+	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Part: 2})
+	h.expectState(1, Transferring)
+	h.expectErr(Event{Kind: EvDone, Key: Key{Room: 1}, Part: 3}, ErrInvalidEvent)
+	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Part: 1})
+	h.expectState(1, Success)
+	if !h.has(EffNotifyPeer, 1, func(e Effect) bool { return e.Status == Success }) {
+		t.Fatal("decode must tell prefill Success")
+	}
+	// A lost part: the idle deadline fails the room instead of pinning it.
+	h.must(Event{Kind: EvOpen, Key: Key{2, 43}, Peer: testPeer, Parts: 2})
+	h.must(ev(EvMetadata, 2, 43, testPeer))
+	h.must(local(EvFirstChunk, 2))
+	h.must(Event{Kind: EvDone, Key: Key{Room: 2}, Part: 0})
+	h.advance(idleT)
+	h.expectState(2, Failed)
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
