@@ -49,7 +49,6 @@ type Server struct {
 	ready     atomic.Bool
 	drain     func(ctx context.Context)
 	unixPath  string
-	readyOnce sync.Once
 }
 
 // NewServer binds the gRPC and HTTP listeners so that a bad or busy address
