@@ -43,12 +43,12 @@ type Server struct {
 	httpSrv  *http.Server
 	notifier *Notifier
 
-	group     Group
-	pending   atomic.Int32  // components that have not called ready yet
-	allReady  chan struct{} // closed when pending reaches zero
-	ready     atomic.Bool
-	drain     func(ctx context.Context)
-	unixPath  string
+	group    Group
+	pending  atomic.Int32  // components that have not called ready yet
+	allReady chan struct{} // closed when pending reaches zero
+	ready    atomic.Bool
+	drain    func(ctx context.Context)
+	unixPath string
 }
 
 // NewServer binds the gRPC and HTTP listeners so that a bad or busy address
