@@ -173,7 +173,7 @@ func (t *Table) open(now int64, ev *Event) error {
 	r := t.newRoom()
 	r.key, r.peer, r.parts, r.createdAt = ev.Key, ev.Peer, ev.Parts, now
 	t.rooms[r.key.Room] = r
-	if tb := t.findAbort(ev.Key); tb != nil {
+	if tb, ok := t.takeAborts(ev.Key); ok {
 		// I4: the abort came first; the room is born Failed. No worker ever
 		// ran, so it is born fenced and visible.
 		r.state, r.visible, r.fenced, r.enteredAt = Failed, Failed, true, now
@@ -181,7 +181,6 @@ func (t *Table) open(now int64, ev *Event) error {
 		if r.key.Nonce == 0 {
 			r.key.Nonce = tb.key.Nonce
 		}
-		t.removeTomb(tb)
 		t.q.Push(&r.entry, classOf[Failed], now)
 		r.record(t.cfg.HistoryLen, now, StateNone, Failed, r.reason)
 		t.ctr.transitions[StateNone][Failed]++

@@ -29,15 +29,20 @@ type tomb struct {
 // nonceCompatible: a zero nonce on either side matches any nonce.
 func nonceCompatible(a, b Nonce) bool { return a == 0 || b == 0 || a == b }
 
-// findAbort returns the abort tombstone a new Open of k consumes: same key,
-// or same room id when either side carries no nonce.
-func (t *Table) findAbort(k Key) *tomb {
-	for tb := t.tombs[k.Room]; tb != nil; tb = tb.next {
+// takeAborts removes every abort tombstone a new Open of k matches (same
+// key, or same room id when either side carries no nonce) and returns a
+// copy of the oldest one (the first cause wins), or ok=false.
+func (t *Table) takeAborts(k Key) (first tomb, ok bool) {
+	for tb := t.tombs[k.Room]; tb != nil; {
+		next := tb.next
 		if tb.kind == tombAbort && nonceCompatible(tb.key.Nonce, k.Nonce) {
-			return tb
+			first, ok = *tb, true // the chain is newest first
+			t.removeTomb(tb)
 		}
+		tb = next
 	}
-	return nil
+	first.next = nil
+	return first, ok
 }
 
 // findEnded returns the ended tombstone for k; exact requires the same
