@@ -21,10 +21,11 @@ func TestMain(m *testing.M) {
 
 // events records receiver outcomes.
 type events struct {
-	mu       sync.Mutex
-	outcome  map[Key]Reason // "" = complete
-	progress map[Key]int64
-	changed  chan struct{}
+	onProgress func(Key)
+	mu         sync.Mutex
+	outcome    map[Key]Reason // "" = complete
+	progress   map[Key]int64
+	changed    chan struct{}
 }
 
 func newEvents() *events {
@@ -34,7 +35,18 @@ func newEvents() *events {
 func (e *events) Progress(k Key, n int64) {
 	e.mu.Lock()
 	e.progress[k] += n
+	f := e.onProgress
 	e.mu.Unlock()
+	if f != nil {
+		f(k)
+	}
+}
+
+// ev2 installs a hook run on every Progress event.
+func (g *rig) ev2(f func(Key)) {
+	g.ev.mu.Lock()
+	g.ev.onProgress = f
+	g.ev.mu.Unlock()
 }
 
 func (e *events) Complete(k Key) { e.set(k, "") }
