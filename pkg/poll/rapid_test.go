@@ -250,12 +250,16 @@ func (m *machine) stepMaybeAbort(rt *rapid.T, ev Event) {
 	absent := m.model[ev.Key.Room] == nil
 	err := m.step(rt, ev)
 	if absent && isFailKind(ev.Kind) && err == nil {
+		kept := m.aborts[:0]
 		for _, a := range m.aborts {
 			if a.key == ev.Key && a.at+int64(m.cfg.TombstoneTTL) > m.now {
 				return // the first abort is kept
 			}
+			if a.key.Room != ev.Key.Room { // one abort tombstone per room id
+				kept = append(kept, a)
+			}
 		}
-		m.aborts = append(m.aborts, abortRecord{key: ev.Key, at: m.now})
+		m.aborts = append(kept, abortRecord{key: ev.Key, at: m.now})
 	}
 }
 

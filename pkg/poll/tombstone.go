@@ -13,7 +13,8 @@ const (
 	tombEnded
 )
 
-// tomb is a tombstone. Tombstones of one room id form a short chain; all of
+// tomb is a tombstone. Tombstones of one room id form a chain of at most two
+// (one abort, one ended); all of
 // them sit in one inflight queue (one class per kind, both with the TTL),
 // which gives TTL expiry and oldest-first eviction in O(1).
 type tomb struct {
@@ -60,11 +61,17 @@ func (t *Table) findEnded(k Key, exact bool) *tomb {
 }
 
 // addAbort records an abort for a room not yet opened (I4). A second abort
-// for the same key keeps the first.
+// for the same key keeps the first; an abort for the same room id with
+// another nonce replaces it (at most one abort tombstone per room id, so
+// chains stay short whatever a peer sends).
 func (t *Table) addAbort(now int64, k Key, reason, peerReason reasonCode) {
 	for tb := t.tombs[k.Room]; tb != nil; tb = tb.next {
-		if tb.kind == tombAbort && tb.key == k {
-			return
+		if tb.kind == tombAbort {
+			if tb.key == k {
+				return
+			}
+			t.removeTomb(tb)
+			break
 		}
 	}
 	tb := t.newTomb(now, k, tombAbort)
@@ -72,11 +79,13 @@ func (t *Table) addAbort(now int64, k Key, reason, peerReason reasonCode) {
 	t.ctr.abortTombs++
 }
 
-// addEnded records that r left the table, replacing an older ended
-// tombstone of the same key.
+// addEnded records that r left the table, replacing the ended tombstone of
+// an earlier room with the same id (at most one per room id: a late frame
+// of an older request is still refused by the nonce check or, for an
+// unbound room, answered NotOpen and covered by the peer's deadline).
 func (t *Table) addEnded(now int64, r *room) {
 	for tb := t.tombs[r.key.Room]; tb != nil; tb = tb.next {
-		if tb.kind == tombEnded && tb.key == r.key {
+		if tb.kind == tombEnded {
 			t.removeTomb(tb)
 			break
 		}
