@@ -1,0 +1,137 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/transfer"
+)
+
+// MaxBatch bounds the room ids of one Poll or Clear call.
+const MaxBatch = 65536
+
+// MaxPagesPerCall bounds the pages named in one Send or SendMetadata.
+const MaxPagesPerCall = 1 << 20
+
+// invalid builds an InvalidArgument status naming the field, with a
+// BadRequest detail so clients can read the field programmatically.
+func invalid(field, format string, args ...any) error {
+	desc := fmt.Sprintf(format, args...)
+	st := status.New(codes.InvalidArgument, fmt.Sprintf("%s: %s", field, desc))
+	if d, err := st.WithDetails(&errdetails.BadRequest{
+		FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: desc}},
+	}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+func validateRoomID(field string, id uint64) error {
+	if id == 0 {
+		return invalid(field, "must be non-zero")
+	}
+	if id >= 1<<63 {
+		return invalid(field, "must fit in 63 bits")
+	}
+	return nil
+}
+
+func validateBatch(field string, ids []uint64) error {
+	if len(ids) == 0 || len(ids) > MaxBatch {
+		return invalid(field, "must hold 1..%d room ids, got %d", MaxBatch, len(ids))
+	}
+	for i, id := range ids {
+		if err := validateRoomID(fmt.Sprintf("%s[%d]", field, i), id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateRank(field string, r *pb.Rank) error {
+	if r == nil {
+		return nil // rank 0 of 1
+	}
+	if r.TpSize == 0 && r.TpRank == 0 {
+		return nil
+	}
+	if r.TpSize < 1 || r.TpRank >= r.TpSize {
+		return invalid(field, "tp_rank %d must be below tp_size %d", r.TpRank, r.TpSize)
+	}
+	return nil
+}
+
+// pageRuns turns a PageList into runs in request order after checking it
+// against a buffer of pages pages: exactly one of indices and runs, every
+// page in range, none twice.
+func pageRuns(field string, pl *pb.PageList, pages int64) ([]transfer.Run, error) {
+	if pl == nil || (len(pl.Indices) == 0) == (len(pl.Runs) == 0) {
+		return nil, invalid(field, "exactly one of indices and runs must be non-empty")
+	}
+	var runs []transfer.Run
+	if len(pl.Indices) > 0 {
+		if len(pl.Indices) > MaxPagesPerCall {
+			return nil, invalid(field+".indices", "at most %d pages per call", MaxPagesPerCall)
+		}
+		for i, p := range pl.Indices {
+			if p < 0 || int64(p) >= pages {
+				return nil, invalid(fmt.Sprintf("%s.indices[%d]", field, i), "page %d outside 0..%d", p, pages-1)
+			}
+		}
+		runs = transfer.RunsFromPages(pl.Indices)
+	} else {
+		var total int64
+		for i, r := range pl.Runs {
+			if r.Start < 0 || r.Count < 1 || int64(r.Start)+int64(r.Count) > pages {
+				return nil, invalid(fmt.Sprintf("%s.runs[%d]", field, i), "run {start %d, count %d} outside 0..%d", r.Start, r.Count, pages-1)
+			}
+			total += int64(r.Count)
+			runs = append(runs, transfer.Run{Start: r.Start, Count: r.Count})
+		}
+		if total > MaxPagesPerCall {
+			return nil, invalid(field+".runs", "at most %d pages per call", MaxPagesPerCall)
+		}
+		runs = transfer.Coalesce(runs)
+	}
+	if err := transfer.ValidateRuns(runs, pages); err != nil {
+		return nil, invalid(field, "%s", repeatedPageMessage(err))
+	}
+	return runs, nil
+}
+
+func repeatedPageMessage(err error) string {
+	if errors.Is(err, transfer.ErrRunsOverlap) {
+		return "a page appears twice: " + err.Error()
+	}
+	return err.Error()
+}
+
+// layoutFromProto converts and validates a RegionLayout.
+func layoutFromProto(field string, l *pb.RegionLayout) (transfer.Layout, error) {
+	if l == nil {
+		return transfer.Layout{}, invalid(field, "required")
+	}
+	if err := validateRank(field+".rank", l.Rank); err != nil {
+		return transfer.Layout{}, err
+	}
+	out := transfer.Layout{TPSize: 1}
+	if l.Rank != nil && l.Rank.TpSize > 0 {
+		out.TPRank, out.TPSize = int(l.Rank.TpRank), int(l.Rank.TpSize)
+	}
+	for _, b := range l.Buffers {
+		out.Buffers = append(out.Buffers, transfer.BufferSpec{Offset: int64(b.Offset), Length: int64(b.Length), ItemLen: int64(b.ItemLen)})
+	}
+	if l.Aux != nil {
+		out.Aux = transfer.AuxSpec{Offset: int64(l.Aux.Offset), RowLen: int64(l.Aux.RowLen), Rows: int64(l.Aux.Rows)}
+	}
+	if err := out.Validate(); err != nil {
+		return transfer.Layout{}, invalid(field, "%v", err)
+	}
+	return out, nil
+}
+
