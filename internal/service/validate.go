@@ -134,4 +134,3 @@ func layoutFromProto(field string, l *pb.RegionLayout) (transfer.Layout, error) 
 	}
 	return out, nil
 }
-
