@@ -1,3 +1,103 @@
-// Package transfer is pdlink's KV data plane: memory regions shared with the engine, and the
-// transport that moves a room's pages from a prefill region into a decode region.
+// Package transfer is pdlink's KV data plane: the engine's KV memory mapped as regions, and
+// the transport that moves one room's pages from a prefill region into a decode region.
+//
+// # Regions
+//
+// A Region is a file the engine maps too (under /dev/shm by default, any path allowed),
+// mapped MAP_SHARED and pre-faulted with MAP_POPULATE when it is opened, never on the
+// transfer path. Its Layout lists the buffers (one per layer K and V in MHA, one per layer in
+// MLA), each with offset, length and page size (ItemLen), plus an aux buffer of fixed-size
+// rows. Page p of buffer i is at Offset_i + p*ItemLen_i. Layout.Validate checks a layout on
+// its own; Layout.Compatible checks, at REGISTER time on both sides, that buffer count, page
+// sizes and aux row size match, and names the first mismatch.
+//
+// # Wire
+//
+// Pages travel as runs ([]Run{Start, Count}, int32) per buffer. Send pairs the source and
+// destination runs (Pair) into maximal segments that are consecutive on both sides and packs
+// them into chunks of at most MaxChunkBytes. A chunk is a 64-byte little-endian header
+// (magic, version, type, room, nonce, seq, buffer, lengths, payload crc32c, run-list crc32c
+// and a crc32c over the header itself), the destination run list, and the payload: the
+// source pages, written with one vectored write (net.Buffers) straight from the mapping. A
+// DONE frame carries the chunk and page totals and the aux row; the receiver answers each
+// DONE, and any earlier failure, with a RESULT frame. Idle senders ping; the receiver pongs.
+// wire.go holds the framing; its decoders never panic and are fuzzed.
+//
+// # Receiver (decode)
+//
+// The driver registers each room with Expect (destination runs per buffer, aux row) before
+// its bytes may land. For every chunk the receiver checks the header and run-list
+// checksums, that every page is inside the region and among the room's destination pages
+// and not already claimed, the sequence number and the byte count; only then does it read
+// the payload with io.ReadFull straight into the destination pages, one piece at a time,
+// updating the crc32c as it goes. Chunks for unknown or ended rooms are drained into a
+// scratch buffer and counted, never written. Events.Complete is reported only when every
+// page of every buffer and the aux row were written and verified and the DONE totals match
+// (I8). Failures carry a Reason: "checksum", "transfer_error" or "invalid".
+//
+// Fencing (R7): Fence(room) marks the room ended and waits until the piece being written for
+// it, if any, is done; every later byte for the room is drained and discarded. Each room
+// carries a writer count under its mutex; a connection goroutine increments it only while
+// the room is live, so after Fence returns no byte can land for the room.
+//
+// # Sender (prefill)
+//
+// Per decode peer the Sender keeps ConnsPerPeer connections (--data-conns), each owned by a
+// slot goroutine that dials with a deadline, serves the connection and redials with
+// backoff. Rooms queue per peer; Send blocks while the peer's in-flight bytes exceed
+// MaxInflightBytes (backpressure). A room is sent on one connection, so its DONE follows its
+// chunks. Every write has a deadline scaled by its size. Fence(room) waits until no write
+// reads the room's source pages and stops any later read (I9); a room's Done callback runs
+// only after its writer let go of it. A broken connection fails the rooms written or
+// awaiting a result on it with transfer_error; rooms still queued go out on the next
+// connection.
+//
+// # Goroutines and ownership
+//
+//   - Receiver: Serve's goroutine accepts; each accepted connection has exactly one
+//     goroutine, which reads it, writes its answers (RESULT, PONG) and is the only code that
+//     writes region memory for the chunks it reads. Events are called from it.
+//   - Sender: each connection slot goroutine is the only writer of its connection and the
+//     only reader of source pages for the room it is sending; a second goroutine per
+//     connection reads RESULT and PONG frames. Done callbacks run on either of those, or on
+//     the goroutine that calls Close or RemovePeer.
+//   - Expect, Fence, Send, AddPeer and RemovePeer may be called from any goroutine.
+//
+// # Transports
+//
+// Transport (prefill side) and Sink (decode side) are the interfaces the daemons use. The
+// TCP Sender and Receiver implement them over any stream connection: MemNetwork is the
+// in-memory twin (net.Pipe, one copy from source to destination pages, Disconnect for
+// partitions) used by the logic tests. A same-host shared-memory copy or an RDMA engine can
+// implement Transport and Sink directly: callers only use rooms, runs, Fence and the
+// callbacks. Authenticator is the connection-preface hook (NoAuth by default) where an HMAC
+// challenge-response will run before any frame.
+//
+// # Usage
+//
+// Decode (decoded):
+//
+//  1. OpenRegion the engine's file with its Layout at RegisterRegion; send the Layout in
+//     REGISTER.
+//  2. NewReceiver(region, ReceiverConfig{Checksum, ...}, events) and run Serve on the
+//     --data-listen listener.
+//  3. Expect each room (its METADATA: destination runs, aux row) before telling prefill to
+//     send.
+//  4. On Events.Complete report Success; on Events.Failed report Failed with the reason.
+//  5. Call Fence(room) whenever the room ends for any reason (abort, timeout, clear) and
+//     before the engine may reuse its pages; it also forgets the room.
+//  6. Close the Receiver, then the Region.
+//
+// Prefill (prefilld):
+//
+//  1. OpenRegion the engine's file; NewSender(region, SenderConfig{ConnsPerPeer,
+//     Checksum, ...}).
+//  2. On REGISTER, AddPeer(data endpoint, peer layout); refuse the peer if it errors. On
+//     peer loss or restart, RemovePeer.
+//  3. Send each room with its source and destination runs and aux row. Done(nil) means
+//     decode confirmed every byte: report Success. Done(err) carries a Reason: report
+//     Failed.
+//  4. Before reporting a room Failed for any other cause (abort, timeout), call Fence(room);
+//     once it returns no worker reads the room's pages and Done will not run.
+//  5. Close the Sender, then the Region.
 package transfer
