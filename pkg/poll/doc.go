@@ -60,8 +60,11 @@
 // (NotifyPeer) too. An abort for a room not yet opened leaves an abort
 // tombstone (I4); the next Open of that key (or of that room id when a
 // nonce is missing on either side) creates the room directly in Failed with
-// the abort's reason. Tombstones are bounded by MaxTombstones (oldest
-// evicted, counted) and TombstoneTTL.
+// the abort's reason (every matching abort tombstone is consumed; the
+// oldest one's reason wins). Tombstones are bounded by MaxTombstones
+// (oldest evicted, counted) and TombstoneTTL, and there is at most one
+// abort and one ended tombstone per room id (a newer one replaces the
+// older), so no sequence of frames can build long chains.
 //
 // # Deadlines and time
 //
@@ -95,13 +98,19 @@
 // # Ownership and performance
 //
 // A Table is not safe for concurrent use: it has a single owner. We
-// recommend one mutex per daemon around Step, Tick, Poll and Stats (and
-// the Ready/Advance drain): Step does not allocate once the room pool is
-// warm and costs well under a microsecond, Poll of 1000 rooms costs tens
-// of microseconds, so a mutex is never held long and sharding buys
-// nothing at these rates (see the benchmarks in bench_test.go). An actor
-// goroutine works as well; either way, exactly one goroutine at a time
-// touches the table, and the effects are performed outside the lock.
+// recommend one mutex per daemon around Step, Tick, Poll, Get, List and
+// Stats and the Ready/Advance drain (copy the effects out, perform them
+// after unlocking). Measured on this machine (AMD EPYC, 2 cores, shared):
+// Step is about 130 ns and 0 allocations (4.3M transitions/s, 7.6M
+// events/s on one core, with rooms and tombstones pooled); behind a mutex
+// from 2 goroutines it stays about 130 ns per Step; Poll of 1000 rooms in
+// a 100k-room table takes about 28 µs; a live room costs about 280 bytes
+// (history ring included). A scheduler step polling 1000 rooms therefore
+// holds the lock for tens of microseconds, and the daemon's event rate is
+// orders of magnitude below what one core sustains: sharding would add
+// cross-shard peer loss and shutdown for no gain. An actor goroutine
+// works as well; either way exactly one goroutine at a time touches the
+// table.
 //
 // # Usage
 //
