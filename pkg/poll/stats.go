@@ -139,12 +139,14 @@ func (s Stats) Rejected(r RejectReason) uint64 { return s.ctr.rejected[r] }
 // RejectedTotal returns all rejections.
 func (s Stats) RejectedTotal() uint64 { return s.rejectSum }
 
-// Stats returns a snapshot at time now. It refreshes the overdue counts
-// (amortised O(1) per room) and is otherwise O(states).
+// Stats returns a snapshot; ages are measured at now (clamped to the
+// table's time). It produces no effects and expires nothing, so a metrics
+// scrape may call it without draining Ready: overdue counts and expiry are
+// as of the last Step or Tick, and OldestAge past Deadline means the driver
+// stopped ticking. O(states) plus amortised O(1) per newly overdue room.
 func (t *Table) Stats(now int64) Stats {
-	now = t.clock(now)
-	t.expire(now)
-	t.q.AdvanceOverdue(now)
+	now = max(now, t.now)
+	t.q.AdvanceOverdue(t.now)
 	s := Stats{
 		Rooms:             len(t.rooms),
 		Tombstones:        t.tq.Len(),
