@@ -144,7 +144,16 @@ func TestRoomMetricsFollowTheTableAtScrapeTime(t *testing.T) {
 	if v := value(t, mfs, "pdlink_room_failures_total", map[string]string{"reason": "timeout:bootstrapping"}); v != 0 {
 		t.Errorf("failures before timeout %v", v)
 	}
+	// Between ticks a room past its deadline shows as oldest age above the
+	// deadline: that is what the "reaper broken" alert looks for.
 	now += int64(time.Hour)
+	mfs = gather(t, reg)
+	if age, dl := value(t, mfs, "pdlink_room_oldest_age_seconds", map[string]string{"state": "Bootstrapping"}),
+		value(t, mfs, "pdlink_room_deadline_seconds", map[string]string{"state": "Bootstrapping"}); age <= dl {
+		t.Errorf("untick'd pin not visible: oldest %v <= deadline %v", age, dl)
+	}
+	tbl.Tick(now)
+	tbl.Advance()
 	mfs = gather(t, reg)
 	if v := value(t, mfs, "pdlink_room_failures_total", map[string]string{"reason": "timeout:bootstrapping"}); v != 3 {
 		t.Errorf("failures after timeout %v, want 3", v)
