@@ -1,0 +1,5 @@
+package zmtp
+
+const crashChildEnv = "ZMTP_CRASH_CHILD"
+
+func runCrashChild(mode string) {}
