@@ -81,3 +81,9 @@ func ping(t testing.TB, l conn.Listener, c conn.Conn, within time.Duration) conn
 		}
 	}
 }
+
+func recvWithin(l conn.Listener, d time.Duration) (conn.Route, []byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return l.Recv(ctx)
+}
