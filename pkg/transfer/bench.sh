@@ -16,10 +16,15 @@ if ! command -v iperf3 >/dev/null 2>&1; then
 	echo "bench.sh: iperf3 not on PATH; the iperf3 reference is skipped (apt-get install iperf3)" >&2
 fi
 
-# Interleave the references with the transfer runs (-count repeats the whole set) so that
-# load from other work on the machine hits both alike.
-go test -run '^$' -bench 'Iperf3Reference|MemcpyReference|TCP_' \
-	-benchtime="$benchtime" -count="$count" . | tee "$out"
+# Each round runs the references and the transfers back to back (go test -count would
+# repeat one benchmark before the next), so load from other work on the machine hits both
+# alike.
+go test -c -o "$out.test" .
+trap 'rm -f "$out" "$out.test"' EXIT
+for ((round = 1; round <= count; round++)); do
+	"$out.test" -test.run '^$' -test.bench 'Iperf3Reference|MemcpyReference|TCP_' \
+		-test.benchtime="$benchtime" | tee -a "$out"
+done
 
 awk '
 function metric(name, unit,   i) {

@@ -86,7 +86,8 @@ func benchReceiverChild() int {
 	}
 	var rcv *Receiver
 	ev := &childEvents{fence: func(k Key) { rcv.Fence(k) }}
-	if rcv, err = NewReceiver(region, ReceiverConfig{Checksum: cs}, ev); err != nil {
+	piece, _ := strconv.Atoi(os.Getenv("PDLINK_BENCH_PIECE")) // tuning knob, 0 = default
+	if rcv, err = NewReceiver(region, ReceiverConfig{Checksum: cs, PieceBytes: piece}, ev); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -170,7 +171,8 @@ func benchTransfer(b *testing.B, sh benchShape, cs Checksum) {
 			b.Fatalf("receiver child: %q", out.Text())
 		}
 	}
-	snd, err := NewSender(src, SenderConfig{ConnsPerPeer: 1, Checksum: cs})
+	chunk, _ := strconv.ParseInt(os.Getenv("PDLINK_BENCH_CHUNK"), 10, 64) // tuning knob, 0 = default
+	snd, err := NewSender(src, SenderConfig{ConnsPerPeer: 1, Checksum: cs, MaxChunkBytes: chunk})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package transfer
 import (
 	"bytes"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 )
@@ -79,6 +80,7 @@ func TestFenceWhileSenderStreamsNoByteLandsAfter_R7(t *testing.T) {
 			fill(g.src.Buffer(1), 2)
 			memset(g.dst.Buffer(0), 0xAA)
 			memset(g.dst.Buffer(1), 0xAA)
+			var mu sync.Mutex // guards after, written on the receiver's connection goroutine
 			var after []byte
 			fenceOnce := make(chan struct{})
 			g.ev2(func(key Key) {
@@ -89,7 +91,9 @@ func TestFenceWhileSenderStreamsNoByteLandsAfter_R7(t *testing.T) {
 				}
 				close(fenceOnce)
 				g.rcv.Fence(key)
+				mu.Lock()
 				after = snapshot(g.dst)
+				mu.Unlock()
 			})
 			all := SamePages(2, []Run{{0, 256}})
 			if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: 0}); err != nil {
@@ -99,6 +103,8 @@ func TestFenceWhileSenderStreamsNoByteLandsAfter_R7(t *testing.T) {
 			if !errors.Is(err, ErrRejected) || ReasonOf(err) != ReasonInvalid {
 				t.Fatalf("sender outcome %v, want invalid", err)
 			}
+			mu.Lock()
+			defer mu.Unlock()
 			if after == nil {
 				t.Fatal("no progress event")
 			}
