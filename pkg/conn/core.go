@@ -1,0 +1,408 @@
+package conn
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
+)
+
+// sideHooks are the per-side actions the shared core performs for poll
+// effects.
+type sideHooks interface {
+	// notify sends the STATUS or ABORT a NotifyPeer effect asks for.
+	notify(e poll.Effect)
+	fence(k poll.Key)
+	forget(k poll.Key)
+	// maintain sends heartbeats and declares peers lost (tick loop).
+	maintain(now int64)
+}
+
+// core is what both nodes share: the room table behind one mutex, the
+// effect driver, the reliable outbox, subscribers and counters.
+type core struct {
+	cfg   Config
+	log   *zap.Logger
+	clock Clock
+	start time.Time
+	codec *Codec
+	ctr   counters
+	out   *outbox
+	hooks sideHooks
+
+	mu sync.Mutex // guards t
+	t  *poll.Table
+
+	subMu  sync.Mutex
+	subs   map[*Subscription]struct{}
+	hidden map[poll.Key]poll.State // Failed rooms not yet visible: their visible "from"
+
+	sup     *supervisor
+	cancel  context.CancelFunc
+	started atomic.Bool
+	closed  atomic.Bool
+
+	limiter logLimiter
+
+	// frameHook, if set (tests), runs before each received frame is handled.
+	frameHook func(FrameType)
+}
+
+func newCore(cfg Config, side poll.Side) (*core, error) {
+	cfg, err := cfg.withDefaults(side)
+	if err != nil {
+		return nil, err
+	}
+	t, err := poll.New(cfg.Table)
+	if err != nil {
+		return nil, err
+	}
+	c := &core{
+		cfg:    cfg,
+		log:    cfg.Logger.With(zap.String("side", side.String()), zap.String("instance", cfg.Instance)),
+		clock:  cfg.Clock,
+		start:  cfg.Clock.Now(),
+		codec:  &Codec{Limits: cfg.Limits, Auth: cfg.Auth},
+		out:    newOutbox(cfg.RetryBase, cfg.RetryMax, cfg.Seed),
+		t:      t,
+		subs:   make(map[*Subscription]struct{}),
+		hidden: make(map[poll.Key]poll.State),
+	}
+	c.limiter.clock = c.clock
+	return c, nil
+}
+
+// startWorkers starts the supervisor and the tick loop.
+func (c *core) startWorkers() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	c.sup = &supervisor{ctx: ctx, clock: c.clock, log: c.log, restarts: &c.ctr.restarts}
+	c.sup.Go("tick", c.tickLoop)
+	c.started.Store(true)
+	return ctx
+}
+
+// stopWorkers cancels every worker and waits for them.
+func (c *core) stopWorkers() {
+	if c.cancel != nil {
+		c.cancel()
+		c.sup.Wait()
+	}
+}
+
+// now is the node's monotonic time in nanoseconds (the table's time).
+func (c *core) now() int64 { return int64(c.clock.Now().Sub(c.start)) }
+
+// wall converts node time to wall time.
+func (c *core) wall(ns int64) time.Time { return c.start.Add(time.Duration(ns)) }
+
+// takeLocked copies and acknowledges the table's pending effects.
+func (c *core) takeLocked() []poll.Effect {
+	r := c.t.Ready()
+	if len(r) == 0 {
+		return nil
+	}
+	effs := append([]poll.Effect(nil), r...)
+	c.t.Advance()
+	return effs
+}
+
+// step applies one event and performs its effects outside the lock.
+func (c *core) step(ev poll.Event) error {
+	c.mu.Lock()
+	err := c.t.Step(c.now(), ev)
+	effs := c.takeLocked()
+	c.mu.Unlock()
+	c.perform(effs)
+	return err
+}
+
+// tick expires deadlines and performs the effects.
+func (c *core) tick() {
+	c.mu.Lock()
+	c.t.Tick(c.now())
+	effs := c.takeLocked()
+	c.mu.Unlock()
+	c.perform(effs)
+}
+
+// perform carries out effects in order (poll doc, Usage 4). A Fence steps
+// EvFenced at once (the data plane's Fence returns only when no worker
+// touches the room), and the resulting Publish joins the batch.
+func (c *core) perform(effs []poll.Effect) {
+	for i := 0; i < len(effs); i++ {
+		e := effs[i]
+		switch e.Kind {
+		case poll.EffNotifyPeer:
+			c.hooks.notify(e)
+		case poll.EffReplyUnknown:
+			// Answered by the ACK of the frame that caused it.
+		case poll.EffFence:
+			c.hooks.fence(e.Key)
+			c.mu.Lock()
+			_ = c.t.Step(c.now(), poll.Event{Kind: poll.EvFenced, Key: e.Key})
+			effs = append(effs, c.takeLocked()...)
+			c.mu.Unlock()
+		case poll.EffTransition:
+			c.log.Debug("room transition", zap.Uint64("room", uint64(e.Key.Room)), zap.Uint64("nonce", uint64(e.Key.Nonce)),
+				zap.Stringer("from", e.From), zap.Stringer("to", e.To), zap.String("reason", string(e.Reason)))
+			if e.Visible {
+				c.publish(Transition{Key: e.Key, From: e.From, To: e.To, Reason: e.Reason, At: c.wall(e.At)})
+			} else {
+				c.subMu.Lock()
+				c.hidden[e.Key] = e.From
+				c.subMu.Unlock()
+			}
+		case poll.EffPublish:
+			c.subMu.Lock()
+			from := c.hidden[e.Key]
+			delete(c.hidden, e.Key)
+			c.subMu.Unlock()
+			c.publish(Transition{Key: e.Key, From: from, To: poll.Failed, Reason: e.Reason, At: c.wall(e.At)})
+		case poll.EffReaped, poll.EffRemoved:
+			if e.Kind == poll.EffReaped {
+				c.log.Info("uncleared room reaped", zap.Uint64("room", uint64(e.Key.Room)), zap.Stringer("state", e.Status))
+			}
+			c.hooks.forget(e.Key)
+		}
+	}
+}
+
+// tickLoop is the supervised worker that drives time: table deadlines,
+// retransmits, heartbeats and peer liveness.
+func (c *core) tickLoop(ctx context.Context) error {
+	t := c.clock.NewTicker(c.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+			c.onTick()
+			t.Done()
+		}
+	}
+}
+
+func (c *core) onTick() {
+	c.tick()
+	now := c.now()
+	c.retransmit(now)
+	c.hooks.maintain(now)
+}
+
+// envelope returns an envelope header for this node.
+func (c *core) envelope(seq uint64) *pdlinkv1.Envelope {
+	return &pdlinkv1.Envelope{ProtocolVersion: ProtocolVersion, SenderInstance: c.cfg.Instance, Epoch: c.cfg.Epoch, Seq: seq}
+}
+
+// transmit encodes env and sends one copy.
+func (c *core) transmit(dest target, env *pdlinkv1.Envelope) ([]byte, error) {
+	frame, err := c.codec.Encode(env)
+	if err != nil {
+		c.ctr.sendErrors.Add(1)
+		c.log.Error("cannot encode frame", zap.Error(err))
+		return nil, err
+	}
+	c.send(dest, env, frame)
+	return frame, nil
+}
+
+func (c *core) send(dest target, env *pdlinkv1.Envelope, frame []byte) {
+	if ft, ok := FrameTypeOf(env); ok {
+		c.ctr.frames[Sent][ft].Add(1)
+	}
+	if err := dest.transmit(frame); err != nil {
+		c.ctr.sendErrors.Add(1)
+		c.log.Debug("frame send failed", zap.Error(err))
+	}
+}
+
+// sendReliable sends env (body set) with a fresh seq and keeps it for
+// retransmission until acknowledged or giveUp (node time).
+func (c *core) sendReliable(dest target, env *pdlinkv1.Envelope, key poll.Key, giveUp int64, want func() bool, onAck func(ackResult) bool) {
+	ft, _ := FrameTypeOf(env)
+	p := &pending{ft: ft, dest: dest, key: key, giveUp: giveUp, want: want, onAck: onAck}
+	now := c.now()
+	hdr := c.envelope(0)
+	env.ProtocolVersion, env.SenderInstance, env.Epoch = hdr.ProtocolVersion, hdr.SenderInstance, hdr.Epoch
+	// The seq is drawn by the outbox so retransmits and ACKs agree on it.
+	env.Seq = c.out.add(now, p)
+	frame, err := c.codec.Encode(env)
+	if err != nil {
+		c.out.drop(env.Seq)
+		c.ctr.sendErrors.Add(1)
+		c.log.Error("cannot encode frame", zap.Error(err))
+		return
+	}
+	p.frame = frame
+	c.send(dest, env, frame)
+}
+
+// retransmit resends due frames and abandons expired ones.
+func (c *core) retransmit(now int64) {
+	resend, expired := c.out.due(now)
+	for _, p := range expired {
+		c.ctr.giveUps.Add(1)
+		c.log.Debug("reliable frame abandoned at its deadline", zap.Stringer("type", p.ft), zap.Uint64("seq", p.seq), zap.Uint64("room", uint64(p.key.Room)))
+	}
+	for _, p := range resend {
+		if p.frame == nil {
+			continue
+		}
+		if p.want != nil && !p.want() {
+			c.out.drop(p.seq)
+			continue
+		}
+		c.ctr.retransmits.Add(1)
+		c.ctr.frames[Sent][p.ft].Add(1)
+		if err := p.dest.transmit(p.frame); err != nil {
+			c.ctr.sendErrors.Add(1)
+		}
+	}
+}
+
+// sendAck answers a reliable frame.
+func (c *core) sendAck(dest target, seq uint64, a ackResult) {
+	env := c.envelope(0)
+	env.Body = &pdlinkv1.Envelope_Ack{Ack: &pdlinkv1.Ack{AckedSeq: seq, Result: a.result, Reason: a.reason}}
+	_, _ = c.transmit(dest, env)
+}
+
+// handleAck completes the frame an ACK answers (if it went to that peer).
+func (c *core) handleAck(from poll.PeerID, a *pdlinkv1.Ack) {
+	p := c.out.take(a.GetAckedSeq(), from)
+	if p == nil {
+		return // a duplicate ACK, or for a frame already given up
+	}
+	res := ackResult{result: a.GetResult(), reason: a.GetReason()}
+	if p.onAck != nil && !p.onAck(res) {
+		if c.now() < p.giveUp {
+			c.out.requeue(c.now(), p)
+		}
+	}
+}
+
+// decodeFrame decodes and validates one frame, counting a rejection.
+func (c *core) decodeFrame(frame []byte, from string) (*pdlinkv1.Envelope, FrameType, bool) {
+	env, err := c.codec.Decode(frame)
+	if err != nil {
+		r, _ := RejectReasonOf(err)
+		c.reject(r, from, err)
+		return nil, 0, false
+	}
+	ft, _ := FrameTypeOf(env)
+	c.ctr.frames[Received][ft].Add(1)
+	return env, ft, true
+}
+
+// reject counts a rejected frame and logs it, rate limited per reason.
+func (c *core) reject(r RejectReason, from string, err error) {
+	c.ctr.rejected[r].Add(1)
+	if n, ok := c.limiter.allow(r); ok {
+		c.log.Warn("frame rejected", zap.Stringer("reason", r), zap.String("from", from), zap.Error(err), zap.Uint64("suppressed", n))
+	}
+}
+
+// answer turns the outcome of stepping a peer's frame into its ACK. echo
+// reports whether NotifyPeer effects to that peer about that room are
+// answered by the ACK (and must not be sent again).
+func answer(err error, effs []poll.Effect, ev poll.Event) (a ackResult, echo bool) {
+	findEcho := func() (poll.Effect, bool) {
+		for _, e := range effs {
+			if (e.Kind == poll.EffNotifyPeer || e.Kind == poll.EffReplyUnknown) && e.Peer == ev.Peer && e.Key.Room == ev.Key.Room {
+				return e, true
+			}
+		}
+		return poll.Effect{}, false
+	}
+	ended := func(e poll.Effect) ackResult {
+		a := ackResult{result: pdlinkv1.AckResult_ACK_RESULT_ENDED}
+		if e.Status != poll.Success {
+			a.reason = string(e.Reason)
+			if a.reason == "" {
+				a.reason = string(poll.ReasonAbortedRemote)
+			}
+		}
+		return a
+	}
+	switch {
+	case err == nil:
+		return ackApplied, false
+	case errors.Is(err, poll.ErrRoomEnded), errors.Is(err, poll.ErrTerminal), errors.Is(err, poll.ErrNonceMismatch):
+		if e, ok := findEcho(); ok && (e.Kind == poll.EffNotifyPeer || e.Reply == poll.ReplyEnded) {
+			return ended(e), true
+		}
+		if errors.Is(err, poll.ErrNonceMismatch) {
+			return ackRejected(RejectForeignRoom), false
+		}
+		return ackApplied, false // a failure for a room that already ended: moot
+	case errors.Is(err, poll.ErrNotFound):
+		return ackNotOpen, true
+	case errors.Is(err, poll.ErrPeerMismatch):
+		return ackRejected(RejectForeignRoom), false
+	case errors.Is(err, poll.ErrIllegalTransition):
+		return ackApplied, false // already past this step: idempotent
+	}
+	return ackRejected(RejectInvalid), false
+}
+
+// stepFrame steps a peer's frame event and returns the ACK answer.
+func (c *core) stepFrame(ev poll.Event) (ackResult, error) {
+	c.mu.Lock()
+	err := c.t.Step(c.now(), ev)
+	effs := c.takeLocked()
+	c.mu.Unlock()
+	a, echo := answer(err, effs, ev)
+	if echo {
+		kept := effs[:0]
+		for _, e := range effs {
+			if (e.Kind == poll.EffNotifyPeer || e.Kind == poll.EffReplyUnknown) && e.Peer == ev.Peer && e.Key.Room == ev.Key.Room {
+				continue
+			}
+			kept = append(kept, e)
+		}
+		effs = kept
+	}
+	c.perform(effs)
+	return a, err
+}
+
+// roomDeadline returns the room's current deadline (node time), or false.
+func (c *core) roomDeadline(id poll.RoomID) (int64, poll.State, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	info, err := c.t.Get(id)
+	if err != nil {
+		return 0, poll.StateNone, false
+	}
+	return info.Deadline, info.State, true
+}
+
+// logLimiter lets one log line per reason through per second and counts
+// the others.
+type logLimiter struct {
+	clock      Clock
+	mu         sync.Mutex
+	last       [numRejectReasons]time.Time
+	suppressed [numRejectReasons]uint64
+}
+
+func (l *logLimiter) allow(r RejectReason) (uint64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	if !l.last[r].IsZero() && now.Sub(l.last[r]) < time.Second {
+		l.suppressed[r]++
+		return 0, false
+	}
+	n := l.suppressed[r]
+	l.last[r], l.suppressed[r] = now, 0
+	return n, true
+}

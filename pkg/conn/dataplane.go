@@ -1,0 +1,64 @@
+package conn
+
+import (
+	"time"
+
+	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
+)
+
+// Metadata is one decode rank's METADATA for a room: where that rank's
+// pages go.
+type Metadata struct {
+	Key poll.Key
+	// TPRank and TPSize name the decode rank (0 of 1 when absent).
+	TPRank, TPSize uint32
+	DstPages       *pdlinkv1.PageList
+	AuxIndex       uint32
+	// ExpectedSenders is how many distinct prefill ranks must finish
+	// before decode reports Success (R11).
+	ExpectedSenders int
+}
+
+// PeerInfo describes a peer daemon instance.
+type PeerInfo struct {
+	ID       poll.PeerID
+	Instance string
+	Epoch    uint64
+	// Addr is the prefill bootstrap address (decode side) or the decode
+	// data endpoint (prefill side).
+	Addr string
+	// Layouts are the decode region layouts sent in REGISTER (prefill side).
+	Layouts   []*pdlinkv1.RegionLayout
+	Up        bool
+	LastHeard time.Time
+}
+
+// PrefillDataPlane is what the prefill node needs from the data plane
+// (package transfer, adapted by the daemon). Calls come from node
+// goroutines outside the room lock and must not block for long.
+//
+// Fence must be sticky: once Fence(key) returned, no worker reads the
+// room's source pages, and a Bind for that key that arrives later (they
+// may race) must be ignored. Forget drops everything kept for the key.
+type PrefillDataPlane interface {
+	// Bind records where a room's pages go once prefill applied decode's
+	// METADATA: the decode peer (its data endpoint and layouts) and that
+	// rank's metadata. It is called once per applied METADATA (a rank may
+	// be bound again after a retransmit: Bind must be idempotent).
+	Bind(peer PeerInfo, md Metadata)
+	Fence(key poll.Key)
+	Forget(key poll.Key)
+}
+
+// DecodeDataPlane is what the decode node needs from the data plane. Same
+// rules as PrefillDataPlane: Fence is sticky (an Expect after Fence of the
+// same key is refused), calls come outside the room lock.
+type DecodeDataPlane interface {
+	// Expect prepares the receiver for one rank's pages of a room before
+	// its METADATA leaves; an error (bad pages for the region) fails
+	// SendMetadata with it.
+	Expect(md Metadata) error
+	Fence(key poll.Key)
+	Forget(key poll.Key)
+}

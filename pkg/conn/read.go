@@ -1,0 +1,122 @@
+package conn
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pdlink/pdlink/pkg/poll"
+)
+
+// Transition is one visible state change of a room, for Watch streams.
+// A room's move to Failed is published once its worker is fenced (I9).
+type Transition struct {
+	Key      poll.Key
+	From, To poll.State
+	Reason   poll.Reason
+	At       time.Time
+}
+
+// Subscription receives a node's transitions. It never blocks the node: a
+// transition that does not fit the buffer is dropped and counted, and the
+// reader re-syncs with Poll (the Watch stream's "missed" event).
+type Subscription struct {
+	c       *core
+	ch      chan Transition
+	dropped atomic.Uint64
+	once    sync.Once
+}
+
+// C returns the transitions. It is closed by Close.
+func (s *Subscription) C() <-chan Transition { return s.ch }
+
+// Dropped returns how many transitions did not fit the buffer so far.
+func (s *Subscription) Dropped() uint64 { return s.dropped.Load() }
+
+// Close stops the subscription and closes C.
+func (s *Subscription) Close() {
+	s.once.Do(func() {
+		s.c.subMu.Lock()
+		delete(s.c.subs, s)
+		close(s.ch)
+		s.c.subMu.Unlock()
+	})
+}
+
+func (c *core) subscribe(buf int) *Subscription {
+	if buf <= 0 {
+		buf = c.cfg.SubscriberBuffer
+	}
+	s := &Subscription{c: c, ch: make(chan Transition, buf)}
+	c.subMu.Lock()
+	c.subs[s] = struct{}{}
+	c.subMu.Unlock()
+	return s
+}
+
+func (c *core) publish(tr Transition) {
+	c.subMu.Lock()
+	defer c.subMu.Unlock()
+	for s := range c.subs {
+		select {
+		case s.ch <- tr:
+		default:
+			s.dropped.Add(1)
+			c.ctr.dropped.Add(1)
+		}
+	}
+}
+
+// Poll reports, for each room id, the state the scheduler may see (I9), or
+// poll.StateNone for a room not in the table; it appends to out[:0].
+func (c *core) Poll(ids []poll.RoomID, out []poll.State) []poll.State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t.Poll(ids, out)
+}
+
+// Get returns a copy of the room with this id (poll.ErrNotFound if none).
+func (c *core) Get(id poll.RoomID) (poll.RoomInfo, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t.Get(id)
+}
+
+// List returns a page of rooms (see poll.Table.List).
+func (c *core) List(f poll.Filter, pageToken string, limit int) ([]poll.RoomInfo, string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t.List(c.now(), f, pageToken, limit)
+}
+
+// Stats returns the room table's snapshot for metrics.
+func (c *core) Stats() poll.Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t.Stats(c.now())
+}
+
+// Clear removes terminal rooms; errs[i] is the result for ids[i] (errs
+// must be at least as long as ids). Cleared rooms are forgotten by the
+// data plane.
+func (c *core) Clear(ids []poll.RoomID, errs []error) {
+	c.mu.Lock()
+	c.t.ClearBatch(c.now(), ids, errs)
+	effs := c.takeLocked()
+	c.mu.Unlock()
+	c.perform(effs)
+}
+
+// WallTime converts a table time (RoomInfo.CreatedAt, Deadline, history)
+// to wall time.
+func (c *core) WallTime(ns int64) time.Time { return c.wall(ns) }
+
+// Instance returns this node's instance id and epoch.
+func (c *core) Instance() (string, uint64) { return c.cfg.Instance, c.cfg.Epoch }
+
+// checkInvariants runs the table's invariant check (tests).
+func (c *core) checkInvariants() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t.CheckInvariants()
+}

@@ -1,0 +1,214 @@
+package conn
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
+)
+
+// ackResult is what an ACK said about a frame.
+type ackResult struct {
+	result pdlinkv1.AckResult
+	reason string
+}
+
+var (
+	ackApplied = ackResult{result: pdlinkv1.AckResult_ACK_RESULT_APPLIED}
+	ackNotOpen = ackResult{result: pdlinkv1.AckResult_ACK_RESULT_NOT_OPEN}
+)
+
+func ackRejected(r RejectReason) ackResult {
+	return ackResult{result: pdlinkv1.AckResult_ACK_RESULT_REJECTED, reason: r.String()}
+}
+
+// final reports whether a sender must stop retrying after this answer, so
+// the receiver may remember it in its dedupe window. NOT_OPEN and
+// unknown_peer say "try again", and a retry must be processed again.
+func (a ackResult) final() bool {
+	switch a.result {
+	case pdlinkv1.AckResult_ACK_RESULT_NOT_OPEN:
+		return false
+	case pdlinkv1.AckResult_ACK_RESULT_REJECTED:
+		return a.reason != RejectUnknownPeer.String()
+	}
+	return true
+}
+
+// target is where a reliable frame goes: a peer instance on prefill, a
+// prefill session on decode. transmit sends one copy, best effort.
+type target interface {
+	transmit(frame []byte) error
+	peerID() poll.PeerID
+}
+
+// pending is one reliable frame waiting for its ACK.
+type pending struct {
+	seq     uint64
+	ft      FrameType
+	frame   []byte
+	dest    target
+	key     poll.Key
+	giveUp  int64 // node time (ns) after which the frame is abandoned
+	next    int64 // next retransmit
+	attempt int
+	// want, if set, is asked before each retransmit; false drops the frame
+	// (its room moved on).
+	want func() bool
+	// onAck handles the ACK; it returns false to keep retrying (NOT_OPEN).
+	// nil: any ACK completes the frame.
+	onAck func(ackResult) bool
+}
+
+// outbox holds a node's unacknowledged frames and draws their sequence
+// numbers (one counter per instance and epoch, so (sender, epoch, seq) is
+// unique). Retransmits back off exponentially with jitter, from RetryBase
+// up to RetryMax, until the ACK or the frame's give-up deadline.
+type outbox struct {
+	base, max time.Duration
+
+	mu    sync.Mutex
+	seq   uint64
+	items map[uint64]*pending
+	rng   *rand.Rand
+}
+
+func newOutbox(base, maxBackoff time.Duration, seed uint64) *outbox {
+	return &outbox{base: base, max: maxBackoff, items: make(map[uint64]*pending), rng: rand.New(rand.NewPCG(seed, seed+1))}
+}
+
+// add registers p with a fresh seq and its first retransmit time.
+func (o *outbox) add(now int64, p *pending) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seq++
+	p.seq = o.seq
+	p.next = now + o.backoffLocked(0)
+	o.items[p.seq] = p
+	return p.seq
+}
+
+// nextSeq draws a seq for a frame not kept in the outbox.
+func (o *outbox) nextSeq() uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seq++
+	return o.seq
+}
+
+// backoffLocked is base*2^attempt capped at max, scaled by a random factor
+// in [0.5, 1) so peers do not retry in lockstep.
+func (o *outbox) backoffLocked(attempt int) int64 {
+	d := o.base << min(attempt, 20)
+	if d <= 0 || d > o.max {
+		d = o.max
+	}
+	return int64(d)/2 + o.rng.Int64N(int64(d)/2+1)
+}
+
+// take removes and returns the frame acknowledged by seq if it went to the
+// peer that acknowledged it.
+func (o *outbox) take(seq uint64, from poll.PeerID) *pending {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	p := o.items[seq]
+	if p == nil || p.dest.peerID() != from {
+		return nil
+	}
+	delete(o.items, seq)
+	return p
+}
+
+// requeue puts back a frame whose ACK said "try again".
+func (o *outbox) requeue(now int64, p *pending) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	p.attempt++
+	p.next = now + o.backoffLocked(p.attempt)
+	o.items[p.seq] = p
+}
+
+// due returns the frames to send again at now and removes the expired
+// ones (returned separately).
+func (o *outbox) due(now int64) (resend, expired []*pending) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for seq, p := range o.items {
+		switch {
+		case now >= p.giveUp:
+			delete(o.items, seq)
+			expired = append(expired, p)
+		case now >= p.next:
+			p.attempt++
+			p.next = now + o.backoffLocked(p.attempt)
+			resend = append(resend, p)
+		}
+	}
+	return resend, expired
+}
+
+// drop removes a frame (its room no longer wants it).
+func (o *outbox) drop(seq uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.items, seq)
+}
+
+// cancelPeer drops every frame to the peer (it restarted: the new instance
+// knows none of them).
+func (o *outbox) cancelPeer(id poll.PeerID) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for seq, p := range o.items {
+		if p.dest.peerID() == id {
+			delete(o.items, seq)
+			n++
+		}
+	}
+	return n
+}
+
+// len returns the number of frames waiting for an ACK.
+func (o *outbox) len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.items)
+}
+
+// dedupe remembers the final answers given to one peer incarnation's
+// frames, so a duplicate is answered again but not applied again. It is a
+// bounded window: the oldest answers are forgotten first; a frame older
+// than the window is processed again, which the handlers make harmless
+// (they are idempotent).
+type dedupe struct {
+	seen  map[uint64]ackResult
+	order []uint64
+	head  int
+}
+
+func newDedupe(window int) *dedupe {
+	return &dedupe{seen: make(map[uint64]ackResult), order: make([]uint64, 0, window)}
+}
+
+func (d *dedupe) get(seq uint64) (ackResult, bool) {
+	a, ok := d.seen[seq]
+	return a, ok
+}
+
+func (d *dedupe) put(seq uint64, a ackResult) {
+	if _, ok := d.seen[seq]; ok {
+		d.seen[seq] = a
+		return
+	}
+	if len(d.order) < cap(d.order) {
+		d.order = append(d.order, seq)
+	} else {
+		delete(d.seen, d.order[d.head])
+		d.order[d.head] = seq
+		d.head = (d.head + 1) % len(d.order)
+	}
+	d.seen[seq] = a
+}
