@@ -27,6 +27,8 @@ var crashInputs = map[string]struct {
 }{
 	"huge_frame": {crashHugeFrame, "makeslice: len out of range"},
 	"cut_ready":  {crashCutReady, "slice bounds out of range"},
+	// Found by FuzzGuard: not in the original brief.
+	"no_socket_type": {crashNoSocketType, `unknown socket-type: ""`},
 }
 
 // runCrashChild binds a plain (unguarded) zmq4 ROUTER on loopback, sends

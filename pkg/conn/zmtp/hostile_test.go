@@ -90,6 +90,17 @@ func TestGuardRejectsCutReadyProperty_R12(t *testing.T) {
 	afterHostile(t, tr, l, c, p, ReasonBadCommand)
 }
 
+// (b') A well-formed READY without Socket-Type (zmq4 panics on the
+// unknown peer type; found by FuzzGuard).
+func TestGuardRejectsReadyWithoutSocketType_R12(t *testing.T) {
+	tr, l, c := hostileSetup(t, nil)
+	p := dialRaw(t, hostAddr(l))
+	if _, err := p.Write(crashNoSocketType); err != nil {
+		t.Fatal(err)
+	}
+	afterHostile(t, tr, l, c, p, ReasonBadCommand)
+}
+
 // (c) A wrong signature is rejected at its first byte.
 func TestGuardRejectsWrongSignature(t *testing.T) {
 	tr, l, c := hostileSetup(t, nil)

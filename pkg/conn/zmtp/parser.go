@@ -18,7 +18,8 @@ const (
 	// size is over the limit; the body is never read.
 	ReasonFrameTooLarge = "frame_too_large"
 	// ReasonBadCommand: a command whose name or READY properties do not fit
-	// in its body, an unknown command, or a malformed ERROR/PING/PONG.
+	// in its body, a READY without a known Socket-Type, an unknown
+	// command, or a malformed ERROR/PING/PONG.
 	ReasonBadCommand = "bad_command"
 	// ReasonBadHandshake: the first frame after the greeting is not a
 	// READY command.
@@ -91,7 +92,9 @@ const (
 	phCmdNameLen         // command body: name length
 	phCmdName            // command body: name
 	phPropNameLen        // READY: property name length
+	phPropName           // READY: property name
 	phPropValLen         // READY: 4-byte value length
+	phTypeVal            // READY: the Socket-Type value
 	phErrReasonLen       // ERROR: reason length
 )
 
@@ -125,6 +128,9 @@ type parser struct {
 	msgBytes uint64 // bytes so far in the current multipart message
 	parts    int    // frames so far in the current multipart message
 	ready    bool   // a complete READY has been seen
+	isType   bool   // the current READY property is Socket-Type
+	sawType  bool   // the current READY had a valid Socket-Type
+	valLen   int
 }
 
 func newParser(lim limits) *parser { return &parser{lim: lim} }
@@ -146,7 +152,9 @@ func (p *parser) feed(b []byte) *violation {
 			p.skip -= k
 			p.remain -= k
 			if p.skip == 0 {
-				p.endSkip()
+				if v := p.endSkip(); v != nil {
+					return v
+				}
 			}
 			continue
 		}
@@ -240,37 +248,41 @@ func (p *parser) sizeByte(c byte) *violation {
 	}
 	p.msgBytes += size
 	p.cmd = ""
-	p.skipThen(size, phFlags)
-	return nil
+	return p.skipThen(size, phFlags)
 }
 
 // skipThen skips k body bytes (k may be 0) and then moves to next, or ends
 // the frame when the body is exhausted.
-func (p *parser) skipThen(k uint64, next phase) {
+func (p *parser) skipThen(k uint64, next phase) *violation {
 	p.skip, p.next = k, next
 	if k == 0 {
-		p.endSkip()
-		return
+		return p.endSkip()
 	}
 	p.ph = phSkip
+	return nil
 }
 
-func (p *parser) endSkip() {
+func (p *parser) endSkip() *violation {
 	if p.remain == 0 {
-		p.frameDone()
-		return
+		return p.frameDone()
 	}
 	p.ph = p.next
+	return nil
 }
 
-func (p *parser) frameDone() {
+func (p *parser) frameDone() *violation {
 	switch {
 	case p.cmd == cmdReady:
+		if !p.sawType {
+			// zmq4 panics on a peer socket type it does not know.
+			return reject(ReasonBadCommand, "READY without a valid Socket-Type")
+		}
 		p.ready = true
 	case p.cmd == "" && p.flags&flagMore == 0:
 		p.parts, p.msgBytes = 0, 0
 	}
 	p.cmd, p.ph = "", phFlags
+	return nil
 }
 
 // commandByte consumes one byte of a command body (p.remain already counts
@@ -293,7 +305,17 @@ func (p *parser) commandByte(c byte) *violation {
 		if c == 0 || uint64(c)+4 > p.remain {
 			return reject(ReasonBadCommand, "READY property name (%d) and value length overrun body", c)
 		}
-		p.skipThen(uint64(c), phPropValLen)
+		p.nameLen, p.n, p.ph = int(c), 0, phPropName
+	case phPropName:
+		if !isNameChar(c) {
+			return reject(ReasonBadCommand, "READY property name byte %#x", c)
+		}
+		p.name[p.n] = c
+		p.n++
+		if p.n == p.nameLen {
+			p.n, p.ph = 0, phPropValLen
+			return p.checkPropName()
+		}
 	case phPropValLen:
 		p.field[p.n] = c
 		p.n++
@@ -303,15 +325,79 @@ func (p *parser) commandByte(c byte) *violation {
 			if v > p.remain {
 				return reject(ReasonBadCommand, "READY property value of %d bytes overruns body", v)
 			}
-			p.skipThen(v, phPropNameLen)
+			if !p.isType {
+				return p.skipThen(v, phPropNameLen)
+			}
+			if v == 0 || v > maxSocketType {
+				return reject(ReasonBadCommand, "Socket-Type value of %d bytes", v)
+			}
+			p.valLen, p.ph = int(v), phTypeVal
+		}
+	case phTypeVal:
+		p.field[p.n] = c
+		p.n++
+		if p.n == p.valLen {
+			p.n = 0
+			if !knownSocketType(p.field[:p.valLen]) {
+				return reject(ReasonBadCommand, "unknown Socket-Type %q", p.field[:p.valLen])
+			}
+			p.sawType = true
+			return p.skipThen(0, phPropNameLen)
 		}
 	case phErrReasonLen:
 		if uint64(c) != p.remain {
 			return reject(ReasonBadCommand, "ERROR reason length %d, body has %d", c, p.remain)
 		}
-		p.skipThen(p.remain, phFlags)
+		return p.skipThen(p.remain, phFlags)
 	}
 	return nil
+}
+
+// maxSocketType is the longest socket type name ("DEALER", "ROUTER").
+const maxSocketType = 6
+
+// isNameChar is the ZMTP 3.0 property name alphabet: ALPHA, DIGIT, "-",
+// "_", "." and "+". Keeping names ASCII makes zmq4's Unicode title-casing
+// of names predictable.
+func isNameChar(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '_' || c == '.' || c == '+'
+}
+
+// checkPropName flags a Socket-Type property. zmq4 title-cases names
+// ("socket-type" becomes "Socket-Type") and then looks up "Socket-Type";
+// a spelling that folds to socket-type but that zmq4 would not find (say
+// "SOCKET-TYPE") could hide the real type from it, so it is refused.
+func (p *parser) checkPropName() *violation {
+	name := p.name[:p.nameLen]
+	p.isType = false
+	if len(name) != len("socket-type") || !asciiEqualFold(name, "socket-type") {
+		return nil
+	}
+	if name[0]|0x20 != 's' || string(name[1:7]) != "ocket-" || name[7]|0x20 != 't' || string(name[8:]) != "ype" {
+		return reject(ReasonBadCommand, "Socket-Type property spelt %q", name)
+	}
+	p.isType = true
+	return nil
+}
+
+func asciiEqualFold(b []byte, s string) bool {
+	for i := range b {
+		if b[i]|0x20 != s[i]|0x20 {
+			return false
+		}
+	}
+	return true
+}
+
+// knownSocketType reports whether zmq4's SocketType.IsCompatible accepts
+// v as a receiver without panicking.
+func knownSocketType(v []byte) bool {
+	switch string(v) {
+	case "PAIR", "PUB", "SUB", "REQ", "REP", "DEALER", "ROUTER", "PULL", "PUSH", "XPUB", "XSUB":
+		return true
+	}
+	return false
 }
 
 func (p *parser) startCommand() *violation {
@@ -339,7 +425,8 @@ func (p *parser) startCommand() *violation {
 		if p.ready {
 			return reject(ReasonBadCommand, "second READY")
 		}
-		p.skipThen(0, phPropNameLen)
+		p.sawType = false
+		return p.skipThen(0, phPropNameLen)
 	case cmdError:
 		if p.remain == 0 {
 			return reject(ReasonBadCommand, "ERROR without reason length")
@@ -349,12 +436,12 @@ func (p *parser) startCommand() *violation {
 		if p.remain < 2 || p.remain > maxPingBody {
 			return reject(ReasonBadCommand, "PING body of %d bytes", p.remain)
 		}
-		p.skipThen(p.remain, phFlags)
+		return p.skipThen(p.remain, phFlags)
 	case cmdPong:
 		if p.remain > maxPongBody {
 			return reject(ReasonBadCommand, "PONG body of %d bytes", p.remain)
 		}
-		p.skipThen(p.remain, phFlags)
+		return p.skipThen(p.remain, phFlags)
 	}
 	return nil
 }

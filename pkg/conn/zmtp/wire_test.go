@@ -65,6 +65,9 @@ var (
 	// its 4 bytes inside the body.
 	crashCutReady = cat(greeting(), frame(flagCommand,
 		cat([]byte{5}, []byte("READY"), []byte{11}, []byte("Socket-Type"), []byte{0, 0})))
+	// crashNoSocketType: a well-formed READY without Socket-Type; zmq4
+	// panics in SocketType.IsCompatible (found by FuzzGuard).
+	crashNoSocketType = cat(greeting(), command(cmdReady, props("Identity", "x")))
 )
 
 // rawPeer is a hand-driven TCP peer; what the server sends is collected.
