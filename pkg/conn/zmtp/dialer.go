@@ -3,6 +3,7 @@ package zmtp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -98,6 +99,15 @@ func (d *dialer) connect() (zmq4.Socket, context.CancelFunc, error) {
 	res := make(chan result, 1)
 	go func() {
 		sock := zmq4.NewDealer(ctx, d.t.sockOpts(zmq4.WithID(zmq4.SocketIdentity(d.id)))...)
+		// zmq4 runs the client handshake in this goroutine: a panic in it
+		// (the guard should make that impossible) is ours to recover.
+		defer func() {
+			if r := recover(); r != nil {
+				_ = sock.Close()
+				d.t.ctr.restarts.Add(1)
+				res <- result{err: fmt.Errorf("%w: dial: %v", errPanic, r)}
+			}
+		}()
 		if err := sock.Dial(d.ep); err != nil {
 			_ = sock.Close()
 			res <- result{err: err}

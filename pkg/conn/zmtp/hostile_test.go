@@ -2,7 +2,10 @@ package zmtp
 
 import (
 	"bytes"
+	"io"
+	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -238,4 +241,56 @@ func TestRecvDropsOversizeAndMultipartFrames(t *testing.T) {
 		t.Fatal("peer closed for frames the guard allows")
 	}
 	ping(t, l, c, 5*time.Second)
+}
+
+// rawServer accepts TCP connections and answers each with script.
+func rawServer(t *testing.T, script []byte) (addr string, accepted func() int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			_, _ = c.Write(script)
+			go func() { _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close(); <-done })
+	return "tcp://" + ln.Addr().String(), func() int { return int(n.Load()) }
+}
+
+// A Conn dialed to a hostile (or spoofed) listener is guarded the same
+// way: each crash input is rejected, the Conn keeps reconnecting, the
+// process lives.
+func TestConnGuardsAgainstHostileListener_R12(t *testing.T) {
+	routerHS := cat(greeting(), ready("ROUTER", ""))
+	for name, tc := range map[string]struct {
+		script []byte
+		reason string
+	}{
+		"huge_frame":     {cat(routerHS, frameHeader(flagLong, 1<<50)), ReasonFrameTooLarge},
+		"cut_ready":      {crashCutReady, ReasonBadCommand},
+		"no_socket_type": {crashNoSocketType, ReasonBadCommand},
+		"bad_greeting":   {[]byte("SSH-2.0-OpenSSH_9.6\r\n"), ReasonBadGreeting},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tr := testTransport(t, nil)
+			addr, accepted := rawServer(t, tc.script)
+			c := dial(t, tr, addr)
+			waitCount(t, tc.reason, func() uint64 { return tr.Rejected(tc.reason) }, 2)
+			if accepted() < 2 {
+				t.Fatalf("conn did not reconnect after rejection (accepted %d)", accepted())
+			}
+			_ = c.Close()
+		})
+	}
 }
