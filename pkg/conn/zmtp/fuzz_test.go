@@ -68,7 +68,7 @@ func FuzzGuard(f *testing.F) {
 		if len(data) == 0 {
 			return
 		}
-		tee := &teeConn{Conn: newGuardConn(g, &chunkConn{data: data[1:], seed: data[0]})}
+		tee := &teeConn{Conn: newGuardConn(g, &chunkConn{data: data[1:], seed: data[0]}, "DEALER")}
 		zc, err := zmq4.Open(tee, null.Security(), zmq4.Router, zmq4.SocketIdentity("fuzz"), true, nil)
 		if err == nil {
 			for range 64 {

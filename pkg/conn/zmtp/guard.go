@@ -90,8 +90,11 @@ type guardConn struct {
 	onClose   func()
 }
 
-func newGuardConn(g *guard, c net.Conn) *guardConn {
-	return &guardConn{Conn: c, g: g, p: newParser(g.lim)}
+// newGuardConn wraps c; peerType is the Socket-Type the peer must have.
+func newGuardConn(g *guard, c net.Conn, peerType string) *guardConn {
+	lim := g.lim
+	lim.peerType = peerType
+	return &guardConn{Conn: c, g: g, p: newParser(lim)}
 }
 
 // Read returns validated bytes only. On the first violation it closes the
@@ -138,8 +141,12 @@ func (c *guardConn) Write(b []byte) (int, error) {
 	}
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
 	n, err := c.Conn.Write(b)
-	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
-		c.g.reject(ReasonWriteStall, c.RemoteAddr(), err.Error())
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			c.g.reject(ReasonWriteStall, c.RemoteAddr(), err.Error())
+		}
+		// A failed write leaves the stream unusable; close it, since zmq4
+		// does not close a connection whose handshake write failed.
 		_ = c.Close()
 	}
 	return skipped + n, err
@@ -167,7 +174,7 @@ func (g *guard) dialGuarded(ctx context.Context, d interface {
 	if err != nil {
 		return nil, err
 	}
-	gc := newGuardConn(g, c)
+	gc := newGuardConn(g, c, "ROUTER")
 	gc.clearDeadline = true
 	_ = c.SetReadDeadline(time.Now().Add(g.hsTimeout))
 	stop := context.AfterFunc(ctx, func() { _ = gc.Close() })

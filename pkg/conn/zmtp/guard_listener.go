@@ -132,7 +132,7 @@ func (gl *guardListener) acceptLoop() {
 			_ = c.Close()
 			continue
 		}
-		gc := newGuardConn(gl.g, c)
+		gc := newGuardConn(gl.g, c, "DEALER")
 		if !gl.track(gc) {
 			_ = c.Close()
 			<-gl.pending

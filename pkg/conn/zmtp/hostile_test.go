@@ -104,6 +104,17 @@ func TestGuardRejectsReadyWithoutSocketType_R12(t *testing.T) {
 	afterHostile(t, tr, l, c, p, ReasonBadCommand)
 }
 
+// A known but incompatible peer type: zmq4 would fail its handshake and
+// leave the connection open (an fd per attempt); the guard closes it.
+func TestGuardRejectsIncompatibleSocketType(t *testing.T) {
+	tr, l, c := hostileSetup(t, nil)
+	p := dialRaw(t, hostAddr(l))
+	if _, err := p.Write(cat(greeting(), ready("PUB", "pub"))); err != nil {
+		t.Fatal(err)
+	}
+	afterHostile(t, tr, l, c, p, ReasonBadHandshake)
+}
+
 // (c) A wrong signature is rejected at its first byte.
 func TestGuardRejectsWrongSignature(t *testing.T) {
 	tr, l, c := hostileSetup(t, nil)
@@ -125,7 +136,9 @@ func TestGuardSurvivesRandomBytes(t *testing.T) {
 			junk = cat(greeting(), junk)
 		}
 		want := ReasonHandshakeIncomplete
-		pr := newParser(tr.guard.lim)
+		lim := tr.guard.lim
+		lim.peerType = "DEALER"
+		pr := newParser(lim)
 		if v := pr.feed(junk); v != nil {
 			want = v.reason
 		} else if pr.handshakeDone() {

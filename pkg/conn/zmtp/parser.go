@@ -22,7 +22,8 @@ const (
 	// command, or a malformed ERROR/PING/PONG.
 	ReasonBadCommand = "bad_command"
 	// ReasonBadHandshake: the first frame after the greeting is not a
-	// READY command.
+	// READY command, or the peer's Socket-Type is not the one expected
+	// (DEALER at a Listener, ROUTER at a Conn).
 	ReasonBadHandshake = "bad_handshake"
 	// ReasonTooManyParts: a multipart message with more frames than allowed.
 	ReasonTooManyParts = "too_many_parts"
@@ -79,6 +80,10 @@ type limits struct {
 	maxFrame   uint64 // message frame body and multipart message total
 	maxCommand uint64 // command frame body
 	maxParts   int    // frames per multipart message
+	// peerType, if set, is the only Socket-Type accepted from the peer.
+	// zmq4 leaves a connection open (fd leak) when the handshake fails on
+	// an incompatible type, so the guard refuses it first.
+	peerType string
 }
 
 // phase is where the parser stands in the ZMTP stream.
@@ -338,8 +343,12 @@ func (p *parser) commandByte(c byte) *violation {
 		p.n++
 		if p.n == p.valLen {
 			p.n = 0
-			if !knownSocketType(p.field[:p.valLen]) {
-				return reject(ReasonBadCommand, "unknown Socket-Type %q", p.field[:p.valLen])
+			v := p.field[:p.valLen]
+			if !knownSocketType(v) {
+				return reject(ReasonBadCommand, "unknown Socket-Type %q", v)
+			}
+			if p.lim.peerType != "" && string(v) != p.lim.peerType {
+				return reject(ReasonBadHandshake, "peer Socket-Type %q, want %s", v, p.lim.peerType)
 			}
 			p.sawType = true
 			return p.skipThen(0, phPropNameLen)

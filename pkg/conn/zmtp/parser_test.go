@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-var testLimits = limits{maxFrame: 1 << 10, maxCommand: 256, maxParts: 3}
+var testLimits = limits{maxFrame: 1 << 10, maxCommand: 256, maxParts: 3, peerType: "DEALER"}
 
 // feedChunks feeds b in chunks cut by split and returns the first violation.
 func feedChunks(p *parser, b []byte, split func(rest int) int) *violation {
@@ -36,7 +36,7 @@ func TestParserVerdictDoesNotDependOnChunking(t *testing.T) {
 		{"handshake", hs, "", true},
 		{"handshake then frames", cat(hs, frame(0, []byte("a")), frame(flagLong, bytes.Repeat([]byte{1}, 300)),
 			frame(flagMore, []byte("p1")), frame(0, []byte("p2")), frame(0, nil)), "", true},
-		{"lower-case socket-type", cat(greeting(), command(cmdReady, props("socket-type", "ROUTER"))), "", true},
+		{"lower-case socket-type", cat(greeting(), command(cmdReady, props("socket-type", "DEALER"))), "", true},
 		{"version 3.1", withGreeting(func(g []byte) { g[11] = 1 }), "", true},
 		{"ping pong error after ready", cat(hs, command(cmdPing, []byte{0, 1}), command(cmdPong, nil),
 			command(cmdError, []byte("\x03bye"))), "", true},
@@ -52,6 +52,8 @@ func TestParserVerdictDoesNotDependOnChunking(t *testing.T) {
 		{"cut ready (crash input)", crashCutReady, ReasonBadCommand, false},
 		{"ready without socket-type (crash input)", crashNoSocketType, ReasonBadCommand, false},
 		{"ready without properties", cat(greeting(), command(cmdReady, nil)), ReasonBadCommand, false},
+		{"incompatible socket-type", cat(greeting(), command(cmdReady, props("Socket-Type", "PUB"))),
+			ReasonBadHandshake, false},
 		{"unknown socket-type", cat(greeting(), command(cmdReady, props("Socket-Type", "FOO"))), ReasonBadCommand, false},
 		{"empty socket-type", cat(greeting(), command(cmdReady, props("Socket-Type", ""))), ReasonBadCommand, false},
 		{"long socket-type", cat(greeting(), command(cmdReady, props("Socket-Type", "DEALERS"))), ReasonBadCommand, false},
