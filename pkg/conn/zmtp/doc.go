@@ -16,8 +16,9 @@
 // byte first, in any chunking. It checks the greeting (signature, version
 // 3.x, mechanism NULL, as-server 0), then every frame: flag bits, short or
 // long size, size against MaxWireFrame/MaxCommand, frames per message,
-// command names, READY properties (name length, the 4-byte value length
-// and the value all inside the body), ERROR/PING/PONG shapes. On the first
+// command names, READY properties (name length and alphabet, the 4-byte
+// value length and the value all inside the body, a Socket-Type zmq4 can
+// see with the expected value), ERROR/PING/PONG shapes. On the first
 // violation Read returns an error (a net.Error, so zmq4 reaps the
 // connection), the connection is closed and the reason counted
 // (Stats.Rejected, Options.OnReject, sampled Warn log). An optional
@@ -54,11 +55,17 @@
 //
 // # zmq4 v0.17.0 pitfalls this package defends against
 //
-//   - Two malformed inputs panic the process inside a library goroutine
-//     before any handshake check: a frame header claiming a 2^50-byte body
-//     (makeslice) and a READY whose property value length is cut short
-//     (slice bounds). The guard rejects both before zmq4 sees them; the
-//     test TestUnguardedZMQ4RouterPanics documents the library bug.
+//   - Three malformed inputs from any TCP peer panic the process inside a
+//     library goroutine: a frame header claiming a 2^50-byte body
+//     (makeslice), a READY whose property value length is cut short (slice
+//     bounds), and a READY without a known Socket-Type (IsCompatible panics
+//     on the unknown type; found by FuzzGuard). The guard rejects all three
+//     before zmq4 sees them; TestUnguardedZMQ4RouterPanics documents the
+//     library bugs in a child process.
+//   - A handshake that fails on an incompatible peer type, or on a write
+//     error, leaves the connection open in zmq4 (an fd per attempt): the
+//     guard accepts only the expected peer type (DEALER at a Listener,
+//     ROUTER at a Conn) and closes a connection on any write error.
 //   - WithAutomaticReconnect gives up silently after a short budget; it is
 //     never used, the Conn owns its reconnect loop.
 //   - A socket connected to two endpoints duplicates every message: one
