@@ -50,6 +50,8 @@ type Config struct {
 	SubscriberBuffer int
 	// Seed seeds the retransmit jitter (0: random).
 	Seed uint64
+
+	frameHook func(FrameType) // tests: fault injection before each frame
 }
 
 // DefaultConfig returns the defaults for every zero field.

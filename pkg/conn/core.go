@@ -50,7 +50,8 @@ type core struct {
 
 	limiter logLimiter
 
-	// frameHook, if set (tests), runs before each received frame is handled.
+	// frameHook, if set (tests, from Config.frameHook), runs before each
+	// received frame is handled.
 	frameHook func(FrameType)
 }
 
@@ -64,15 +65,16 @@ func newCore(cfg Config, side poll.Side) (*core, error) {
 		return nil, err
 	}
 	c := &core{
-		cfg:    cfg,
-		log:    cfg.Logger.With(zap.String("side", side.String()), zap.String("instance", cfg.Instance)),
-		clock:  cfg.Clock,
-		start:  cfg.Clock.Now(),
-		codec:  &Codec{Limits: cfg.Limits, Auth: cfg.Auth},
-		out:    newOutbox(cfg.RetryBase, cfg.RetryMax, cfg.Seed),
-		t:      t,
-		subs:   make(map[*Subscription]struct{}),
-		hidden: make(map[poll.Key]poll.State),
+		cfg:       cfg,
+		log:       cfg.Logger.With(zap.String("side", side.String()), zap.String("instance", cfg.Instance)),
+		clock:     cfg.Clock,
+		start:     cfg.Clock.Now(),
+		codec:     &Codec{Limits: cfg.Limits, Auth: cfg.Auth},
+		out:       newOutbox(cfg.RetryBase, cfg.RetryMax, cfg.Seed),
+		t:         t,
+		subs:      make(map[*Subscription]struct{}),
+		hidden:    make(map[poll.Key]poll.State),
+		frameHook: cfg.frameHook,
 	}
 	c.limiter.clock = c.clock
 	return c, nil
@@ -83,7 +85,17 @@ func (c *core) startWorkers() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	c.sup = &supervisor{ctx: ctx, clock: c.clock, log: c.log, restarts: &c.ctr.restarts}
-	c.sup.Go("tick", c.tickLoop)
+	// The first ticker is made here, not in the worker, so no tick of a
+	// FakeClock advanced right after Start is missed.
+	first := c.clock.NewTicker(c.cfg.TickInterval)
+	c.sup.Go("tick", func(ctx context.Context) error {
+		t := first
+		if t == nil {
+			t = c.clock.NewTicker(c.cfg.TickInterval) // a restart
+		}
+		first = nil
+		return c.tickLoop(ctx, t)
+	})
 	c.started.Store(true)
 	return ctx
 }
@@ -176,8 +188,7 @@ func (c *core) perform(effs []poll.Effect) {
 
 // tickLoop is the supervised worker that drives time: table deadlines,
 // retransmits, heartbeats and peer liveness.
-func (c *core) tickLoop(ctx context.Context) error {
-	t := c.clock.NewTicker(c.cfg.TickInterval)
+func (c *core) tickLoop(ctx context.Context, t Ticker) error {
 	defer t.Stop()
 	for {
 		select {

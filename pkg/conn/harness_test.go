@@ -102,6 +102,13 @@ type harness struct {
 	preDP *fakeDP
 	decDP *fakeDP
 	gen   int
+	opts  options
+}
+
+// options tweak the nodes a harness starts (restarts included).
+type options struct {
+	pre func(*PrefillConfig)
+	dec func(*DecodeConfig)
 }
 
 func testConfig(clk Clock, tr Transport, inst string, seed uint64, side poll.Side) Config {
@@ -116,10 +123,12 @@ func testConfig(clk Clock, tr Transport, inst string, seed uint64, side poll.Sid
 	}
 }
 
-func newHarness(t testing.TB, seed uint64) *harness {
+func newHarness(t testing.TB, seed uint64) *harness { return newHarnessWith(t, seed, options{}) }
+
+func newHarnessWith(t testing.TB, seed uint64, o options) *harness {
 	t.Helper()
 	clk := NewFakeClock(time.Unix(1_700_000_000, 0))
-	h := &harness{t: t, clk: clk, net: NewMemNetwork(clk, seed)}
+	h := &harness{t: t, clk: clk, net: NewMemNetwork(clk, seed), opts: o}
 	h.startPrefill()
 	h.startDecode()
 	t.Cleanup(h.close)
@@ -131,7 +140,11 @@ func (h *harness) startPrefill() {
 	h.gen++
 	h.preDP = newFakeDP()
 	cfg := testConfig(h.clk, h.net.Host(prefillHost), "prefill-"+string(rune('a'+h.gen)), uint64(h.gen)*7+1, poll.Prefill)
-	n, err := NewPrefillNode(PrefillConfig{Config: cfg, ListenAddr: prefillAddr, DataPlane: h.preDP})
+	pc := PrefillConfig{Config: cfg, ListenAddr: prefillAddr, DataPlane: h.preDP}
+	if h.opts.pre != nil {
+		h.opts.pre(&pc)
+	}
+	n, err := NewPrefillNode(pc)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -146,8 +159,12 @@ func (h *harness) startDecode() {
 	h.gen++
 	h.decDP = newFakeDP()
 	cfg := testConfig(h.clk, h.net.Host(decodeHost), "decode-"+string(rune('a'+h.gen)), uint64(h.gen)*7+3, poll.Decode)
-	n, err := NewDecodeNode(DecodeConfig{Config: cfg, DataEndpoint: dataAddr, DataPlane: h.decDP,
-		Layouts: []*pdlinkv1.RegionLayout{{Rank: &pdlinkv1.Rank{TpSize: 1}, Buffers: []*pdlinkv1.BufferSpec{{Length: 4096, ItemLen: 64}}}}})
+	dc := DecodeConfig{Config: cfg, DataEndpoint: dataAddr, DataPlane: h.decDP,
+		Layouts: []*pdlinkv1.RegionLayout{{Rank: &pdlinkv1.Rank{TpSize: 1}, Buffers: []*pdlinkv1.BufferSpec{{Length: 4096, ItemLen: 64}}}}}
+	if h.opts.dec != nil {
+		h.opts.dec(&dc)
+	}
+	n, err := NewDecodeNode(dc)
 	if err != nil {
 		h.t.Fatal(err)
 	}

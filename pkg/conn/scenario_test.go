@@ -37,3 +37,187 @@ func TestHappyPathReachesSuccessOnBothSides(t *testing.T) {
 	}
 	h.checkInvariants()
 }
+
+// runToEnd drives a room through the data plane once prefill binds it and
+// waits until both sides are terminal; it fails the test past tBound.
+func (h *harness) runToEnd(key poll.Key, parts int) {
+	h.t.Helper()
+	if h.waitBound(key, tBound) {
+		h.transfer(key, parts)
+	}
+	if _, ok := h.until(tBound, func() bool { return h.bothTerminal(key.Room) }); !ok {
+		h.t.Fatalf("room %d pinned: prefill %v decode %v", key.Room, h.preState(key.Room), h.decState(key.Room))
+	}
+}
+
+// Every frame type lost once: the room still ends, correctly, within its
+// bound, because every state-changing frame is retransmitted until
+// acknowledged and heartbeats tolerate misses.
+func TestEachFrameTypeDroppedOnceStillEndsCorrectly(t *testing.T) {
+	success := []struct {
+		name     string
+		from, to string
+		ft       FrameType
+	}{
+		{"register", decodeHost, prefillHost, FrameRegister},
+		{"metadata", decodeHost, prefillHost, FrameMetadata},
+		{"ack_to_decode", prefillHost, decodeHost, FrameAck},
+		{"status", decodeHost, prefillHost, FrameStatus},
+		{"heartbeat_to_prefill", decodeHost, prefillHost, FrameHeartbeat},
+		{"heartbeat_to_decode", prefillHost, decodeHost, FrameHeartbeat},
+	}
+	for _, tc := range success {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, 2)
+			h.net.DropNext(tc.from, tc.to, 1, isFrame(tc.ft))
+			key := h.open(1, 1)
+			h.runToEnd(key, 1)
+			h.advance(2 * tHeartbeat) // long enough for heartbeats to flow
+			h.expect(1, poll.Success, poll.Success)
+			if c := h.pre.Counters(); c.PeersLost != 0 || h.dec.Counters().PeersLost != 0 {
+				t.Fatal("one lost heartbeat declared a peer lost")
+			}
+			if h.net.Dropped() == 0 {
+				t.Fatalf("no %s frame was dropped", tc.ft)
+			}
+			h.checkInvariants()
+		})
+	}
+	aborts := []struct {
+		name     string
+		from, to string
+		ft       FrameType
+	}{
+		{"abort_to_prefill", decodeHost, prefillHost, FrameAbort},
+		{"abort_to_decode", prefillHost, decodeHost, FrameAbort},
+		{"ack_to_prefill", decodeHost, prefillHost, FrameAck},
+		{"abort_ack", prefillHost, decodeHost, FrameAbortAck},
+	}
+	for _, tc := range aborts {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, 3)
+			key := h.open(1, 1)
+			if !h.waitBound(key, time.Second) {
+				t.Fatal("not bound")
+			}
+			h.net.DropNext(tc.from, tc.to, 1, isFrame(tc.ft))
+			var err error
+			if tc.from == decodeHost && tc.ft == FrameAbort || tc.ft == FrameAbortAck {
+				err = h.dec.Abort(1, "")
+			} else {
+				err = h.pre.Abort(1, "")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The ABORT is retried at RetryBase..RetryMax: well inside one second.
+			if _, ok := h.until(time.Second, func() bool { return h.bothTerminal(1) }); !ok {
+				t.Fatalf("abort did not reach the peer: prefill %v decode %v", h.preState(1), h.decState(1))
+			}
+			h.expect(1, poll.Failed, poll.Failed)
+			if h.net.Dropped() == 0 {
+				t.Fatalf("no %s frame was dropped", tc.ft)
+			}
+			h.advance(time.Second) // the ABORT_ACK retry completes
+			if n := h.pre.out.len() + h.dec.out.len(); n != 0 {
+				t.Fatalf("%d frames still unacknowledged", n)
+			}
+		})
+	}
+}
+
+// A lost ACK makes the sender retransmit; the receiver recognises the
+// duplicate by (sender, epoch, seq), answers it again and applies nothing
+// twice.
+func TestDuplicateAfterLostAckIsReackedNotReapplied(t *testing.T) {
+	h := newHarness(t, 4)
+	h.runToEnd(h.open(9, 1), 1) // the session is up and registered
+	h.net.DropNext(prefillHost, decodeHost, 1, isFrame(FrameAck))
+	key := h.open(1, 1)
+	if _, ok := h.until(time.Second, func() bool { return h.decState(1) == poll.WaitingForInput }); !ok || h.net.Dropped() != 1 {
+		t.Fatalf("metadata never acknowledged: decode %v", h.decState(1))
+	}
+	h.runToEnd(key, 1)
+	h.expect(1, poll.Success, poll.Success)
+	if n := h.pre.Counters().Rejected(RejectDuplicate); n == 0 {
+		t.Fatal("retransmitted METADATA was not seen as a duplicate")
+	}
+	if n := len(h.preDP.binds[key]); n != 1 {
+		t.Fatalf("metadata applied %d times, want 1", n)
+	}
+}
+
+// Duplication and reordering of every frame in both directions.
+func TestDuplicationAndReorderingOfEverything(t *testing.T) {
+	h := newHarness(t, 5)
+	f := LinkFaults{Duplicate: 0.5, Reorder: 0.5, MaxHold: 60 * time.Millisecond}
+	h.net.SetFaults(decodeHost, prefillHost, f)
+	h.net.SetFaults(prefillHost, decodeHost, f)
+	const rooms = 20
+	keys := make([]poll.Key, 0, rooms)
+	for r := poll.RoomID(1); r <= rooms; r++ {
+		keys = append(keys, h.open(r, 1))
+	}
+	for _, k := range keys {
+		h.runToEnd(k, 1)
+		h.expect(k.Room, poll.Success, poll.Success)
+	}
+	for _, k := range keys {
+		if n := len(h.preDP.binds[k]); n != 1 {
+			t.Fatalf("room %d bound %d times", k.Room, n)
+		}
+	}
+	if h.pre.Counters().Rejected(RejectDuplicate) == 0 {
+		t.Fatal("no duplicate was detected under 50% duplication")
+	}
+	h.checkInvariants()
+}
+
+// A partition shorter than the heartbeat bound heals without loss.
+func TestPartitionHealedInTimeSucceeds(t *testing.T) {
+	h := newHarness(t, 6)
+	key := h.open(1, 1)
+	h.waitBound(key, time.Second)
+	h.net.Partition(prefillHost, decodeHost)
+	h.transfer(key, 1) // decode Success; its STATUS is lost in the partition
+	h.advance(tHeartbeat * (tMisses - 1))
+	h.net.Heal(prefillHost, decodeHost)
+	if _, ok := h.until(time.Second, func() bool { return h.bothTerminal(1) }); !ok {
+		t.Fatalf("pinned: prefill %v decode %v", h.preState(1), h.decState(1))
+	}
+	h.expect(1, poll.Success, poll.Success)
+	if c := h.pre.Counters(); c.PeersLost != 0 {
+		t.Fatalf("peer declared lost after a short partition")
+	}
+}
+
+// A partition that outlasts the heartbeat misses fails every bound room
+// with peer_lost on both sides within the heartbeat bound, and new rooms
+// work once it heals.
+func TestPartitionOutlastingMissesFailsRoomsPeerLost_R10(t *testing.T) {
+	h := newHarness(t, 7)
+	k1, k2 := h.open(1, 1), h.open(2, 1)
+	h.waitBound(k1, time.Second)
+	h.waitBound(k2, time.Second)
+	h.net.Partition(prefillHost, decodeHost)
+	bound := tHeartbeat*tMisses + 2*tHeartbeat
+	took, ok := h.until(bound, func() bool { return h.bothTerminal(1, 2) })
+	if !ok {
+		t.Fatalf("not failed within %v: prefill %v decode %v", bound, h.preState(1), h.decState(1))
+	}
+	for _, r := range []poll.RoomID{1, 2} {
+		h.expect(r, poll.Failed, poll.Failed)
+		if pr, _ := h.reason(h.pre, r); pr != poll.ReasonPeerLost {
+			t.Errorf("prefill reason %q, want peer_lost", pr)
+		}
+		if dr, _ := h.reason(h.dec, r); dr != poll.ReasonPeerLost {
+			t.Errorf("decode reason %q, want peer_lost", dr)
+		}
+	}
+	t.Logf("failed after %v", took)
+	h.net.Heal(prefillHost, decodeHost)
+	h.advance(2 * tHeartbeat)
+	k3 := h.open(3, 1)
+	h.runToEnd(k3, 1)
+	h.expect(3, poll.Success, poll.Success)
+}

@@ -1,0 +1,89 @@
+package conn
+
+import (
+	"testing"
+	"time"
+
+	"github.com/pdlink/pdlink/pkg/poll"
+)
+
+// R10: decode restarts behind the same data endpoint. Its new instance's
+// REGISTER (newer epoch) fails every prefill room bound to the old one
+// with peer_restarted at once, long before heartbeats would; new rooms
+// work.
+func TestDecodeRestartFailsPrefillRoomsAtOnce_R10(t *testing.T) {
+	h := newHarness(t, 10)
+	k1 := h.open(1, 1)
+	h.waitBound(k1, time.Second)
+	h.clk.Advance(time.Millisecond) // the new process starts later: a higher epoch
+	h.dec.kill()
+	h.startDecode()
+	if _, err := h.pre.Open(2, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	k2 := h.openDecode(2, 1) // first frames of the new instance: REGISTER
+	took, ok := h.until(time.Second, func() bool { return h.preState(1) == poll.Failed })
+	if !ok {
+		t.Fatalf("prefill room of the dead decode: %v", h.preState(1))
+	}
+	if took >= tHeartbeat {
+		t.Fatalf("restart seen after %v: that is heartbeat loss, not the epoch", took)
+	}
+	if r, _ := h.reason(h.pre, 1); r != poll.ReasonPeerRestarted {
+		t.Fatalf("reason %q, want peer_restarted", r)
+	}
+	h.runToEnd(k2, 1)
+	h.expect(2, poll.Success, poll.Success)
+	if c := h.pre.Counters(); c.PeerRestarts != 1 || c.PeersLost != 0 {
+		t.Fatalf("peer restarts %d lost %d", c.PeerRestarts, c.PeersLost)
+	}
+}
+
+// R10 the other way: prefill restarts behind the same address. Decode
+// sees the new epoch in the first frame from it (the answer to its
+// heartbeat), fails its rooms with peer_restarted, registers again, and
+// new rooms work.
+func TestPrefillRestartFailsDecodeRoomsAtOnce_R10(t *testing.T) {
+	h := newHarness(t, 11)
+	k1 := h.open(1, 1)
+	h.waitBound(k1, time.Second)
+	h.clk.Advance(time.Millisecond)
+	h.pre.kill()
+	h.startPrefill()
+	took, ok := h.until(time.Second, func() bool { return h.decState(1) == poll.Failed })
+	if !ok {
+		t.Fatalf("decode room of the dead prefill: %v", h.decState(1))
+	}
+	if took > tHeartbeat+2*tTick {
+		t.Fatalf("restart seen after %v, want within one heartbeat", took)
+	}
+	if r, _ := h.reason(h.dec, 1); r != poll.ReasonPeerRestarted {
+		t.Fatalf("reason %q, want peer_restarted", r)
+	}
+	k2 := h.open(2, 1)
+	h.runToEnd(k2, 1)
+	h.expect(2, poll.Success, poll.Success)
+	if c := h.dec.Counters(); c.PeerRestarts != 1 {
+		t.Fatalf("peer restarts %d", c.PeerRestarts)
+	}
+}
+
+// A prefill that never answers is declared lost after the heartbeat
+// misses; decode's rooms fail with peer_lost instead of waiting for their
+// own deadlines.
+func TestSilentPrefillFailsDecodeRoomsPeerLost_R10(t *testing.T) {
+	h := newHarness(t, 12)
+	h.pre.kill()
+	nonce, err := h.dec.Open(1, prefillAddr, 1)
+	if err != nil || nonce == 0 {
+		t.Fatalf("open: nonce %d err %v", nonce, err)
+	}
+	bound := tHeartbeat*tMisses + 2*tTick
+	if _, ok := h.until(bound, func() bool { return h.decState(1) == poll.Failed }); !ok {
+		t.Fatalf("decode room %v after %v", h.decState(1), bound)
+	}
+	if r, _ := h.reason(h.dec, 1); r != poll.ReasonPeerLost {
+		t.Fatalf("reason %q", r)
+	}
+	h.pre = nil // killed already
+}
