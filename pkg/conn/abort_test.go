@@ -12,7 +12,7 @@ import (
 // dropped: prefill keeps a tombstone, and its later Open is Failed at once.
 func TestAbortBeforeOpenFailsLaterOpenAtOnce_R4(t *testing.T) {
 	h := newHarness(t, 20)
-	h.openDecode(1, 1)                 // METADATA answered NOT_OPEN, retried
+	h.openDecode(1, 1)                // METADATA answered NOT_OPEN, retried
 	h.advance(100 * time.Millisecond) // prefill still has no room 1
 	if err := h.dec.Abort(1, ""); err != nil {
 		t.Fatal(err)

@@ -42,6 +42,8 @@ type core struct {
 	subMu  sync.Mutex
 	subs   map[*Subscription]struct{}
 	hidden map[poll.Key]poll.State // Failed rooms not yet visible: their visible "from"
+	// unfenced are rooms whose data plane Fence panicked (retried each tick).
+	unfenced map[poll.Key]struct{}
 
 	sup     *supervisor
 	cancel  context.CancelFunc
@@ -74,6 +76,7 @@ func newCore(cfg Config, side poll.Side) (*core, error) {
 		t:         t,
 		subs:      make(map[*Subscription]struct{}),
 		hidden:    make(map[poll.Key]poll.State),
+		unfenced:  make(map[poll.Key]struct{}),
 		frameHook: cfg.frameHook,
 	}
 	c.limiter.clock = c.clock
@@ -156,11 +159,7 @@ func (c *core) perform(effs []poll.Effect) {
 		case poll.EffReplyUnknown:
 			// Answered by the ACK of the frame that caused it.
 		case poll.EffFence:
-			c.hooks.fence(e.Key)
-			c.mu.Lock()
-			_ = c.t.Step(c.now(), poll.Event{Kind: poll.EvFenced, Key: e.Key})
-			effs = append(effs, c.takeLocked()...)
-			c.mu.Unlock()
+			effs = append(effs, c.fenceRoom(e.Key)...)
 		case poll.EffTransition:
 			c.log.Debug("room transition", zap.Uint64("room", uint64(e.Key.Room)), zap.Uint64("nonce", uint64(e.Key.Nonce)),
 				zap.Stringer("from", e.From), zap.Stringer("to", e.To), zap.String("reason", string(e.Reason)))
@@ -181,8 +180,57 @@ func (c *core) perform(effs []poll.Effect) {
 			if e.Kind == poll.EffReaped {
 				c.log.Info("uncleared room reaped", zap.Uint64("room", uint64(e.Key.Room)), zap.Stringer("state", e.Status))
 			}
+			c.subMu.Lock()
+			delete(c.unfenced, e.Key)
+			delete(c.hidden, e.Key)
+			c.subMu.Unlock()
 			c.hooks.forget(e.Key)
 		}
+	}
+}
+
+// fenceRoom has the data plane fence the room, then steps EvFenced and
+// returns the effects (the Publish). A data plane that panics is
+// recovered and counted; the room stays on the unfenced list and the tick
+// loop tries again, so its Failed state is published once the fence works
+// and never before (I9).
+func (c *core) fenceRoom(k poll.Key) (effs []poll.Effect) {
+	ok := func() (ok bool) {
+		defer func() {
+			if p := recover(); p != nil {
+				c.ctr.restarts.Add(1)
+				c.log.Error("data plane fence panicked, will retry", zap.Uint64("room", uint64(k.Room)), zap.Any("panic", p))
+			}
+		}()
+		c.hooks.fence(k)
+		return true
+	}()
+	c.subMu.Lock()
+	if ok {
+		delete(c.unfenced, k)
+	} else {
+		c.unfenced[k] = struct{}{}
+	}
+	c.subMu.Unlock()
+	if !ok {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_ = c.t.Step(c.now(), poll.Event{Kind: poll.EvFenced, Key: k})
+	return c.takeLocked()
+}
+
+// retryFences retries fences that panicked.
+func (c *core) retryFences() {
+	c.subMu.Lock()
+	keys := make([]poll.Key, 0, len(c.unfenced))
+	for k := range c.unfenced {
+		keys = append(keys, k)
+	}
+	c.subMu.Unlock()
+	for _, k := range keys {
+		c.perform(c.fenceRoom(k))
 	}
 }
 
@@ -203,6 +251,7 @@ func (c *core) tickLoop(ctx context.Context, t Ticker) error {
 
 func (c *core) onTick() {
 	c.tick()
+	c.retryFences()
 	now := c.now()
 	c.retransmit(now)
 	c.hooks.maintain(now)

@@ -18,6 +18,9 @@ type DecodeConfig struct {
 	// in REGISTER; Layouts are its region layouts.
 	DataEndpoint string
 	Layouts      []*pdlinkv1.RegionLayout
+	// LayoutsFunc, if set, is read at every REGISTER instead of Layouts:
+	// the engine registers its regions over gRPC after the daemon starts.
+	LayoutsFunc func() []*pdlinkv1.RegionLayout
 	// DataPlane receives the pages (required).
 	DataPlane DecodeDataPlane
 }
@@ -73,6 +76,13 @@ func (t sessTarget) transmit(frame []byte) error {
 		return ErrClosed
 	}
 	return c.Send(context.Background(), frame)
+}
+
+func (n *DecodeNode) layouts() []*pdlinkv1.RegionLayout {
+	if n.dcfg.LayoutsFunc != nil {
+		return n.dcfg.LayoutsFunc()
+	}
+	return n.dcfg.Layouts
 }
 
 // NewDecodeNode returns a node; Start starts its workers.
@@ -206,7 +216,7 @@ func (n *DecodeNode) register(s *prefillSession) {
 	t := sessTarget{s: s, id: s.id}
 	n.smu.Unlock()
 	env := &pdlinkv1.Envelope{Body: &pdlinkv1.Envelope_Register{Register: &pdlinkv1.Register{
-		InstanceId: n.cfg.Instance, DataEndpoint: n.dcfg.DataEndpoint, Layouts: n.dcfg.Layouts}}}
+		InstanceId: n.cfg.Instance, DataEndpoint: n.dcfg.DataEndpoint, Layouts: n.layouts()}}}
 	forever := int64(1) << 62
 	n.sendReliable(t, env, poll.Key{}, forever, nil, func(a ackResult) bool {
 		n.smu.Lock()

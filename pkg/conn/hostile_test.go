@@ -1,0 +1,188 @@
+package conn
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
+)
+
+func mustMarshal(t testing.TB, env *pdlinkv1.Envelope) []byte {
+	t.Helper()
+	b, err := proto.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func rogueEnv(seq uint64) *pdlinkv1.Envelope {
+	return &pdlinkv1.Envelope{ProtocolVersion: ProtocolVersion, SenderInstance: "evil-1", Epoch: 99, Seq: seq}
+}
+
+// R12: undecodable, wrong-version, bodiless, oversized and over-limit
+// frames, frames from an unregistered sender, and frames about a room
+// bound to another peer are rejected and counted by reason; the listener
+// never stops and other rooms keep working.
+func TestHostileFramesRejectedAndCountedListenerSurvives_R12(t *testing.T) {
+	h := newHarnessWith(t, 30, options{pre: func(c *PrefillConfig) { c.Limits.MaxFrameBytes = 4096 }})
+	key := h.open(1, 1)
+	h.waitBound(key, time.Second)
+
+	evil, err := h.net.Host("evil").Dial(context.Background(), prefillAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil.Close()
+	send := func(b []byte) {
+		t.Helper()
+		if err := evil.Send(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+		h.settle()
+	}
+	metadata := func(seq uint64, k poll.Key, pages *pdlinkv1.PageList) []byte {
+		env := rogueEnv(seq)
+		env.Body = &pdlinkv1.Envelope_Metadata{Metadata: &pdlinkv1.Metadata{RoomId: uint64(k.Room), Nonce: uint64(k.Nonce), DstPages: pages, ExpectedSenders: 1}}
+		return mustMarshal(t, env)
+	}
+	pages := &pdlinkv1.PageList{Indices: []int32{7}}
+
+	send([]byte{0xff, 0xff, 0xff, 0x01}) // decode
+	send(make([]byte, 8192))             // too_large
+	v2 := rogueEnv(1)
+	v2.ProtocolVersion = 2
+	v2.Body = &pdlinkv1.Envelope_Heartbeat{Heartbeat: &pdlinkv1.Heartbeat{}}
+	send(mustMarshal(t, v2))                                                                                                  // version
+	send(mustMarshal(t, rogueEnv(1)))                                                                                         // invalid: no body
+	send(metadata(2, poll.Key{Room: 5, Nonce: 5}, &pdlinkv1.PageList{Runs: []*pdlinkv1.PageRun{{Start: 0, Count: 1 << 30}}})) // too_large: pages
+	send(metadata(3, poll.Key{Room: 5, Nonce: 5}, &pdlinkv1.PageList{Indices: []int32{1, 1}}))                                // invalid: page twice
+	send(metadata(4, key, pages))                                                                                             // unknown_peer: not registered
+
+	reg := rogueEnv(10)
+	reg.Body = &pdlinkv1.Envelope_Register{Register: &pdlinkv1.Register{InstanceId: "evil-1", DataEndpoint: "10.6.6.6:1"}}
+	send(mustMarshal(t, reg))
+	send(metadata(11, key, pages)) // foreign_room: room 1 is bound to the real decode
+	ab := rogueEnv(12)
+	ab.Body = &pdlinkv1.Envelope_Abort{Abort: &pdlinkv1.Abort{RoomId: uint64(key.Room), Nonce: uint64(key.Nonce)}}
+	send(mustMarshal(t, ab)) // foreign_room again: an abort of someone else's room
+
+	c := h.pre.Counters()
+	for r, want := range map[RejectReason]uint64{
+		RejectDecode: 1, RejectTooLarge: 2, RejectVersion: 1, RejectInvalid: 2, RejectUnknownPeer: 1, RejectForeignRoom: 2,
+	} {
+		if got := c.Rejected(r); got != want {
+			t.Errorf("rejected %s: %d, want %d", r, got, want)
+		}
+	}
+	// The rogue got answers for the frames that asked for one.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	results := map[pdlinkv1.AckResult]int{}
+	for range 4 { // unknown_peer, REGISTER, two foreign_room: invalid frames get no answer
+		b, err := evil.Recv(ctx)
+		if err != nil {
+			t.Fatalf("rogue got %v answers, then %v", results, err)
+		}
+		env := &pdlinkv1.Envelope{}
+		_ = proto.Unmarshal(b, env)
+		results[env.GetAck().GetResult()]++
+	}
+
+	// The room under attack and a new one are unharmed.
+	h.transfer(key, 1)
+	h.runToEnd(h.open(2, 1), 1)
+	if _, ok := h.until(time.Second, func() bool { return h.bothTerminal(1) }); !ok {
+		t.Fatal("room 1 pinned")
+	}
+	h.expect(1, poll.Success, poll.Success)
+	h.expect(2, poll.Success, poll.Success)
+	if c.WorkerRestarts != 0 {
+		t.Fatalf("bad input restarted %d workers", c.WorkerRestarts)
+	}
+}
+
+// R6: a handler that panics kills the prefill's receive worker; the
+// supervisor recovers, counts and restarts it, and the room still reaches
+// Success because the lost METADATA is retransmitted.
+func TestHandlerPanicIsRecoveredAndRoomsStillEnd_R6(t *testing.T) {
+	var armed atomic.Bool
+	armed.Store(true)
+	h := newHarnessWith(t, 31, options{pre: func(c *PrefillConfig) {
+		c.frameHook = func(ft FrameType) {
+			if ft == FrameMetadata && armed.CompareAndSwap(true, false) {
+				panic("injected handler fault")
+			}
+		}
+	}})
+	key := h.open(1, 1)
+	h.runToEnd(key, 1)
+	h.expect(1, poll.Success, poll.Success)
+	if n := h.pre.Counters().WorkerRestarts; n != 1 {
+		t.Fatalf("worker restarts %d, want 1", n)
+	}
+	h.runToEnd(h.open(2, 1), 1)
+	h.expect(2, poll.Success, poll.Success)
+}
+
+// R6: the bootstrap socket dies under the listener. Its supervisor binds
+// the address again; rooms in flight and new rooms complete.
+func TestDeadListenerIsReboundBySupervisor_R6(t *testing.T) {
+	h := newHarness(t, 32)
+	key := h.open(1, 1)
+	h.waitBound(key, time.Second)
+	if !h.net.KillListener(prefillAddr) {
+		t.Fatal("no listener to kill")
+	}
+	h.advance(5 * tTick)
+	h.transfer(key, 1)
+	h.runToEnd(key, 1)
+	h.expect(1, poll.Success, poll.Success)
+	h.runToEnd(h.open(2, 1), 1)
+	h.expect(2, poll.Success, poll.Success)
+	if n := h.pre.Counters().WorkerRestarts; n != 1 {
+		t.Fatalf("worker restarts %d, want 1", n)
+	}
+}
+
+// panicFenceDP panics on the first Fence of a room.
+type panicFenceDP struct {
+	*fakeDP
+	armed atomic.Bool
+}
+
+func (d *panicFenceDP) Fence(k poll.Key) {
+	if d.armed.CompareAndSwap(true, false) {
+		panic("injected fence fault")
+	}
+	d.fakeDP.Fence(k)
+}
+
+// R6/I9: a data plane whose Fence panics (inside the tick worker, on a
+// timeout) is recovered and counted; the fence is retried and the room's
+// Failed state is published only after it worked.
+func TestPanickingFenceIsRetriedBeforeFailedIsVisible_R6(t *testing.T) {
+	dp := &panicFenceDP{fakeDP: newFakeDP()}
+	dp.armed.Store(true)
+	h := newHarnessWith(t, 33, options{dec: func(c *DecodeConfig) { c.DataPlane = dp }})
+	h.decDP = dp.fakeDP
+	key := h.open(1, 1)
+	h.waitBound(key, time.Second)
+	if err := h.dec.Abort(1, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.decState(1); got == poll.Failed {
+		t.Fatal("Failed visible before the room was fenced")
+	}
+	if _, ok := h.until(time.Second, func() bool { return h.bothTerminal(1) }); !ok {
+		t.Fatalf("pinned: prefill %v decode %v", h.preState(1), h.decState(1))
+	}
+	if !dp.isFenced(key) || h.dec.Counters().WorkerRestarts != 1 {
+		t.Fatalf("fenced %v restarts %d", dp.isFenced(key), h.dec.Counters().WorkerRestarts)
+	}
+}
