@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/go-zeromq/zmq4"
 )
 
 // The benchmarks report frames/s of 200-byte frames over loopback, through
@@ -68,4 +70,39 @@ func BenchmarkOneWay(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.N)/time.Since(began).Seconds(), "frames/s")
+}
+
+// BenchmarkRawZMQ4RoundTrip is the baseline: a plain zmq4 DEALER/ROUTER
+// pair on tcp://, no guard, no owner goroutines, called directly.
+func BenchmarkRawZMQ4RoundTrip(b *testing.B) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	router := zmq4.NewRouter(ctx, zmq4.WithLogger(discard))
+	defer router.Close()
+	if err := router.Listen("tcp://127.0.0.1:0"); err != nil {
+		b.Fatal(err)
+	}
+	dealer := zmq4.NewDealer(ctx, zmq4.WithLogger(discard), zmq4.WithID(zmq4.SocketIdentity("bench")))
+	defer dealer.Close()
+	if err := dealer.Dial("tcp://" + router.Addr().String()); err != nil {
+		b.Fatal(err)
+	}
+	frame := make([]byte, 200)
+	began := time.Now()
+	for b.Loop() {
+		if err := dealer.Send(zmq4.NewMsg(frame)); err != nil {
+			b.Fatal(err)
+		}
+		msg, err := router.Recv()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := router.Send(msg); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := dealer.Recv(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/time.Since(began).Seconds(), "roundtrips/s")
 }

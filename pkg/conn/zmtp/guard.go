@@ -79,8 +79,9 @@ type guardConn struct {
 	p *parser
 
 	// Read side, owned by the single reader.
-	replay        []byte // validated bytes read during the pre-handshake
-	readErr       error  // sticky violation
+	pend          []byte // validated bytes not yet returned (handshake replay, buffer)
+	buf           []byte // read buffer, allocated on first small read
+	readErr       error  // sticky: a violation, or an error held back behind pend
 	clearDeadline bool   // the handshake read deadline is still set
 
 	wmu     sync.Mutex
@@ -97,21 +98,32 @@ func newGuardConn(g *guard, c net.Conn, peerType string) *guardConn {
 	return &guardConn{Conn: c, g: g, p: newParser(lim)}
 }
 
+// readBufSize is the guardConn read buffer. zmq4 reads a frame as a
+// 2-byte header then the body; buffering turns those into one syscall.
+const readBufSize = 16 << 10
+
 // Read returns validated bytes only. On the first violation it closes the
 // connection, counts the reason and returns a *violation (a net.Error) so
 // zmq4 drops the connection.
 func (c *guardConn) Read(b []byte) (int, error) {
-	if len(c.replay) > 0 {
-		n := copy(b, c.replay)
-		c.replay = c.replay[n:]
+	if len(c.pend) > 0 {
+		n := copy(b, c.pend)
+		c.pend = c.pend[n:]
 		return n, nil
 	}
 	if c.readErr != nil {
 		return 0, c.readErr
 	}
-	n, err := c.Conn.Read(b)
+	dst := b
+	if len(b) < readBufSize {
+		if c.buf == nil {
+			c.buf = make([]byte, readBufSize)
+		}
+		dst = c.buf
+	}
+	n, err := c.Conn.Read(dst)
 	if n > 0 {
-		if v := c.p.feed(b[:n]); v != nil {
+		if v := c.p.feed(dst[:n]); v != nil {
 			c.readErr = v
 			c.g.reject(v.reason, c.RemoteAddr(), v.detail)
 			_ = c.Close()
@@ -120,6 +132,14 @@ func (c *guardConn) Read(b []byte) (int, error) {
 		if c.clearDeadline && c.p.handshakeDone() {
 			c.clearDeadline = false
 			_ = c.Conn.SetReadDeadline(time.Time{})
+		}
+		if len(b) < readBufSize {
+			k := copy(b, dst[:n])
+			c.pend = dst[k:n]
+			n = k
+			if len(c.pend) > 0 && err != nil {
+				c.readErr, err = err, nil // deliver the buffered bytes first
+			}
 		}
 	}
 	return n, err

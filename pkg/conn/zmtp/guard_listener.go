@@ -162,7 +162,7 @@ func (gl *guardListener) handshake(c *guardConn) {
 				_ = c.Close()
 				return
 			}
-			c.replay = append(c.replay, buf[:n]...)
+			c.pend = append(c.pend, buf[:n]...)
 		}
 		if err != nil && !c.p.handshakeDone() {
 			gl.fail(c, err)
