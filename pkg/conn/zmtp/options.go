@@ -118,8 +118,9 @@ type Stats struct {
 	// Restarts counts socket goroutines that panicked or died unexpectedly
 	// and whose socket was re-created.
 	Restarts uint64
-	// Reconnects counts Conn sockets re-created after the peer went away
-	// or a connection attempt failed.
+	// Reconnects counts Conn connections lost (peer gone, guard
+	// rejection, panic) and re-dialed. Failed dial attempts are retried
+	// with backoff and not counted here.
 	Reconnects uint64
 }
 
