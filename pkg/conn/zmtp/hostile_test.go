@@ -2,6 +2,7 @@ package zmtp
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"net/netip"
@@ -306,4 +307,33 @@ func TestConnGuardsAgainstHostileListener_R12(t *testing.T) {
 			_ = c.Close()
 		})
 	}
+}
+
+// A peer that completes the handshake and then stops reading: the first
+// write that cannot complete within WriteTimeout closes it (write_stall),
+// and the Listener goes on serving the others.
+func TestGuardClosesPeerThatStopsReading(t *testing.T) {
+	tr, l, c := hostileSetup(t, func(o *Options) { o.WriteTimeout = 200 * time.Millisecond })
+	raw, err := net.Dial("tcp", hostAddr(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Write(handshake("slow")); err != nil {
+		t.Fatal(err)
+	}
+	// Read the server's greeting and READY, then never read again.
+	_ = raw.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.ReadAtLeast(raw, make([]byte, 256), greetingLen+20); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	big := make([]byte, conn.MaxFrameSize)
+	for tr.Rejected(ReasonWriteStall) == 0 {
+		if err := l.Send(ctx, "slow", big); err != nil {
+			t.Fatalf("no write stall detected: %v", err)
+		}
+	}
+	ping(t, l, c, 5*time.Second)
 }
