@@ -122,6 +122,9 @@ func (c *guardConn) Read(b []byte) (int, error) {
 		dst = c.buf
 	}
 	n, err := c.Conn.Read(dst)
+	if err != nil && c.clearDeadline && errors.Is(err, os.ErrDeadlineExceeded) {
+		c.g.reject(ReasonHandshakeTimeout, c.RemoteAddr(), "listener handshake")
+	}
 	if n > 0 {
 		if v := c.p.feed(dst[:n]); v != nil {
 			c.readErr = v

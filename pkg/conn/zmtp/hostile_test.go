@@ -337,3 +337,16 @@ func TestGuardClosesPeerThatStopsReading(t *testing.T) {
 	}
 	ping(t, l, c, 5*time.Second)
 }
+
+// A listener that accepts and says nothing: the Conn's handshake is
+// bounded, counted, and retried.
+func TestConnBoundsSilentListenerHandshake(t *testing.T) {
+	tr := testTransport(t, func(o *Options) { o.HandshakeTimeout = 100 * time.Millisecond })
+	addr, accepted := rawServer(t, nil)
+	c := dial(t, tr, addr)
+	waitCount(t, ReasonHandshakeTimeout, func() uint64 { return tr.Rejected(ReasonHandshakeTimeout) }, 2)
+	if accepted() < 2 {
+		t.Fatalf("accepted %d, want retries", accepted())
+	}
+	_ = c.Close()
+}
