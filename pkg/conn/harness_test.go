@@ -318,3 +318,8 @@ func (h *harness) checkInvariants() {
 		h.t.Errorf("decode invariants: %v", err)
 	}
 }
+
+// pagesOf returns a small destination page list for room i.
+func pagesOf(i int) *pdlinkv1.PageList {
+	return &pdlinkv1.PageList{Runs: []*pdlinkv1.PageRun{{Start: int32(i * 8), Count: 8}}}
+}
