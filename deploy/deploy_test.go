@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -78,11 +77,7 @@ func golden(t *testing.T, path string, got []byte) {
 
 type pflagFlag = pflag.Flag
 
-// execGo runs the go command that runs the tests.
+// execGo runs the go command; go test puts its own GOROOT/bin first in PATH.
 func execGo(ctx context.Context, args ...string) *exec.Cmd {
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = "go"
-	}
-	return exec.CommandContext(ctx, goBin, args...)
+	return exec.CommandContext(ctx, "go", args...)
 }
