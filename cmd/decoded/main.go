@@ -4,12 +4,15 @@
 // ends.
 package main
 
-import "github.com/pdlink/pdlink/internal/daemon"
+import (
+	"github.com/pdlink/pdlink/internal/daemon"
+	"github.com/pdlink/pdlink/internal/service"
+)
 
 // version is set by the linker (-X main.version=...).
 var version string
 
 func main() {
 	daemon.Main(daemon.NewCommand(daemon.RoleDecode, version,
-		"pdlink decode daemon: receives KV cache from prefill daemons, never pins a room", nil))
+		"pdlink decode daemon: receives KV cache from prefill daemons, never pins a room", service.SetupDecode))
 }

@@ -7,24 +7,39 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pdlink/pdlink/internal/proc"
+	"github.com/pdlink/pdlink/internal/sim"
 )
 
 func newDemoCommand() *cobra.Command {
 	var binDir string
+	var faults bool
+	cfg := sim.Config{Layout: sim.DemoLayout()}
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "start prefilld and decoded on loopback and report what they do",
+		Short: "start prefilld and decoded on loopback, drive them like real schedulers, report",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDemo(cmd, binDir)
+			return runDemo(cmd, binDir, faults, cfg)
 		},
 	}
-	cmd.Flags().StringVar(&binDir, "bin-dir", "", "directory holding prefilld and decoded (default: beside pdctl, then PATH)")
+	f := cmd.Flags()
+	f.StringVar(&binDir, "bin-dir", "", "directory holding prefilld and decoded (default: beside pdctl, then PATH)")
+	f.BoolVar(&faults, "faults", false, "mix in aborts from both sides and stalled schedulers")
+	f.IntVar(&cfg.Requests, "requests", 300, "requests to run")
+	f.IntVar(&cfg.MinTokens, "min-tokens", 64, "shortest request, tokens")
+	f.IntVar(&cfg.MaxTokens, "max-tokens", 2048, "longest request, tokens")
+	f.IntVar(&cfg.Concurrency, "concurrency", 8, "requests in flight")
+	f.IntVar(&cfg.Layout.Layers, "layers", cfg.Layout.Layers, "model layers (K and V buffer each)")
+	f.Int64Var(&cfg.Layout.BytesPerToken, "bytes-per-token", cfg.Layout.BytesPerToken, "KV bytes per token across all layers")
+	f.Int64Var(&cfg.Layout.Pages, "pages", cfg.Layout.Pages, "KV pages per buffer in each engine's region")
+	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the engines' region files go")
 	return cmd
 }
 
@@ -41,7 +56,7 @@ func findBinary(dir, name string) (string, error) {
 	return exec.LookPath(name)
 }
 
-func runDemo(cmd *cobra.Command, binDir string) error {
+func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) error {
 	out := cmd.OutOrStdout()
 	tmp, err := os.MkdirTemp("", "pdlink-demo-")
 	if err != nil {
@@ -49,12 +64,20 @@ func runDemo(cmd *cobra.Command, binDir string) error {
 	}
 	defer os.RemoveAll(tmp)
 
+	deadlines := []string{"--bootstrap-timeout=10s", "--waiting-timeout=10s", "--transfer-idle-timeout=5s"}
+	if faults {
+		// Stalled schedulers are only noticed at a deadline: keep them short
+		// so the demo shows them failing in seconds.
+		deadlines = []string{"--bootstrap-timeout=2s", "--waiting-timeout=2s", "--transfer-idle-timeout=2s"}
+		cfg.Faults = sim.Faults{AbortPrefill: 0.05, AbortDecode: 0.05, StallDecode: 0.03, StallPrefill: 0.03}
+	}
 	var procs []*proc.Process
 	defer func() {
 		for _, p := range procs {
-			_ = p.Stop(10 * time.Second)
+			_ = p.Stop(15 * time.Second)
 		}
 	}()
+	var bootstrap string
 	for _, d := range []struct{ name, extra string }{
 		{"prefilld", "--bootstrap-listen=tcp://127.0.0.1:0"},
 		{"decoded", "--data-listen=127.0.0.1:0"},
@@ -63,36 +86,94 @@ func runDemo(cmd *cobra.Command, binDir string) error {
 		if err != nil {
 			return fmt.Errorf("%s not found (run `make build`): %w", d.name, err)
 		}
-		p, err := proc.Start(cmd.Context(), bin, []string{
+		args := append([]string{
 			"--grpc-listen=unix://" + filepath.Join(tmp, d.name+".sock"),
-			"--http-listen=127.0.0.1:0",
-			d.extra,
-		}, 15*time.Second)
+			"--http-listen=127.0.0.1:0", d.extra,
+		}, deadlines...)
+		p, err := proc.Start(cmd.Context(), bin, args, 15*time.Second)
 		if err != nil {
 			return err
 		}
 		procs = append(procs, p)
-		fmt.Fprintf(out, "%-9s serving  grpc=%s  metrics=http://%s/metrics  ready=%s\n",
-			d.name, p.GRPCAddr, p.HTTPAddr, probe("http://"+p.HTTPAddr+"/readyz"))
+		if d.name == "prefilld" {
+			bootstrap = p.LogField("bootstrap socket bound", "addr")
+			cfg.PrefillGRPC = "unix://" + p.GRPCAddr
+		} else {
+			cfg.DecodeGRPC = "unix://" + p.GRPCAddr
+		}
+		fmt.Fprintf(out, "%-9s pid %-7d grpc=%s  metrics=http://%s/metrics  rooms=http://%s/debug/rooms\n",
+			d.name, p.Cmd.Process.Pid, p.GRPCAddr, p.HTTPAddr, p.HTTPAddr)
 	}
-	fmt.Fprintln(out, `
-demo: both daemons start, serve /healthz, /readyz and /metrics, and stop on SIGTERM.
-demo: NOT YET moving KV bytes: the room state machine, control plane and data
-demo: plane are not wired into the daemons yet, so no transfer is simulated and
-demo: no throughput is reported. Nothing here pretends otherwise.`)
+	if bootstrap == "" {
+		return fmt.Errorf("prefilld did not log its bootstrap address")
+	}
+	cfg.Bootstrap = bootstrap
+	cfg.PinBound = 60 * time.Second
+	cfg.Progress = func(done, total int) {
+		const width = 40
+		n := done * width / total
+		fmt.Fprintf(out, "\r[%s%s] %d/%d rooms", strings.Repeat("#", n), strings.Repeat(".", width-n), done, total)
+	}
+	tl, err := cfg.Layout.Transfer()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "layout: %d buffers x %d pages of %d KiB (%d tokens/page), %d requests of %d..%d tokens, %d in flight\n",
+		len(tl.Buffers), tl.Buffers[0].Pages(), tl.Buffers[0].ItemLen>>10, cfg.Layout.PageTokens,
+		cfg.Requests, cfg.MinTokens, cfg.MaxTokens, cfg.Concurrency)
+	rep, err := sim.Run(cmd.Context(), cfg)
+	fmt.Fprintln(out)
+	if rep == nil {
+		return err
+	}
+	printReport(out, rep, procs)
+	if err != nil {
+		return err
+	}
+	if rep.Pinned > 0 || rep.Corrupt > 0 || rep.LateWrites > 0 {
+		return fmt.Errorf("demo found %d pinned rooms, %d corrupt rooms, %d late writes", rep.Pinned, rep.Corrupt, rep.LateWrites)
+	}
 	return nil
 }
 
-func probe(url string) string {
+func printReport(out io.Writer, rep *sim.Report, procs []*proc.Process) {
+	fmt.Fprintf(out, "\nrooms:        %d in %v\n", rep.Requests, rep.Elapsed.Round(time.Millisecond))
+	keys := make([]string, 0, len(rep.Outcomes))
+	for k := range rep.Outcomes {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Fprintf(out, "  %-40s %d\n", k, rep.Outcomes[k])
+	}
+	if len(rep.Faults) > 0 {
+		fmt.Fprintln(out, "faults injected:")
+		for k, v := range rep.Faults {
+			fmt.Fprintf(out, "  %-40s %d\n", k, v)
+		}
+	}
+	fmt.Fprintf(out, "verified:     %d rooms byte for byte, %d corrupt, %d with writes after Failed (R7)\n", rep.Verified, rep.Corrupt, rep.LateWrites)
+	fmt.Fprintf(out, "pinned:       %d (rooms that did not end within their bound)\n", rep.Pinned)
+	fmt.Fprintf(out, "worst time to terminal: %v\n", rep.WorstTerminal.Round(time.Millisecond))
+	fmt.Fprintf(out, "goodput:      %.2f GB/s (%.2f GB in successful rooms)\n", rep.GBps(), float64(rep.Bytes)/1e9)
+	fmt.Fprintf(out, "last chunk -> decode Success: p50 %v  p99 %v\n", rep.Percentile(50).Round(time.Microsecond), rep.Percentile(99).Round(time.Microsecond))
+	for _, p := range procs {
+		fmt.Fprintf(out, "%s: inflight now %s; metrics http://%s/metrics\n", p.Name, scrape(p.HTTPAddr, "pdlink_inflight_rooms"), p.HTTPAddr)
+	}
+}
+
+func scrape(addr, metric string) string {
 	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get(url)
+	resp, err := c.Get("http://" + addr + "/metrics")
 	if err != nil {
-		return "error: " + err.Error()
+		return "?"
 	}
 	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	if resp.StatusCode == 200 {
-		return "yes"
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, metric+"{") || strings.HasPrefix(line, metric+" ") {
+			return line[strings.LastIndexByte(line, ' ')+1:]
+		}
 	}
-	return resp.Status
+	return "?"
 }

@@ -94,6 +94,21 @@ func Start(ctx context.Context, bin string, args []string, timeout time.Duration
 	return nil, fmt.Errorf("%s: %w within %v\n%s", p.Name, ErrNotServing, timeout, p.Logs())
 }
 
+// LogField returns field of the first JSON log line with message msg, or "".
+func (p *Process) LogField(msg, field string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.logs {
+		var entry map[string]any
+		if json.Unmarshal([]byte(l), &entry) == nil && entry["msg"] == msg {
+			if v, ok := entry[field].(string); ok {
+				return v
+			}
+		}
+	}
+	return ""
+}
+
 // Logs returns everything the child wrote to stderr so far.
 func (p *Process) Logs() string {
 	p.mu.Lock()

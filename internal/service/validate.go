@@ -3,6 +3,8 @@ package service
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -134,3 +136,16 @@ func layoutFromProto(field string, l *pb.RegionLayout) (transfer.Layout, error) 
 	}
 	return out, nil
 }
+
+func checkZMQAddr(addr string) error {
+	u, err := url.Parse(addr)
+	if err != nil || u.Scheme != "tcp" || u.Host == "" || u.Path != "" {
+		return errors.New("want tcp://host:port")
+	}
+	if _, _, err := net.SplitHostPort(u.Host); err != nil {
+		return errors.New("want tcp://host:port")
+	}
+	return nil
+}
+
+func isClosed(err error) bool { return errors.Is(err, net.ErrClosed) }

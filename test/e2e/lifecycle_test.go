@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os/exec"
@@ -114,13 +115,24 @@ func TestEnvironmentConfiguresTheDaemon(t *testing.T) {
 	}
 }
 
-func TestPdctlDemoStartsBothDaemonsAndSaysWhatIsMissing(t *testing.T) {
-	out, err := exec.Command(bin("pdctl"), "demo", "--bin-dir", binDir).CombinedOutput()
-	if err != nil {
-		t.Fatalf("pdctl demo: %v\n%s", err, out)
-	}
-	s := string(out)
-	if !strings.Contains(s, "prefilld  serving") || !strings.Contains(s, "decoded   serving") || !strings.Contains(s, "NOT YET moving KV bytes") {
-		t.Fatalf("unexpected demo output:\n%s", s)
+func TestPdctlDemoMovesVerifiedBytesAndNothingPins(t *testing.T) {
+	for _, faults := range []bool{false, true} {
+		t.Run(fmt.Sprintf("faults=%v", faults), func(t *testing.T) {
+			args := []string{"demo", "--bin-dir", binDir, "--requests", "40", "--layers", "2", "--pages", "256",
+				"--max-tokens", "1024", "--shm-dir", t.TempDir()}
+			if faults {
+				args = append(args, "--faults")
+			}
+			out, err := exec.Command(bin("pdctl"), args...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("pdctl demo: %v\n%s", err, out)
+			}
+			s := string(out)
+			for _, want := range []string{"pinned:       0", " 0 corrupt, 0 with writes after Failed", "decode:success", "prefill:success", "inflight now 0"} {
+				if !strings.Contains(s, want) {
+					t.Errorf("demo output lacks %q:\n%s", want, s)
+				}
+			}
+		})
 	}
 }

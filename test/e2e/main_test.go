@@ -17,7 +17,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	build := exec.Command("go", "build", "-race", "-o", dir+"/", "../../cmd/...")
+	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/...")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building daemons:", err)

@@ -1,0 +1,272 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
+	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
+)
+
+// DecodeNode is what DecodeServer needs beyond RoomOwner.
+type DecodeNode interface {
+	RoomOwner
+	Open(room poll.RoomID, prefillAddr string, parts int) (poll.Nonce, error)
+	SendMetadata(room poll.RoomID, req conn.MetadataRequest) error
+	OnProgress(key poll.Key)
+	OnPartDone(key poll.Key, part int)
+	OnFailed(key poll.Key, reason poll.Reason)
+}
+
+// DecodeData adapts a transfer.Receiver to the decode node's data plane.
+// The data listener is bound at start; connections that arrive before a
+// region is registered are closed (a sender redials).
+type DecodeData struct {
+	log  *zap.Logger
+	rcfg transfer.ReceiverConfig
+	node DecodeNode
+
+	slot     regionSlot
+	mu       sync.Mutex
+	receiver *transfer.Receiver
+	bytes    atomic.Uint64
+	refused  atomic.Uint64
+}
+
+var _ conn.DecodeDataPlane = (*DecodeData)(nil)
+
+// NewDecodeData returns the adapter; SetNode must be called before use.
+func NewDecodeData(cfg transfer.ReceiverConfig, log *zap.Logger) *DecodeData {
+	d := &DecodeData{log: log, rcfg: cfg}
+	d.slot.onSet = func(r *transfer.Region) error {
+		rx, err := transfer.NewReceiver(r, d.rcfg, decodeEvents{d})
+		if err != nil {
+			return err
+		}
+		d.mu.Lock()
+		d.receiver = rx
+		d.mu.Unlock()
+		return nil
+	}
+	return d
+}
+
+// SetNode wires the room owner the data plane reports to.
+func (d *DecodeData) SetNode(n DecodeNode) { d.node = n }
+
+// Layouts returns the registered region layouts (for REGISTER).
+func (d *DecodeData) Layouts() []*pb.RegionLayout { return d.slot.layouts() }
+
+// Bytes is the KV bytes written and verified.
+func (d *DecodeData) Bytes() uint64 { return d.bytes.Load() }
+
+// Serve hands every accepted data connection to the receiver until ln
+// closes.
+func (d *DecodeData) Serve(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if isClosed(err) {
+				return nil
+			}
+			return err
+		}
+		d.mu.Lock()
+		rx := d.receiver
+		d.mu.Unlock()
+		if rx == nil {
+			d.refused.Add(1)
+			c.Close()
+			continue
+		}
+		rx.ServeConn(c)
+	}
+}
+
+// Close stops the receiver and unmaps the region.
+func (d *DecodeData) Close() {
+	d.mu.Lock()
+	rx := d.receiver
+	d.mu.Unlock()
+	if rx != nil {
+		rx.Close()
+	}
+	d.slot.close()
+}
+
+func tkey(k poll.Key) transfer.Key { return transfer.Key{Room: uint64(k.Room), Nonce: uint64(k.Nonce)} }
+func pkey(k transfer.Key) poll.Key {
+	return poll.Key{Room: poll.RoomID(k.Room), Nonce: poll.Nonce(k.Nonce)}
+}
+
+// Expect implements conn.DecodeDataPlane.
+func (d *DecodeData) Expect(md conn.Metadata) error {
+	d.mu.Lock()
+	rx := d.receiver
+	d.mu.Unlock()
+	region := d.slot.get()
+	if rx == nil || region == nil {
+		return fmt.Errorf("no region registered")
+	}
+	l := region.Layout()
+	runs, err := pageRuns("dst_pages", md.DstPages, l.Buffers[0].Pages())
+	if err != nil {
+		return err
+	}
+	auxRow := int64(md.AuxIndex)
+	if l.Aux.Rows == 0 {
+		auxRow = -1
+	}
+	return rx.Expect(transfer.Expectation{Key: tkey(md.Key), Dst: transfer.SamePages(len(l.Buffers), runs), AuxRow: auxRow})
+}
+
+// Fence implements conn.DecodeDataPlane: no byte lands in the room's pages
+// after it returns (R7).
+func (d *DecodeData) Fence(key poll.Key) {
+	d.mu.Lock()
+	rx := d.receiver
+	d.mu.Unlock()
+	if rx != nil {
+		rx.Fence(tkey(key))
+	}
+}
+
+// Forget implements conn.DecodeDataPlane.
+func (d *DecodeData) Forget(key poll.Key) { d.Fence(key) }
+
+type decodeEvents struct{ d *DecodeData }
+
+func (e decodeEvents) Progress(k transfer.Key, n int64) {
+	e.d.bytes.Add(uint64(n))
+	e.d.node.OnProgress(pkey(k))
+}
+
+func (e decodeEvents) Complete(k transfer.Key) { e.d.node.OnPartDone(pkey(k), 0) }
+
+func (e decodeEvents) Failed(k transfer.Key, r transfer.Reason, err error) {
+	e.d.log.Warn("room transfer failed", zap.Uint64("room", k.Room), zap.String("reason", string(r)), zap.Error(err))
+	e.d.node.OnFailed(pkey(k), poll.Reason(r))
+}
+
+// DecodeServer implements DecodeService.
+type DecodeServer struct {
+	pb.UnimplementedDecodeServiceServer
+	Node DecodeNode
+	Data *DecodeData
+	Gate *Gate
+}
+
+func (s *DecodeServer) rooms() rooms { return rooms{owner: s.Node} }
+
+// RegisterRegion implements DecodeService.
+func (s *DecodeServer) RegisterRegion(_ context.Context, req *pb.DecodeServiceRegisterRegionRequest) (*pb.DecodeServiceRegisterRegionResponse, error) {
+	id, err := s.Data.slot.register(req.RegionPath, req.Layout)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.DecodeServiceRegisterRegionResponse{RegionId: id}, nil
+}
+
+// OpenReceiver implements DecodeService.
+func (s *DecodeServer) OpenReceiver(_ context.Context, req *pb.OpenReceiverRequest) (*pb.OpenReceiverResponse, error) {
+	if err := s.Gate.check(); err != nil {
+		return nil, err
+	}
+	if err := validateRoomID("room_id", req.RoomId); err != nil {
+		return nil, err
+	}
+	if err := checkZMQAddr(req.PrefillBootstrapAddr); err != nil {
+		return nil, invalid("prefill_bootstrap_addr", "%v", err)
+	}
+	if req.ExpectedSenders > poll.MaxParts {
+		return nil, invalid("expected_senders", "at most %d", poll.MaxParts)
+	}
+	if s.Data.slot.get() == nil {
+		return nil, status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
+	}
+	nonce, err := s.Node.Open(poll.RoomID(req.RoomId), req.PrefillBootstrapAddr, int(req.ExpectedSenders))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	in, err := s.Node.Get(poll.RoomID(req.RoomId))
+	if err != nil {
+		return &pb.OpenReceiverResponse{Status: &pb.RoomStatus{RoomId: req.RoomId, Nonce: uint64(nonce), Found: true, State: pb.RoomState_ROOM_STATE_BOOTSTRAPPING}}, nil
+	}
+	return &pb.OpenReceiverResponse{Status: statusOf(in)}, nil
+}
+
+// SendMetadata implements DecodeService.
+func (s *DecodeServer) SendMetadata(_ context.Context, req *pb.SendMetadataRequest) (*pb.SendMetadataResponse, error) {
+	if err := validateRoomID("room_id", req.RoomId); err != nil {
+		return nil, err
+	}
+	if err := validateRank("rank", req.Rank); err != nil {
+		return nil, err
+	}
+	region := s.Data.slot.get()
+	if region == nil {
+		return nil, status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
+	}
+	l := region.Layout()
+	if _, err := pageRuns("dst_pages", req.DstPages, l.Buffers[0].Pages()); err != nil {
+		return nil, err
+	}
+	if l.Aux.Rows > 0 && int64(req.AuxIndex) >= l.Aux.Rows {
+		return nil, invalid("aux_index", "row %d of %d", req.AuxIndex, l.Aux.Rows)
+	}
+	mr := conn.MetadataRequest{DstPages: req.DstPages, AuxIndex: req.AuxIndex}
+	if req.Rank != nil {
+		mr.TPRank, mr.TPSize = req.Rank.TpRank, req.Rank.TpSize
+	}
+	if err := s.Node.SendMetadata(poll.RoomID(req.RoomId), mr); err != nil {
+		return nil, toStatus(err)
+	}
+	in, err := s.Node.Get(poll.RoomID(req.RoomId))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.SendMetadataResponse{Status: statusOf(in)}, nil
+}
+
+// Poll implements DecodeService.
+func (s *DecodeServer) Poll(_ context.Context, req *pb.DecodeServicePollRequest) (*pb.DecodeServicePollResponse, error) {
+	st, err := s.rooms().poll(req.RoomIds)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.DecodeServicePollResponse{Statuses: st}, nil
+}
+
+// Watch implements DecodeService.
+func (s *DecodeServer) Watch(req *pb.DecodeServiceWatchRequest, stream pb.DecodeService_WatchServer) error {
+	return s.rooms().watch(stream.Context(), req.Filter, func(ev *pb.WatchEvent) error {
+		return stream.Send(&pb.DecodeServiceWatchResponse{Event: ev})
+	})
+}
+
+// Abort implements DecodeService.
+func (s *DecodeServer) Abort(_ context.Context, req *pb.DecodeServiceAbortRequest) (*pb.DecodeServiceAbortResponse, error) {
+	st, err := s.rooms().abort(req.RoomId)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.DecodeServiceAbortResponse{Status: st}, nil
+}
+
+// Clear implements DecodeService.
+func (s *DecodeServer) Clear(_ context.Context, req *pb.DecodeServiceClearRequest) (*pb.DecodeServiceClearResponse, error) {
+	res, err := s.rooms().clear(req.RoomIds)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.DecodeServiceClearResponse{Results: res}, nil
+}

@@ -1,0 +1,320 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
+	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
+)
+
+// PrefillNode is what PrefillServer needs beyond RoomOwner.
+type PrefillNode interface {
+	RoomOwner
+	Open(room poll.RoomID, nonce poll.Nonce, parts int) (poll.RoomInfo, error)
+	FirstSend(room poll.RoomID) error
+	OnProgress(key poll.Key)
+	OnFailed(key poll.Key, reason poll.Reason)
+}
+
+// PrefillData adapts a transfer.Sender to the prefill node's data plane.
+// It gathers a room's chunks (the scheduler's Send calls) and starts the
+// transfer with the last one: one SendRequest per room, as pkg/transfer
+// wants it.
+type PrefillData struct {
+	log  *zap.Logger
+	scfg transfer.SenderConfig
+	node PrefillNode
+
+	slot   regionSlot
+	mu     sync.Mutex
+	sender *transfer.Sender
+	rooms  map[poll.RoomID]*prefillRoom
+	fenced map[poll.Key]bool // sticky until Forget (a late Bind is ignored)
+	bytes  atomic.Uint64
+}
+
+type prefillRoom struct {
+	key       poll.Key
+	peerAddr  string
+	dst       []transfer.Run // decode's pages, in position order
+	dstPages  int64
+	src       []transfer.Run // pages handed over so far, in position order
+	srcPages  int64
+	started   bool
+	sentBytes int64
+}
+
+var _ conn.PrefillDataPlane = (*PrefillData)(nil)
+
+// NewPrefillData returns the adapter; SetNode must be called before use.
+func NewPrefillData(cfg transfer.SenderConfig, log *zap.Logger) *PrefillData {
+	d := &PrefillData{log: log, scfg: cfg, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}}
+	d.slot.onSet = func(r *transfer.Region) error {
+		s, err := transfer.NewSender(r, d.scfg)
+		if err != nil {
+			return err
+		}
+		d.mu.Lock()
+		d.sender = s
+		d.mu.Unlock()
+		return nil
+	}
+	return d
+}
+
+// SetNode wires the room owner the data plane reports to.
+func (d *PrefillData) SetNode(n PrefillNode) { d.node = n }
+
+// Bytes is the KV bytes this side sent and decode confirmed.
+func (d *PrefillData) Bytes() uint64 { return d.bytes.Load() }
+
+// Bind implements conn.PrefillDataPlane.
+func (d *PrefillData) Bind(peer conn.PeerInfo, md conn.Metadata) {
+	region := d.slot.get()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fenced[md.Key] || region == nil || d.sender == nil {
+		if region == nil {
+			d.log.Warn("metadata before any region is registered", zap.Uint64("room", uint64(md.Key.Room)))
+		}
+		return
+	}
+	if r := d.rooms[md.Key.Room]; r != nil && r.key == md.Key {
+		return // a retransmitted METADATA
+	}
+	var layout *pb.RegionLayout
+	for _, l := range peer.Layouts {
+		if l.GetRank().GetTpRank() == md.TPRank {
+			layout = l
+		}
+	}
+	pl, err := layoutFromProto("layout", layout)
+	if err == nil {
+		err = d.sender.AddPeer(peer.Addr, pl)
+	}
+	var dst []transfer.Run
+	if err == nil {
+		dst, err = pageRuns("dst_pages", md.DstPages, pl.Buffers[0].Pages())
+	}
+	if err != nil {
+		d.log.Warn("cannot bind room to decode peer", zap.Uint64("room", uint64(md.Key.Room)), zap.String("peer", peer.Addr), zap.Error(err))
+		go d.node.OnFailed(md.Key, poll.ReasonInvalid)
+		return
+	}
+	d.rooms[md.Key.Room] = &prefillRoom{key: md.Key, peerAddr: peer.Addr, dst: dst, dstPages: transfer.CountPages(dst)}
+}
+
+// Fence implements conn.PrefillDataPlane: no source page of the room is
+// read after it returns.
+func (d *PrefillData) Fence(key poll.Key) {
+	d.mu.Lock()
+	d.fenced[key] = true
+	s := d.sender
+	d.mu.Unlock()
+	if s != nil {
+		s.Fence(transfer.Key{Room: uint64(key.Room), Nonce: uint64(key.Nonce)})
+	}
+}
+
+// Forget implements conn.PrefillDataPlane.
+func (d *PrefillData) Forget(key poll.Key) {
+	d.Fence(key)
+	d.mu.Lock()
+	delete(d.fenced, key)
+	if r := d.rooms[key.Room]; r != nil && (r.key == key || key.Nonce == 0) {
+		delete(d.rooms, key.Room)
+	}
+	d.mu.Unlock()
+}
+
+// send records one chunk of source pages and, with the last one, starts
+// the room's transfer.
+func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
+	region := d.slot.get()
+	if region == nil {
+		return status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
+	}
+	if err := validateRank("rank", req.Rank); err != nil {
+		return err
+	}
+	src, err := pageRuns("pages", req.Pages, region.Layout().Buffers[0].Pages())
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	r := d.rooms[poll.RoomID(req.RoomId)]
+	if r == nil {
+		d.mu.Unlock()
+		return status.Error(codes.FailedPrecondition, "room has no metadata from decode yet: poll until WaitingForInput")
+	}
+	if r.started {
+		d.mu.Unlock()
+		return status.Error(codes.FailedPrecondition, "room already sent its last chunk")
+	}
+	if int64(req.StartPosition) != r.srcPages {
+		d.mu.Unlock()
+		return invalid("start_position", "is %d, next page position is %d", req.StartPosition, r.srcPages)
+	}
+	n := transfer.CountPages(src)
+	if r.srcPages+n > r.dstPages {
+		d.mu.Unlock()
+		return invalid("pages", "%d pages after position %d overflow the %d destination pages", n, r.srcPages, r.dstPages)
+	}
+	if req.Last && r.srcPages+n != r.dstPages {
+		d.mu.Unlock()
+		return invalid("last", "last chunk ends at page %d of %d destination pages", r.srcPages+n, r.dstPages)
+	}
+	var aux []byte
+	if req.Last && region.Layout().Aux.Rows > 0 {
+		if int64(req.AuxIndex) >= region.Layout().Aux.Rows {
+			d.mu.Unlock()
+			return invalid("aux_index", "row %d of %d", req.AuxIndex, region.Layout().Aux.Rows)
+		}
+		aux = region.AuxRow(int64(req.AuxIndex))
+	}
+	r.src = append(r.src, src...)
+	r.srcPages += n
+	key, peer := r.key, r.peerAddr
+	var sreq transfer.SendRequest
+	if req.Last {
+		r.started = true
+		nbuf := len(region.Layout().Buffers)
+		var bytes int64
+		for _, b := range region.Layout().Buffers {
+			bytes += r.srcPages * b.ItemLen
+		}
+		r.sentBytes = bytes
+		sreq = transfer.SendRequest{
+			Peer: peer, Key: transfer.Key{Room: uint64(key.Room), Nonce: uint64(key.Nonce)},
+			Src: transfer.SamePages(nbuf, transfer.Coalesce(r.src)), Dst: transfer.SamePages(nbuf, r.dst), Aux: aux,
+			Done: func(err error) { d.done(key, bytes, err) },
+		}
+	}
+	sender := d.sender
+	d.mu.Unlock()
+
+	if err := d.node.FirstSend(key.Room); err != nil {
+		return toStatus(err)
+	}
+	if !req.Last {
+		return nil
+	}
+	if err := sender.Send(ctx, sreq); err != nil {
+		d.log.Warn("transfer refused", zap.Uint64("room", uint64(key.Room)), zap.Error(err))
+		d.node.OnFailed(key, reasonOf(err))
+		return status.Errorf(codes.FailedPrecondition, "transfer refused: %v", err)
+	}
+	return nil
+}
+
+func (d *PrefillData) done(key poll.Key, bytes int64, err error) {
+	if err != nil {
+		d.node.OnFailed(key, reasonOf(err))
+		return
+	}
+	d.bytes.Add(uint64(bytes))
+	d.node.OnProgress(key)
+}
+
+func reasonOf(err error) poll.Reason {
+	var te *transfer.Error
+	if errors.As(err, &te) {
+		return poll.Reason(te.Reason)
+	}
+	return poll.ReasonTransferError
+}
+
+// PrefillServer implements PrefillService.
+type PrefillServer struct {
+	pb.UnimplementedPrefillServiceServer
+	Node PrefillNode
+	Data *PrefillData
+	Gate *Gate
+}
+
+func (s *PrefillServer) rooms() rooms { return rooms{owner: s.Node} }
+
+// RegisterRegion implements PrefillService.
+func (s *PrefillServer) RegisterRegion(_ context.Context, req *pb.PrefillServiceRegisterRegionRequest) (*pb.PrefillServiceRegisterRegionResponse, error) {
+	id, err := s.Data.slot.register(req.RegionPath, req.Layout)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.PrefillServiceRegisterRegionResponse{RegionId: id}, nil
+}
+
+// OpenSender implements PrefillService.
+func (s *PrefillServer) OpenSender(_ context.Context, req *pb.OpenSenderRequest) (*pb.OpenSenderResponse, error) {
+	if err := s.Gate.check(); err != nil {
+		return nil, err
+	}
+	if err := validateRoomID("room_id", req.RoomId); err != nil {
+		return nil, err
+	}
+	if req.ExpectedReceivers > 1 {
+		return nil, status.Error(codes.Unimplemented, "expected_receivers: fan-out to several decode ranks is not supported yet")
+	}
+	in, err := s.Node.Open(poll.RoomID(req.RoomId), poll.Nonce(req.Nonce), 0)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.OpenSenderResponse{Status: statusOf(in)}, nil
+}
+
+// Send implements PrefillService.
+func (s *PrefillServer) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendResponse, error) {
+	if err := validateRoomID("room_id", req.RoomId); err != nil {
+		return nil, err
+	}
+	if err := s.Data.send(ctx, req); err != nil {
+		return nil, err
+	}
+	in, err := s.Node.Get(poll.RoomID(req.RoomId))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.SendResponse{Status: statusOf(in)}, nil
+}
+
+// Poll implements PrefillService.
+func (s *PrefillServer) Poll(_ context.Context, req *pb.PrefillServicePollRequest) (*pb.PrefillServicePollResponse, error) {
+	st, err := s.rooms().poll(req.RoomIds)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.PrefillServicePollResponse{Statuses: st}, nil
+}
+
+// Watch implements PrefillService.
+func (s *PrefillServer) Watch(req *pb.PrefillServiceWatchRequest, stream pb.PrefillService_WatchServer) error {
+	return s.rooms().watch(stream.Context(), req.Filter, func(ev *pb.WatchEvent) error {
+		return stream.Send(&pb.PrefillServiceWatchResponse{Event: ev})
+	})
+}
+
+// Abort implements PrefillService.
+func (s *PrefillServer) Abort(_ context.Context, req *pb.PrefillServiceAbortRequest) (*pb.PrefillServiceAbortResponse, error) {
+	st, err := s.rooms().abort(req.RoomId)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.PrefillServiceAbortResponse{Status: st}, nil
+}
+
+// Clear implements PrefillService.
+func (s *PrefillServer) Clear(_ context.Context, req *pb.PrefillServiceClearRequest) (*pb.PrefillServiceClearResponse, error) {
+	res, err := s.rooms().clear(req.RoomIds)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.PrefillServiceClearResponse{Results: res}, nil
+}

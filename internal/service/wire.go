@@ -1,0 +1,238 @@
+package service
+
+import (
+	"context"
+	"net"
+	"time"
+
+	"go.uber.org/zap"
+
+	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/internal/daemon"
+	"github.com/pdlink/pdlink/pkg/conn"
+	"github.com/pdlink/pdlink/pkg/conn/zmtp"
+	"github.com/pdlink/pdlink/pkg/metrics"
+	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
+)
+
+func tableConfig(cfg daemon.Config, side poll.Side) poll.Config {
+	t := poll.DefaultConfig(side)
+	t.BootstrapTimeout = cfg.BootstrapTimeout
+	t.WaitingTimeout = cfg.WaitingTimeout
+	t.TransferIdleTimeout = cfg.TransferIdleTimeout
+	t.ClearLinger = cfg.ClearLinger
+	t.MaxRooms = cfg.MaxRooms
+	// Ended tombstones answer late frames (R2, R3): keep them as long as
+	// the peer may still retry.
+	t.TombstoneTTL = max(t.TombstoneTTL, cfg.BootstrapTimeout+cfg.WaitingTimeout)
+	return t
+}
+
+func nodeConfig(cfg daemon.Config, side poll.Side, tr conn.Transport, log *zap.Logger) conn.Config {
+	c := conn.DefaultConfig()
+	c.Transport = tr
+	c.Logger = log
+	c.Table = tableConfig(cfg, side)
+	c.HeartbeatInterval = cfg.HeartbeatInterval
+	c.HeartbeatMisses = cfg.HeartbeatMisses
+	return c
+}
+
+func counts(c conn.Counters, z zmtp.Stats) (frames, rejected, peers, restarts []metrics.Count) {
+	for _, t := range conn.AllFrameTypes() {
+		frames = append(frames,
+			metrics.Count{Labels: []string{t.String(), "out"}, Value: float64(c.Frames(t, conn.Sent))},
+			metrics.Count{Labels: []string{t.String(), "in"}, Value: float64(c.Frames(t, conn.Received))})
+	}
+	for _, r := range conn.AllRejectReasons() {
+		rejected = append(rejected, metrics.Count{Labels: []string{r.String()}, Value: float64(c.Rejected(r))})
+	}
+	for reason, n := range z.Rejected {
+		rejected = append(rejected, metrics.Count{Labels: []string{"zmtp_" + reason}, Value: float64(n)})
+	}
+	peers = []metrics.Count{{Labels: []string{"up"}, Value: float64(c.PeersUp)}, {Labels: []string{"down"}, Value: float64(c.PeersDown)}}
+	restarts = []metrics.Count{
+		{Labels: []string{"node"}, Value: float64(c.WorkerRestarts)},
+		{Labels: []string{"socket"}, Value: float64(z.Restarts)},
+	}
+	return
+}
+
+func drainRooms(ctx context.Context, gate *Gate, stats func() poll.Stats) {
+	gate.Drain()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for stats().Inflight > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// SetupPrefill wires prefilld: the bootstrap socket, the room owner, the
+// sender, the scheduler and admin services, metrics and /debug/rooms.
+func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
+	tr := zmtp.New(zmtp.Options{Logger: log.Named("zmtp")})
+	data := NewPrefillData(transfer.SenderConfig{Logger: log.Named("transfer"), IdleTimeout: cfg.TransferIdleTimeout}, log)
+	node, err := conn.NewPrefillNode(conn.PrefillConfig{
+		Config:     nodeConfig(cfg, poll.Prefill, tr, log.Named("conn")),
+		ListenAddr: cfg.BootstrapListen,
+		DataPlane:  data,
+	})
+	if err != nil {
+		return err
+	}
+	data.SetNode(node)
+	gate := &Gate{}
+	admin := &AdminServer{Owner: node, Side: pb.Side_SIDE_PREFILL, Now: time.Now}
+	pb.RegisterPrefillServiceServer(s.GRPC, &PrefillServer{Node: node, Data: data, Gate: gate})
+	pb.RegisterAdminServiceServer(s.GRPC, admin)
+	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
+	rec := metrics.NewRecorder(metrics.SidePrefill)
+	if err := registerMetrics(s, rec, metrics.SidePrefill, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(data.Bytes()) }); err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	s.Add("prefill-node", func(ready func()) error {
+		if err := node.Start(context.Background()); err != nil {
+			return err
+		}
+		sub := node.Subscribe(4096)
+		done := make(chan struct{})
+		go func() { defer close(done); observeDurations(node, sub, rec) }()
+		log.Info("bootstrap socket bound", zap.String("addr", node.Addr()))
+		ready()
+		<-stop
+		sub.Close()
+		<-done
+		return nil
+	}, func(error) {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		_ = node.Close()
+	})
+	s.OnDrain(func(ctx context.Context) { drainRooms(ctx, gate, node.Stats) })
+	return nil
+}
+
+// SetupDecode wires decoded: the data listener, the room owner, the
+// receiver, the scheduler and admin services, metrics and /debug/rooms.
+func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
+	ln, err := net.Listen("tcp", cfg.DataListen)
+	if err != nil {
+		return err
+	}
+	tr := zmtp.New(zmtp.Options{Logger: log.Named("zmtp")})
+	data := NewDecodeData(transfer.ReceiverConfig{Logger: log.Named("transfer"), IdleTimeout: cfg.TransferIdleTimeout}, log)
+	node, err := conn.NewDecodeNode(conn.DecodeConfig{
+		Config:       nodeConfig(cfg, poll.Decode, tr, log.Named("conn")),
+		DataEndpoint: ln.Addr().String(),
+		LayoutsFunc:  data.Layouts,
+		DataPlane:    data,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	data.SetNode(node)
+	gate := &Gate{}
+	admin := &AdminServer{Owner: node, Side: pb.Side_SIDE_DECODE, Now: time.Now}
+	pb.RegisterDecodeServiceServer(s.GRPC, &DecodeServer{Node: node, Data: data, Gate: gate})
+	pb.RegisterAdminServiceServer(s.GRPC, admin)
+	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
+	rec := metrics.NewRecorder(metrics.SideDecode)
+	if err := registerMetrics(s, rec, metrics.SideDecode, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(data.Bytes()) }); err != nil {
+		ln.Close()
+		return err
+	}
+	stop := make(chan struct{})
+	s.Add("decode-node", func(ready func()) error {
+		if err := node.Start(context.Background()); err != nil {
+			return err
+		}
+		sub := node.Subscribe(4096)
+		done := make(chan struct{})
+		go func() { defer close(done); observeDurations(node, sub, rec) }()
+		ready()
+		<-stop
+		sub.Close()
+		<-done
+		return nil
+	}, func(error) {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		_ = node.Close()
+	})
+	s.Add("data-listener", func(ready func()) error {
+		log.Info("data listener bound", zap.String("addr", ln.Addr().String()))
+		ready()
+		return data.Serve(ln)
+	}, func(error) {
+		ln.Close()
+		data.Close()
+	})
+	s.OnDrain(func(ctx context.Context) { drainRooms(ctx, gate, node.Stats) })
+	return nil
+}
+
+func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes func() float64) error {
+	c := metrics.NewCollector(side, metrics.Sources{
+		Rooms: stats,
+		Frames: func() []metrics.Count {
+			f, _, _, _ := counts(ctr(), z())
+			return f
+		},
+		FramesRejected: func() []metrics.Count {
+			_, r, _, _ := counts(ctr(), z())
+			return r
+		},
+		Retransmits: func() float64 { return float64(ctr().Retransmits) },
+		Peers: func() []metrics.Count {
+			_, _, p, _ := counts(ctr(), z())
+			return p
+		},
+		WorkerRestarts: func() []metrics.Count {
+			_, _, _, w := counts(ctr(), z())
+			return w
+		},
+		TransferBytes: bytes,
+		// No shared secret exists yet: every daemon runs insecure, and says so.
+		InsecureMode: func() float64 { return 1 },
+	})
+	return metrics.Register(s.Registry, c, rec)
+}
+
+// observeDurations feeds the duration histograms from the node's
+// transitions until the subscription closes. Room detail comes from Get,
+// which is cheap next to a room's life.
+func observeDurations(owner RoomOwner, sub *conn.Subscription, rec *metrics.Recorder) {
+	for tr := range sub.C() {
+		if !tr.To.Terminal() {
+			continue
+		}
+		in, err := owner.Get(tr.Key.Room)
+		if err != nil {
+			continue
+		}
+		created := owner.WallTime(in.CreatedAt)
+		rec.ObserveRoomEnd(tr.To == poll.Success, tr.At.Sub(created).Seconds())
+		if tr.To != poll.Success {
+			continue
+		}
+		for _, h := range in.History {
+			if h.To == poll.Transferring {
+				rec.ObserveTransfer(tr.At.Sub(owner.WallTime(h.At)).Seconds())
+				break
+			}
+		}
+	}
+}

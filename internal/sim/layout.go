@@ -1,0 +1,131 @@
+package sim
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/pdlink/pdlink/pkg/transfer"
+)
+
+// Layout is the simulated model's KV layout.
+type Layout struct {
+	Layers        int   // K and V buffers per layer
+	PageTokens    int   // tokens per page
+	BytesPerToken int64 // KV bytes per token across all buffers
+	Pages         int64 // pages per buffer in each region
+	AuxRows       int64
+	AuxRowLen     int64
+}
+
+// DemoLayout is a realistic 8B-class model: 32 layers, K and V, 16-token
+// pages, 128 KiB of KV per token.
+func DemoLayout() Layout {
+	return Layout{Layers: 32, PageTokens: 16, BytesPerToken: 128 << 10, Pages: 512, AuxRows: 256, AuxRowLen: 64}
+}
+
+// TestLayout is small enough for unit and e2e tests.
+func TestLayout() Layout {
+	return Layout{Layers: 2, PageTokens: 16, BytesPerToken: 4 << 10, Pages: 256, AuxRows: 128, AuxRowLen: 64}
+}
+
+// Transfer returns the region layout of the model.
+func (l Layout) Transfer() (transfer.Layout, error) {
+	buffers := 2 * l.Layers
+	if buffers < 1 || l.PageTokens < 1 || l.BytesPerToken < int64(buffers) || l.Pages < 1 {
+		return transfer.Layout{}, fmt.Errorf("sim: bad layout %+v", l)
+	}
+	itemLen := l.BytesPerToken / int64(buffers) * int64(l.PageTokens)
+	tl := transfer.UniformLayout(buffers, l.Pages, itemLen, l.AuxRows, l.AuxRowLen)
+	return tl, tl.Validate()
+}
+
+// allocator hands out page indices; it returns scattered pages once the
+// free list has been churned, like a real engine's.
+type allocator struct {
+	mu   sync.Mutex
+	free []int32
+	cond *sync.Cond
+}
+
+func newAllocator(n int64) *allocator {
+	a := &allocator{}
+	a.cond = sync.NewCond(&a.mu)
+	for i := n - 1; i >= 0; i-- {
+		a.free = append(a.free, int32(i))
+	}
+	return a
+}
+
+// alloc blocks until n pages are free (n must not exceed the total).
+func (a *allocator) alloc(n int, stop <-chan struct{}) ([]int32, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for len(a.free) < n {
+		select {
+		case <-stop:
+			return nil, false
+		default:
+		}
+		a.cond.Wait()
+	}
+	out := make([]int32, n)
+	copy(out, a.free[len(a.free)-n:])
+	a.free = a.free[:len(a.free)-n]
+	return out, true
+}
+
+func (a *allocator) release(p []int32) {
+	a.mu.Lock()
+	a.free = append(a.free, p...)
+	a.mu.Unlock()
+	a.cond.Broadcast()
+}
+
+func (a *allocator) wakeAll() {
+	a.mu.Lock()
+	a.mu.Unlock()
+	a.cond.Broadcast()
+}
+
+// pattern fills or checks a page: every 8-byte word holds a value derived
+// from the room, the buffer, the page's position in the room and the word,
+// so a page that lands in the wrong place, or half a page, is caught.
+func patternWord(room uint64, buf, pos int, word int) uint64 {
+	return room*0x9E3779B97F4A7C15 ^ uint64(buf)<<48 ^ uint64(pos)<<24 ^ uint64(word)
+}
+
+func fillPage(p []byte, room uint64, buf, pos int) {
+	for w := 0; w+8 <= len(p); w += 8 {
+		binary.LittleEndian.PutUint64(p[w:], patternWord(room, buf, pos, w/8))
+	}
+}
+
+func checkPage(p []byte, room uint64, buf, pos int) bool {
+	for w := 0; w+8 <= len(p); w += 8 {
+		if binary.LittleEndian.Uint64(p[w:]) != patternWord(room, buf, pos, w/8) {
+			return false
+		}
+	}
+	return true
+}
+
+// sentinel marks a decode page as not yet written.
+const sentinel = 0xA5
+
+func fillSentinel(p []byte) {
+	for i := range p {
+		p[i] = sentinel
+	}
+}
+
+func isSentinel(p []byte) bool {
+	for _, b := range p {
+		if b != sentinel {
+			return false
+		}
+	}
+	return true
+}
+
+func runOf(p int32) transfer.Run { return transfer.Run{Start: p, Count: 1} }
