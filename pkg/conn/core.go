@@ -46,6 +46,7 @@ type core struct {
 	unfenced map[poll.Key]struct{}
 
 	sup     *supervisor
+	ctx     context.Context // the workers' context, set by Start
 	cancel  context.CancelFunc
 	started atomic.Bool
 	closed  atomic.Bool
@@ -84,9 +85,9 @@ func newCore(cfg Config, side poll.Side) (*core, error) {
 }
 
 // startWorkers starts the supervisor and the tick loop.
-func (c *core) startWorkers() context.Context {
+func (c *core) startWorkers() {
 	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
+	c.ctx, c.cancel = ctx, cancel
 	c.sup = &supervisor{ctx: ctx, clock: c.clock, log: c.log, restarts: &c.ctr.restarts}
 	// The first ticker is made here, not in the worker, so no tick of a
 	// FakeClock advanced right after Start is missed.
@@ -100,7 +101,6 @@ func (c *core) startWorkers() context.Context {
 		return c.tickLoop(ctx, t)
 	})
 	c.started.Store(true)
-	return ctx
 }
 
 // stopWorkers cancels every worker and waits for them.

@@ -34,7 +34,6 @@ type DecodeNode struct {
 	*core
 	dcfg DecodeConfig
 	dp   DecodeDataPlane
-	ctx  context.Context
 
 	smu      sync.Mutex
 	sessions map[string]*prefillSession // by bootstrap address
@@ -104,7 +103,7 @@ func NewDecodeNode(cfg DecodeConfig) (*DecodeNode, error) {
 
 // Start starts the tick worker; connections are made on demand.
 func (n *DecodeNode) Start(context.Context) error {
-	n.ctx = n.startWorkers()
+	n.startWorkers()
 	n.log.Info("decode node started", zap.String("data_endpoint", n.dcfg.DataEndpoint))
 	return nil
 }

@@ -1,8 +1,117 @@
-// Package conn is pdlink's daemon-to-daemon control plane: the bootstrap
-// socket, frames, peers, heartbeats, and the sender/receiver managers that
-// turn frames into room events for package poll.
+// Package conn is pdlink's daemon-to-daemon control plane: frames, the
+// reliable session layer above a best-effort Transport, peers and
+// heartbeats, and the two room owners (PrefillNode in prefilld, DecodeNode
+// in decoded) that turn frames, scheduler calls and data-plane callbacks
+// into events for a poll.Table.
 //
-// The Transport interface (transport.go) is best-effort frame movement; the
-// ZeroMQ implementation lives in package zmtp, the in-memory twin here.
-// Everything that makes delivery reliable sits above it.
+// # Layers
+//
+//	Transport (transport.go)  best-effort frames: zmtp (ZeroMQ) in the daemons,
+//	                          MemNetwork here for tests (loss, duplication,
+//	                          reordering, delay, partition, listener death)
+//	Codec (codec.go)          Envelope <-> bytes; size, version, MAC
+//	                          (Authenticator hook, NoAuth default) and the
+//	                          validity rules of wire.proto/common.proto;
+//	                          every error maps to a RejectReason
+//	reliable (reliable.go)    seq per (instance, epoch); ACK per frame with
+//	                          seq; retransmit with exponential backoff and
+//	                          jitter until the ACK or the frame's give-up
+//	                          deadline; a dedupe window per peer incarnation
+//	                          re-acks duplicates without re-applying them
+//	nodes (prefill*.go,       one poll.Table behind one mutex; effects
+//	decode*.go, core.go)      performed outside it; peers, heartbeats, epochs
+//
+// # Protocol
+//
+// decoded dials one Conn per prefill address, lazily, on the first Open for
+// it, and sends REGISTER (instance, data endpoint, layouts) first. prefilld
+// learns decode peers only from REGISTER (any other frame from an unknown
+// instance is rejected as unknown_peer and answered so the peer registers
+// again) and binds a room to the peer whose METADATA it applies. A room
+// flows:
+//
+//	decode                          prefill
+//	Open (draws nonce)              Open (nonce 0: unbound)
+//	SendMetadata: Expect, METADATA ->  EvMetadata, Bind  (NOT_OPEN: retried
+//	EvMetadata on ACK APPLIED    <- ACK               until decode's deadline)
+//	pages arrive (data plane)      <- FirstSend (scheduler), pages move
+//	EvDone per part; Success:
+//	STATUS(Success)              -> EvDone for every part -> Success
+//	                             <- ACK
+//
+// Failures caused on one side (scheduler abort, timeout, data-plane error,
+// shutdown) send ABORT with the reason (R8); the receiver fails the room
+// (aborted:remote, the peer's reason kept as PeerReason), fences its data
+// plane, ACKs, and sends ABORT_ACK: it will not read or write the room any
+// more. An ABORT for a room not opened yet leaves a tombstone and the later
+// Open is born Failed (R4). A frame about a room that ended is answered ACK
+// ENDED with the reason, and the sender fails at once; no state is created
+// (R3). A frame about a room bound to another peer, or another request's
+// nonce, is rejected as foreign_room.
+//
+// Heartbeats flow both ways every HeartbeatInterval; any valid frame counts
+// as one. A peer unheard for HeartbeatMisses intervals is lost and every
+// room bound to it fails with peer_lost. A new instance behind the same
+// address (decode: same data endpoint in REGISTER; prefill: a new sender on
+// the same Conn) with a higher epoch is a restart: rooms bound to the old
+// instance fail with peer_restarted at once, its queued frames are dropped,
+// and decode registers again (R10).
+//
+// ACK results: APPLIED (took effect, or had already: handlers are
+// idempotent), NOT_OPEN (retry until your own deadline), ENDED (reason
+// empty: ended in Success; else the failure reason), REJECTED (reason is a
+// RejectReason; unknown_peer means register and retry). Only final answers
+// enter the dedupe window, so a retried NOT_OPEN frame is processed again.
+//
+// # Hostile input (R12)
+//
+// A frame over Limits.MaxFrameBytes, one that does not decode, speaks
+// another version, fails the MAC, breaks a validity rule, names too many
+// pages/runs/layouts/buffers, comes from an unknown peer or an old epoch,
+// or touches another peer's room is rejected and counted by reason
+// (Counters.Rejected); the log line is rate limited per reason. Nothing a
+// peer sends stops the listener.
+//
+// # Goroutines and locks
+//
+// Each node runs, under a supervisor that recovers panics, logs them at
+// Error, counts them (Counters.WorkerRestarts) and restarts the worker with
+// backoff (R6):
+//   - the tick worker: poll Tick, fence retries, retransmits, heartbeats,
+//     peer liveness;
+//   - prefill: one listener worker, the only reader of the bootstrap socket
+//     (re-binds the address if the socket dies);
+//   - decode: one worker per prefill address, the only reader of its Conn
+//     (dials again if the Conn dies, then registers again).
+//
+// Scheduler calls and data-plane callbacks run on their callers'
+// goroutines. Locks: the table mutex, the peer/session mutex, the outbox
+// mutex and the subscriber mutex are never held together, and no data-plane
+// or transport call is made under any of them (except the transport sends
+// of MemNetwork, which never block).
+//
+// Time comes from a Clock: RealClock in the daemons, FakeClock in tests,
+// which makes every scenario deterministic (the table's time is nanoseconds
+// since the node started).
+//
+// # Usage
+//
+// The daemon (and its gRPC services) must:
+//
+//  1. Build the node with NewPrefillNode/NewDecodeNode (Transport, Logger,
+//     poll limits, timings in Config; a data plane adapter), then Start it
+//     before any other call, and Close it on shutdown (rooms fail with
+//     shutdown and the peers are told once).
+//  2. Map scheduler calls: prefill Open/FirstSend/Abort/Clear/Poll/Get/List;
+//     decode Open (returns the nonce)/SendMetadata/Abort/Clear/Poll/Get/List.
+//     Errors are poll's or this package's sentinels; map them to gRPC codes
+//     at the service edge.
+//  3. Route data-plane callbacks to the node: OnProgress, OnFailed, and on
+//     decode OnPartDone once a part's pages and aux row are verified (I8).
+//     The data plane's Fence must be sticky (see PrefillDataPlane).
+//  4. Serve Watch from Subscribe (bounded; Dropped counts what a slow
+//     reader missed) and metrics from Stats (rooms) and Counters (frames,
+//     rejects, retransmits, peers, restarts).
+//
+// The ZeroMQ implementation of Transport lives in package zmtp.
 package conn

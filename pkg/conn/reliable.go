@@ -90,14 +90,6 @@ func (o *outbox) add(now int64, p *pending) uint64 {
 	return p.seq
 }
 
-// nextSeq draws a seq for a frame not kept in the outbox.
-func (o *outbox) nextSeq() uint64 {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.seq++
-	return o.seq
-}
-
 // backoffLocked is base*2^attempt capped at max, scaled by a random factor
 // in [0.5, 1) so peers do not retry in lockstep.
 func (o *outbox) backoffLocked(attempt int) int64 {
