@@ -13,7 +13,7 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 10m
 
 export GOFLAGS ?= -mod=readonly
 
-.PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean
+.PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update
 
 all: build
 
@@ -67,6 +67,16 @@ proto-check: proto
 tidy-check:
 	GOFLAGS=-mod=mod $(GO) mod tidy
 	git diff --exit-code -- go.mod go.sum
+
+## deploy-check: systemd-analyze, kustomize + strict API decoding, promtool,
+## and a real Prometheus firing and resolving the pin alert.
+deploy-check: deps
+	$(GO) test $(GOTEST_FLAGS) ./deploy/...
+
+## deploy-update: regenerate deploy/systemd/*.env (from the flags) and
+## deploy/k8s/base/prometheusrule.yaml (from the rule file).
+deploy-update:
+	$(GO) test -count=1 ./deploy -update
 
 ci: lint proto-check tidy-check test
 

@@ -51,7 +51,7 @@ func counts(c conn.Counters, z zmtp.Stats) (frames, rejected, peers, restarts []
 	for reason, n := range z.Rejected {
 		rejected = append(rejected, metrics.Count{Labels: []string{"zmtp_" + reason}, Value: float64(n)})
 	}
-	peers = []metrics.Count{{Labels: []string{"up"}, Value: float64(c.PeersUp)}, {Labels: []string{"down"}, Value: float64(c.PeersDown)}}
+	peers = []metrics.Count{{Labels: []string{"up"}, Value: float64(c.PeersUp)}, {Labels: []string{"lost"}, Value: float64(c.PeersDown)}}
 	restarts = []metrics.Count{
 		{Labels: []string{"node"}, Value: float64(c.WorkerRestarts)},
 		{Labels: []string{"socket"}, Value: float64(z.Restarts)},
