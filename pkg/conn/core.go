@@ -22,6 +22,9 @@ type sideHooks interface {
 	forget(k poll.Key)
 	// maintain sends heartbeats and declares peers lost (tick loop).
 	maintain(now int64)
+	// unknownToPeer: the peer behind dest answered unknown_peer (it forgot
+	// us): register again (decode); nothing to do on prefill.
+	unknownToPeer(dest target)
 }
 
 // core is what both nodes share: the room table behind one mutex, the
@@ -342,6 +345,12 @@ func (c *core) handleAck(from poll.PeerID, a *pdlinkv1.Ack) {
 		return // a duplicate ACK, or for a frame already given up
 	}
 	res := ackResult{result: a.GetResult(), reason: a.GetReason()}
+	if p.onAck == nil && !res.final() {
+		// unknown_peer: the frame was not applied; register, then retry.
+		c.hooks.unknownToPeer(p.dest)
+		c.out.requeue(c.now(), p)
+		return
+	}
 	if p.onAck != nil && !p.onAck(res) {
 		if c.now() < p.giveUp {
 			c.out.requeue(c.now(), p)

@@ -165,6 +165,12 @@ func (n *DecodeNode) notify(e poll.Effect) {
 	n.sendOutcome(sessTarget{s: s, id: e.Peer}, e)
 }
 
+func (n *DecodeNode) unknownToPeer(t target) {
+	if st, ok := t.(sessTarget); ok {
+		n.register(st.s)
+	}
+}
+
 func (n *DecodeNode) fence(k poll.Key)  { n.dp.Fence(k) }
 func (n *DecodeNode) forget(k poll.Key) { n.dp.Forget(k) }
 

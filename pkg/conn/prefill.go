@@ -286,8 +286,9 @@ func (c *core) sendOutcome(dest target, e poll.Effect) {
 	c.sendReliable(dest, env, k, c.now()+int64(c.cfg.NotifyHorizon), nil, nil)
 }
 
-func (n *PrefillNode) fence(k poll.Key)  { n.dp.Fence(k) }
-func (n *PrefillNode) forget(k poll.Key) { n.dp.Forget(k) }
+func (n *PrefillNode) unknownToPeer(target) {}
+func (n *PrefillNode) fence(k poll.Key)     { n.dp.Fence(k) }
+func (n *PrefillNode) forget(k poll.Key)    { n.dp.Forget(k) }
 
 // maintain sends heartbeats, declares silent peers lost (R10) and forgets
 // peers lost for long.

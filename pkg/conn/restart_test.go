@@ -87,3 +87,43 @@ func TestSilentPrefillFailsDecodeRoomsPeerLost_R10(t *testing.T) {
 	}
 	h.pre = nil // killed already
 }
+
+// A prefill that forgot a long-lost decode answers its frames unknown_peer:
+// decode registers again and the frames go through: METADATA (its own
+// handler) and ABORT (the default one).
+func TestForgottenPeerRegistersAgain(t *testing.T) {
+	h := newHarnessWith(t, 13, options{pre: func(c *PrefillConfig) { c.PeerForgetAfter = 500 * time.Millisecond }})
+	forget := func() {
+		h.net.Partition(prefillHost, decodeHost)
+		h.advance(time.Second)
+		h.net.Heal(prefillHost, decodeHost)
+		if len(h.pre.Peers()) != 0 {
+			t.Fatalf("prefill still knows %d peers", len(h.pre.Peers()))
+		}
+	}
+	h.runToEnd(h.open(1, 1), 1)
+	forget()
+	h.runToEnd(h.open(2, 1), 1)
+	h.expect(2, poll.Success, poll.Success)
+	rejected := h.pre.Counters().Rejected(RejectUnknownPeer)
+	if rejected == 0 {
+		t.Fatal("METADATA was not refused as unknown_peer first")
+	}
+
+	forget()
+	if _, err := h.pre.Open(3, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.dec.Open(3, prefillAddr, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.dec.Abort(3, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h.until(time.Second, func() bool { return h.preState(3) == poll.Failed }); !ok {
+		t.Fatalf("ABORT from a forgotten peer never applied: prefill %v", h.preState(3))
+	}
+	if h.pre.Counters().Rejected(RejectUnknownPeer) == rejected {
+		t.Fatal("ABORT was not refused as unknown_peer first")
+	}
+}
