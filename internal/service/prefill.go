@@ -77,6 +77,17 @@ func (d *PrefillData) SetNode(n PrefillNode) { d.node = n }
 // Bytes is the KV bytes this side sent and decode confirmed.
 func (d *PrefillData) Bytes() uint64 { return d.bytes.Load() }
 
+// Close stops the sender (unfinished transfers fail) and unmaps the region.
+func (d *PrefillData) Close() {
+	d.mu.Lock()
+	s := d.sender
+	d.mu.Unlock()
+	if s != nil {
+		s.Close()
+	}
+	d.slot.close()
+}
+
 // Bind implements conn.PrefillDataPlane.
 func (d *PrefillData) Bind(peer conn.PeerInfo, md conn.Metadata) {
 	region := d.slot.get()

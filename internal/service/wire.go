@@ -16,6 +16,9 @@ import (
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
+// bootstrapHook lets in-process tests learn the bound bootstrap address.
+var bootstrapHook func(addr string)
+
 func tableConfig(cfg daemon.Config, side poll.Side) poll.Config {
 	t := poll.DefaultConfig(side)
 	t.BootstrapTimeout = cfg.BootstrapTimeout
@@ -104,6 +107,9 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		done := make(chan struct{})
 		go func() { defer close(done); observeDurations(node, sub, rec) }()
 		log.Info("bootstrap socket bound", zap.String("addr", node.Addr()))
+		if bootstrapHook != nil {
+			bootstrapHook(node.Addr())
+		}
 		ready()
 		<-stop
 		sub.Close()
@@ -116,6 +122,7 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 			close(stop)
 		}
 		_ = node.Close()
+		data.Close()
 	})
 	s.OnDrain(func(ctx context.Context) { drainRooms(ctx, gate, node.Stats) })
 	return nil

@@ -1,0 +1,182 @@
+package service
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/internal/daemon"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// pair is a prefilld and a decoded running in this process on loopback.
+type pair struct {
+	pre, dec   *daemon.Server
+	preCfg     daemon.Config
+	bootstrap  string
+	prefill    pb.PrefillServiceClient
+	decode     pb.DecodeServiceClient
+	preAdmin   pb.AdminServiceClient
+	decAdmin   pb.AdminServiceClient
+	preHTTP    string
+	decHTTP    string
+	stopPre    context.CancelFunc
+	stopDec    context.CancelFunc
+	preDone    chan error
+	decDone    chan error
+	preGRPCDir string
+}
+
+func testDaemonConfig(t *testing.T, role daemon.Role) daemon.Config {
+	cfg := daemon.DefaultConfig(role)
+	cfg.GRPCListen = "unix://" + filepath.Join(t.TempDir(), string(role)+".sock")
+	cfg.HTTPListen = "127.0.0.1:0"
+	cfg.BootstrapTimeout = 5 * time.Second
+	cfg.WaitingTimeout = 5 * time.Second
+	cfg.TransferIdleTimeout = 5 * time.Second
+	cfg.HeartbeatInterval = 200 * time.Millisecond
+	cfg.DrainTimeout = 3 * time.Second
+	switch role {
+	case daemon.RolePrefill:
+		cfg.BootstrapListen = "tcp://127.0.0.1:0"
+	case daemon.RoleDecode:
+		cfg.DataListen = "127.0.0.1:0"
+	}
+	return cfg
+}
+
+func startDaemon(t *testing.T, cfg daemon.Config, setup daemon.Setup, log *zap.Logger) (*daemon.Server, context.CancelFunc, chan error) {
+	t.Helper()
+	s, err := daemon.NewServer(cfg, log, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setup(s, cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !s.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("daemon not ready within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return s, cancel, done
+}
+
+func client(t *testing.T, s *daemon.Server) *grpc.ClientConn {
+	t.Helper()
+	c, err := grpc.NewClient("unix://"+s.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// startPair starts both daemons; the prefill's bootstrap address comes
+// from its node, read back through the test hook below.
+type daemonConfig = daemon.Config
+
+func startPair(t *testing.T) *pair { return startPairWith(t, nil) }
+
+func startPairWith(t *testing.T, tweak func(pre, dec *daemon.Config)) *pair {
+	t.Helper()
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	p := &pair{preCfg: testDaemonConfig(t, daemon.RolePrefill)}
+	decCfg := testDaemonConfig(t, daemon.RoleDecode)
+	if tweak != nil {
+		tweak(&p.preCfg, &decCfg)
+	}
+	var boot string
+	bootstrapHook = func(addr string) { boot = addr }
+	t.Cleanup(func() { bootstrapHook = nil })
+	p.pre, p.stopPre, p.preDone = startDaemon(t, p.preCfg, SetupPrefill, log.Named("prefilld"))
+	p.bootstrap = boot
+	if p.bootstrap == "" {
+		t.Fatal("bootstrap address not reported")
+	}
+	p.dec, p.stopDec, p.decDone = startDaemon(t, decCfg, SetupDecode, log.Named("decoded"))
+	pc, dc := client(t, p.pre), client(t, p.dec)
+	p.prefill, p.decode = pb.NewPrefillServiceClient(pc), pb.NewDecodeServiceClient(dc)
+	p.preAdmin, p.decAdmin = pb.NewAdminServiceClient(pc), pb.NewAdminServiceClient(dc)
+	p.preHTTP, p.decHTTP = "http://"+p.pre.HTTPAddr().String(), "http://"+p.dec.HTTPAddr().String()
+	t.Cleanup(func() { p.stop(t) })
+	return p
+}
+
+func (p *pair) stop(t *testing.T) {
+	for _, s := range []struct {
+		cancel context.CancelFunc
+		done   chan error
+	}{{p.stopDec, p.decDone}, {p.stopPre, p.preDone}} {
+		if s.cancel == nil {
+			continue
+		}
+		s.cancel()
+		select {
+		case err := <-s.done:
+			if err != nil {
+				t.Errorf("daemon stopped with %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("daemon did not stop within 20s")
+		}
+	}
+	p.stopDec, p.stopPre = nil, nil
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// metric returns the value of the first sample line starting with prefix.
+func metric(t *testing.T, base, prefix string) string {
+	t.Helper()
+	for _, line := range strings.Split(httpGet(t, base+"/metrics"), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			return line[strings.LastIndexByte(line, ' ')+1:]
+		}
+	}
+	t.Fatalf("no sample %s", prefix)
+	return ""
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 15s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
