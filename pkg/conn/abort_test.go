@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -223,4 +224,33 @@ func TestMultiRankLostFrameOrPart_R11(t *testing.T) {
 			t.Fatalf("decode reason %q", r)
 		}
 	})
+}
+
+// R8 at SIGTERM: Shutdown fails the live rooms while the socket still
+// serves and keeps retrying the notice until decode acknowledges it, even
+// when the first copy is lost (Close alone sends it once).
+func TestShutdownRetriesTheNoticeUntilDecodeHasIt_R8(t *testing.T) {
+	h := newHarnessWith(t, 26, options{dec: func(c *DecodeConfig) { c.Table.WaitingTimeout = 10 * tWait }})
+	key := h.open(1, 1)
+	h.waitBound(key, time.Second)
+	h.advance(5 * tTick)
+	abortOrStatus := func(f []byte) bool { return isFrame(FrameAbort)(f) || isFrame(FrameStatus)(f) }
+	h.net.DropNext(prefillHost, decodeHost, 1, abortOrStatus)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.pre.Shutdown(context.Background())
+	}()
+	if _, ok := h.until(40*tTick, func() bool { return h.decState(1) == poll.Failed }); !ok {
+		t.Fatalf("decode %v: the shutdown notice never arrived", h.decState(1))
+	}
+	if _, pr := h.reason(h.dec, 1); pr != poll.ReasonShutdown {
+		t.Fatalf("decode peer reason %q, want shutdown", pr)
+	}
+	h.advance(5 * tTick) // the ACK reaches prefill
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown did not return once the notice was acknowledged")
+	}
 }

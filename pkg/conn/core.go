@@ -295,16 +295,17 @@ func (c *core) sendReliable(dest target, env *pdlinkv1.Envelope, key poll.Key, g
 	now := c.now()
 	hdr := c.envelope(0)
 	env.ProtocolVersion, env.SenderInstance, env.Epoch = hdr.ProtocolVersion, hdr.SenderInstance, hdr.Epoch
-	// The seq is drawn by the outbox so retransmits and ACKs agree on it.
-	env.Seq = c.out.add(now, p)
+	// The seq is drawn by the outbox so retransmits and ACKs agree on it;
+	// p is complete before the outbox (and its retransmit worker) sees it.
+	env.Seq = c.out.nextSeq()
 	frame, err := c.codec.Encode(env)
 	if err != nil {
-		c.out.drop(env.Seq)
 		c.ctr.sendErrors.Add(1)
 		c.log.Error("cannot encode frame", zap.Error(err))
 		return
 	}
-	p.frame = frame
+	p.seq, p.frame = env.Seq, frame
+	c.out.add(now, p)
 	c.send(dest, env, frame)
 }
 

@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,6 +106,25 @@ func (c *core) Clear(ids []poll.RoomID, errs []error) {
 	effs := c.takeLocked()
 	c.mu.Unlock()
 	c.perform(effs)
+}
+
+// Shutdown fails every live room with reason shutdown while the sockets
+// still serve, then waits until every frame about a room is acknowledged
+// or abandoned, or ctx ends. The daemon calls it at the end of a drain,
+// before Close, so the peer hears of each room (R8) instead of waiting out
+// its own deadline: Close alone sends each notice once and shuts the
+// socket, and ZeroMQ may drop what was queued.
+func (c *core) Shutdown(ctx context.Context) {
+	_ = c.step(poll.Event{Kind: poll.EvShutdown})
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for c.out.roomFrames() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // WallTime converts a table time (RoomInfo.CreatedAt, Deadline, history)

@@ -79,15 +79,22 @@ func newOutbox(base, maxBackoff time.Duration, seed uint64) *outbox {
 	return &outbox{base: base, max: maxBackoff, items: make(map[uint64]*pending), rng: rand.New(rand.NewPCG(seed, seed+1))}
 }
 
-// add registers p with a fresh seq and its first retransmit time.
-func (o *outbox) add(now int64, p *pending) uint64 {
+// nextSeq draws a fresh seq for a frame about to be encoded.
+func (o *outbox) nextSeq() uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.seq++
-	p.seq = o.seq
+	return o.seq
+}
+
+// add registers p, whose seq and frame are set, with its first retransmit
+// time. p must be complete before it is added: the retransmit worker reads
+// it from then on.
+func (o *outbox) add(now int64, p *pending) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	p.next = now + o.backoffLocked(0)
 	o.items[p.seq] = p
-	return p.seq
 }
 
 // backoffLocked is base*2^attempt capped at max, scaled by a random factor
@@ -168,6 +175,20 @@ func (o *outbox) len() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return len(o.items)
+}
+
+// roomFrames returns the number of frames about a room (not REGISTER)
+// waiting for an ACK.
+func (o *outbox) roomFrames() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, p := range o.items {
+		if p.key.Room != 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // dedupe remembers the final answers given to one peer incarnation's
