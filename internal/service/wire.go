@@ -62,17 +62,28 @@ func counts(c conn.Counters, z zmtp.Stats) (frames, rejected, peers, restarts []
 	return
 }
 
-func drainRooms(ctx context.Context, gate *Gate, stats func() poll.Stats) {
+// shutdownGrace bounds how long the failed rooms' notices may take to be
+// acknowledged by the peers after the drain timeout.
+const shutdownGrace = 2 * time.Second
+
+// drainRooms refuses new rooms, lets inflight ones end until ctx is done,
+// then fails the rest with shutdown while the sockets still serve and waits
+// (bounded) for the peers to acknowledge (R8).
+func drainRooms(ctx context.Context, gate *Gate, stats func() poll.Stats, shutdown func(context.Context)) {
 	gate.Drain()
-	t := time.NewTicker(50 * time.Millisecond)
+	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
+wait:
 	for stats().Inflight > 0 {
 		select {
 		case <-ctx.Done():
-			return
+			break wait
 		case <-t.C:
 		}
 	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	shutdown(sctx)
 }
 
 // SetupPrefill wires prefilld: the bootstrap socket, the room owner, the
@@ -124,7 +135,7 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		_ = node.Close()
 		data.Close()
 	})
-	s.OnDrain(func(ctx context.Context) { drainRooms(ctx, gate, node.Stats) })
+	s.OnDrain(func(ctx context.Context) { drainRooms(ctx, gate, node.Stats, node.Shutdown) })
 	return nil
 }
 
@@ -187,7 +198,7 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		ln.Close()
 		data.Close()
 	})
-	s.OnDrain(func(ctx context.Context) { drainRooms(ctx, gate, node.Stats) })
+	s.OnDrain(func(ctx context.Context) { drainRooms(ctx, gate, node.Stats, node.Shutdown) })
 	return nil
 }
 

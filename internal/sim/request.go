@@ -2,6 +2,8 @@ package sim
 
 import (
 	"context"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -145,7 +147,12 @@ func (s *run) serve(ctx context.Context, rq request) {
 		return
 	}
 	if err := second(); err != nil {
+		// The other side refused (draining, full, gone): a real scheduler
+		// gives up on the request and releases what it opened.
 		s.record(func(r *Report) { r.Outcomes["open_error:"+grpcCode(err)]++ })
+		s.abortBoth(ctx, rq.room)
+		s.clearBoth(ctx, rq.room)
+		return
 	}
 	s.maybeAbort(ctx, rq, stageAfterOpen)
 	if rq.fault != faultStallDecode {
@@ -234,14 +241,41 @@ func (s *run) serve(ctx context.Context, rq request) {
 			}
 		}
 	}
+	s.clearBoth(ctx, rq.room)
+}
+
+func (s *run) abortBoth(ctx context.Context, room uint64) {
 	_ = s.call(ctx, func(ctx context.Context) error {
-		_, err := s.prefill.Clear(ctx, &pb.PrefillServiceClearRequest{RoomIds: []uint64{rq.room}})
+		_, err := s.prefill.Abort(ctx, &pb.PrefillServiceAbortRequest{RoomId: room, Reason: "sim: open failed"})
 		return err
 	})
 	_ = s.call(ctx, func(ctx context.Context) error {
-		_, err := s.decode.Clear(ctx, &pb.DecodeServiceClearRequest{RoomIds: []uint64{rq.room}})
+		_, err := s.decode.Abort(ctx, &pb.DecodeServiceAbortRequest{RoomId: room, Reason: "sim: open failed"})
 		return err
 	})
+}
+
+// clearBoth clears the room on both sides, waiting (bounded) for a room
+// that is failing to become visibly terminal first.
+func (s *run) clearBoth(ctx context.Context, room uint64) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var pending bool
+		_ = s.call(ctx, func(ctx context.Context) error {
+			resp, err := s.prefill.Clear(ctx, &pb.PrefillServiceClearRequest{RoomIds: []uint64{room}})
+			pending = err == nil && resp.Results[0].Error == "NOT_TERMINAL"
+			return err
+		})
+		_ = s.call(ctx, func(ctx context.Context) error {
+			resp, err := s.decode.Clear(ctx, &pb.DecodeServiceClearRequest{RoomIds: []uint64{room}})
+			pending = pending || err == nil && resp.Results[0].Error == "NOT_TERMINAL"
+			return err
+		})
+		if !pending || time.Now().After(deadline) || ctx.Err() != nil {
+			return
+		}
+		time.Sleep(s.cfg.Tick)
+	}
 }
 
 func (s *run) maybeAbort(ctx context.Context, rq request, stage int) {
@@ -291,25 +325,35 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 
 func (s *run) pollPrefill(ctx context.Context, room uint64) *pb.RoomStatus {
 	var st *pb.RoomStatus
-	_ = s.call(ctx, func(ctx context.Context) error {
+	err := s.call(ctx, func(ctx context.Context) error {
 		resp, err := s.prefill.Poll(ctx, &pb.PrefillServicePollRequest{RoomIds: []uint64{room}})
 		if err == nil {
 			st = resp.Statuses[0]
 		}
 		return err
 	})
+	if status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+		// The daemon is gone (stopped or killed): for this scheduler the
+		// room is over, the way an engine sees its daemon's socket close.
+		return unreachable(err)
+	}
 	return st
 }
 
 func (s *run) pollDecode(ctx context.Context, room uint64) *pb.RoomStatus {
 	var st *pb.RoomStatus
-	_ = s.call(ctx, func(ctx context.Context) error {
+	err := s.call(ctx, func(ctx context.Context) error {
 		resp, err := s.decode.Poll(ctx, &pb.DecodeServicePollRequest{RoomIds: []uint64{room}})
 		if err == nil {
 			st = resp.Statuses[0]
 		}
 		return err
 	})
+	if status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+		// The daemon is gone (stopped or killed): for this scheduler the
+		// room is over, the way an engine sees its daemon's socket close.
+		return unreachable(err)
+	}
 	return st
 }
 

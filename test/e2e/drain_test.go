@@ -1,0 +1,110 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pdlink/pdlink/internal/proc"
+	"github.com/pdlink/pdlink/internal/sim"
+)
+
+// pairProcs starts prefilld and decoded as child processes and returns a
+// sim config pointing at them.
+func pairProcs(t *testing.T, extra ...string) (pre, dec *proc.Process, cfg sim.Config) {
+	t.Helper()
+	pre = startDaemon(t, "prefilld", append([]string{"--bootstrap-listen=tcp://127.0.0.1:0"}, extra...)...)
+	dec = startDaemon(t, "decoded", append([]string{"--data-listen=127.0.0.1:0"}, extra...)...)
+	cfg = sim.Config{
+		PrefillGRPC: "unix://" + pre.GRPCAddr, DecodeGRPC: "unix://" + dec.GRPCAddr,
+		Bootstrap: pre.LogField("bootstrap socket bound", "addr"),
+		Dir:       t.TempDir(), Layout: sim.TestLayout(), Tick: time.Millisecond,
+	}
+	if cfg.Bootstrap == "" {
+		t.Fatalf("prefilld logged no bootstrap address:\n%s", pre.Logs())
+	}
+	return pre, dec, cfg
+}
+
+// SIGTERM to prefilld while rooms are in flight: it refuses new rooms,
+// lets inflight ones finish within --drain-timeout, fails the rest with
+// shutdown and tells decode, then exits 0. Every room on both sides ends
+// Success or Failed within the bound, and decode sees the failures.
+func TestSIGTERMDrainsInflightRoomsAndTellsThePeer(t *testing.T) {
+	const drain = 3 * time.Second
+	pre, dec, cfg := pairProcs(t, "--drain-timeout="+drain.String(), "--bootstrap-timeout=5s", "--waiting-timeout=5s", "--transfer-idle-timeout=5s")
+	cfg.Requests, cfg.Concurrency = 80, 16
+	cfg.PinBound = 20 * time.Second
+	// A stalled prefill scheduler keeps rooms in flight when SIGTERM
+	// lands: it never sends the last chunk of some rooms, which are bound
+	// to decode and can only end by the drain (their deadlines are longer).
+	cfg.Faults = sim.Faults{StallPrefill: 0.2}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type result struct {
+		rep *sim.Report
+		err error
+	}
+	done := make(chan result, 1)
+	started := make(chan struct{})
+	var once sync.Once
+	cfg.Progress = func(n, _ int) {
+		if n >= 5 {
+			once.Do(func() { close(started) })
+		}
+	}
+	go func() {
+		rep, err := sim.Run(ctx, cfg)
+		done <- result{rep, err}
+	}()
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no rooms finished within 30s")
+	}
+	sigterm := time.Now()
+	if err := pre.Stop(drain + 10*time.Second); err != nil {
+		t.Fatalf("prefilld after SIGTERM: %v\n%s", err, pre.Logs())
+	}
+	if took := time.Since(sigterm); took > drain+5*time.Second {
+		t.Errorf("prefilld took %v to stop, drain bound %v", took, drain)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	rep := r.rep
+	t.Logf("outcomes %v", rep.Outcomes)
+	if rep.Pinned != 0 || rep.Corrupt != 0 || rep.LateWrites != 0 {
+		t.Fatalf("pinned %d corrupt %d late writes %d", rep.Pinned, rep.Corrupt, rep.LateWrites)
+	}
+	// The scheduler may not see prefill's own shutdown failures (the
+	// process is gone a moment later); decode must.
+	for k, n := range rep.Outcomes {
+		side, what, _ := strings.Cut(k, ":")
+		ok := what == "success" || strings.HasPrefix(what, "unreachable")
+		switch side {
+		case "open_error":
+			// New rooms are refused while draining, then the socket is gone.
+			ok = what == "unavailable"
+		case "prefill":
+			ok = ok || what == "shutdown" || what == "aborted:remote" || what == "timeout:bootstrapping"
+		case "decode":
+			// decode learns of prefill's shutdown (aborted:remote) or of
+			// its death (peer_lost); stalled rooms time out on their own.
+			ok = ok || what == "aborted:remote" || what == "peer_lost" || what == "peer_restarted" || strings.HasPrefix(what, "timeout:")
+		}
+		if !ok {
+			t.Errorf("unexpected outcome %s x%d", k, n)
+		}
+	}
+	if rep.Outcomes["decode:aborted:remote"] == 0 {
+		t.Errorf("decode never heard of prefill's shutdown: %v", rep.Outcomes)
+	}
+	if !strings.Contains(pre.Logs(), `"msg":"draining"`) {
+		t.Errorf("prefilld did not log its drain")
+	}
+	_ = dec
+}
