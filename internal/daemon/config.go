@@ -43,6 +43,10 @@ type Config struct {
 	BootstrapListen string
 	// DataListen is decoded's TCP listener for KV pages.
 	DataListen string
+	// DataAdvertise is the host:port decoded tells prefill daemons to
+	// send pages to ("" = the bound DataListen address): set it when
+	// DataListen is a wildcard or sits behind NAT or a proxy.
+	DataAdvertise string
 }
 
 // DefaultConfig returns the defaults for a role; the flags show them.
@@ -92,6 +96,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 		fs.StringVar(&c.BootstrapListen, "bootstrap-listen", c.BootstrapListen, "ZeroMQ bind address for decode daemons: tcp://host:port")
 	case RoleDecode:
 		fs.StringVar(&c.DataListen, "data-listen", c.DataListen, "host:port of the TCP listener for KV pages")
+		fs.StringVar(&c.DataAdvertise, "data-advertise", c.DataAdvertise, "host:port prefill daemons send pages to (default: the bound --data-listen address)")
 	}
 }
 
@@ -152,6 +157,11 @@ func (c *Config) Validate() error {
 	case RoleDecode:
 		if err := checkHostPort(c.DataListen); err != nil {
 			return &FlagError{"data-listen", c.DataListen, err.Error()}
+		}
+		if c.DataAdvertise != "" {
+			if err := checkHostPort(c.DataAdvertise); err != nil {
+				return &FlagError{"data-advertise", c.DataAdvertise, err.Error()}
+			}
 		}
 	default:
 		return fmt.Errorf("unknown role %q", c.Role)

@@ -75,6 +75,7 @@ func TestBadFlagValuesAreRefusedNamingTheFlag(t *testing.T) {
 		{RolePrefill, "--bootstrap-listen=127.0.0.1:8998", "bootstrap-listen"},
 		{RolePrefill, "--bootstrap-listen=ipc:///tmp/x", "bootstrap-listen"},
 		{RoleDecode, "--data-listen=:99999", "data-listen"},
+		{RoleDecode, "--data-advertise=nohost", "data-advertise"},
 	}
 	for _, c := range cases {
 		_, err := parse(t, c.role, []string{c.arg}, nil)

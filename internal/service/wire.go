@@ -146,11 +146,15 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	advertise := cfg.DataAdvertise
+	if advertise == "" {
+		advertise = ln.Addr().String()
+	}
 	tr := zmtp.New(zmtp.Options{Logger: log.Named("zmtp")})
 	data := NewDecodeData(transfer.ReceiverConfig{Logger: log.Named("transfer"), IdleTimeout: cfg.TransferIdleTimeout}, log)
 	node, err := conn.NewDecodeNode(conn.DecodeConfig{
 		Config:       nodeConfig(cfg, poll.Decode, tr, log.Named("conn")),
-		DataEndpoint: ln.Addr().String(),
+		DataEndpoint: advertise,
 		LayoutsFunc:  data.Layouts,
 		DataPlane:    data,
 	})
