@@ -23,20 +23,19 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // pair is a prefilld and a decoded running in this process on loopback.
 type pair struct {
-	pre, dec   *daemon.Server
-	preCfg     daemon.Config
-	bootstrap  string
-	prefill    pb.PrefillServiceClient
-	decode     pb.DecodeServiceClient
-	preAdmin   pb.AdminServiceClient
-	decAdmin   pb.AdminServiceClient
-	preHTTP    string
-	decHTTP    string
-	stopPre    context.CancelFunc
-	stopDec    context.CancelFunc
-	preDone    chan error
-	decDone    chan error
-	preGRPCDir string
+	pre, dec  *daemon.Server
+	preCfg    daemon.Config
+	bootstrap string
+	prefill   pb.PrefillServiceClient
+	decode    pb.DecodeServiceClient
+	preAdmin  pb.AdminServiceClient
+	decAdmin  pb.AdminServiceClient
+	preHTTP   string
+	decHTTP   string
+	stopPre   context.CancelFunc
+	stopDec   context.CancelFunc
+	preDone   chan error
+	decDone   chan error
 }
 
 func testDaemonConfig(t *testing.T, role daemon.Role) daemon.Config {

@@ -82,9 +82,12 @@ func (a *allocator) release(p []int32) {
 	a.cond.Broadcast()
 }
 
+// wakeAll wakes every waiter so it can see its stop channel closed. The
+// broadcast happens under the lock so a waiter between its stop check and
+// Wait cannot miss it.
 func (a *allocator) wakeAll() {
 	a.mu.Lock()
-	a.mu.Unlock()
+	defer a.mu.Unlock()
 	a.cond.Broadcast()
 }
 

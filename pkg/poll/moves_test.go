@@ -47,7 +47,6 @@ type outcome struct {
 }
 
 var (
-	toB   = outcome{to: Bootstrapping}
 	toW   = outcome{to: WaitingForInput}
 	toT   = outcome{to: Transferring}
 	toS   = outcome{to: Success}

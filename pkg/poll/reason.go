@@ -87,7 +87,6 @@ var (
 	codeAbortedRemote = mustCode(ReasonAbortedRemote)
 	codePeerLost      = mustCode(ReasonPeerLost)
 	codePeerRestarted = mustCode(ReasonPeerRestarted)
-	codeCollision     = mustCode(ReasonCollision)
 	codeShutdown      = mustCode(ReasonShutdown)
 )
 

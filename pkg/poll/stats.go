@@ -7,7 +7,7 @@ type RejectReason uint8
 
 // Reject reasons.
 const (
-	rejNone RejectReason = iota
+	_ RejectReason = iota // zero is no reason
 	// RejectIllegal: the move table has no such move.
 	RejectIllegal
 	// RejectTerminal: the room is terminal (I1).

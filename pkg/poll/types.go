@@ -151,7 +151,7 @@ type EffectKind uint8
 
 // Effect kinds.
 const (
-	effNone EffectKind = iota
+	_ EffectKind = iota // zero is no effect
 	// EffNotifyPeer: tell Peer that Key is now Status (Success or Failed
 	// with Reason): a STATUS or ABORT frame.
 	EffNotifyPeer
