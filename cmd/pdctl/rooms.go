@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -43,6 +45,9 @@ func parseState(s string) (pb.RoomState, error) {
 }
 
 func stateName(s pb.RoomState) string {
+	if s == pb.RoomState_ROOM_STATE_UNSPECIFIED {
+		return "(open)"
+	}
 	return strings.ToLower(strings.TrimPrefix(s.String(), "ROOM_STATE_"))
 }
 
@@ -154,10 +159,11 @@ func newWatchCommand() *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
+			fmt.Fprintf(cmd.ErrOrStderr(), "watching %s\n", addr)
 			for {
 				ev, err := recv()
 				if err != nil {
-					if status.Code(err) == codes.DeadlineExceeded || status.Code(err) == codes.Canceled || ctx.Err() != nil {
+					if errors.Is(err, io.EOF) || status.Code(err) == codes.DeadlineExceeded || status.Code(err) == codes.Canceled || ctx.Err() != nil {
 						return nil
 					}
 					return err
@@ -180,34 +186,41 @@ func newWatchCommand() *cobra.Command {
 }
 
 // openWatch asks the prefill service first and falls back to the decode
-// service, so one command serves both daemons.
+// service, so one command serves both daemons. The stream's header says
+// the daemon subscribed; an Unimplemented status there means the other
+// daemon.
 func openWatch(ctx context.Context, conn *grpc.ClientConn, filter *pb.WatchFilter) (func() (*pb.WatchEvent, error), error) {
-	ps, err := pb.NewPrefillServiceClient(conn).Watch(ctx, &pb.PrefillServiceWatchRequest{Filter: filter})
+	pctx, cancel := context.WithCancel(ctx)
+	ps, err := pb.NewPrefillServiceClient(conn).Watch(pctx, &pb.PrefillServiceWatchRequest{Filter: filter})
 	if err == nil {
-		first, err := ps.Recv()
-		if status.Code(err) != codes.Unimplemented {
-			pending := first
+		var md metadata.MD
+		if md, err = ps.Header(); err == nil && md == nil {
+			// Trailers only: the stream ended at once; Recv has the status.
+			_, err = ps.Recv()
+		}
+		if err == nil {
 			return func() (*pb.WatchEvent, error) {
-				if pending != nil {
-					ev := pending.Event
-					pending = nil
-					return ev, nil
-				}
+				m, err := ps.Recv()
 				if err != nil {
-					e := err
-					err = nil
-					return nil, e
-				}
-				m, e := ps.Recv()
-				if e != nil {
-					return nil, e
+					cancel()
+					return nil, err
 				}
 				return m.Event, nil
 			}, nil
 		}
 	}
+	cancel()
+	if status.Code(err) != codes.Unimplemented {
+		return nil, err
+	}
 	ds, err := pb.NewDecodeServiceClient(conn).Watch(ctx, &pb.DecodeServiceWatchRequest{Filter: filter})
 	if err != nil {
+		return nil, err
+	}
+	if md, err := ds.Header(); err != nil || md == nil {
+		if err == nil {
+			_, err = ds.Recv()
+		}
 		return nil, err
 	}
 	return func() (*pb.WatchEvent, error) {

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
@@ -248,7 +249,8 @@ func (s *DecodeServer) Poll(_ context.Context, req *pb.DecodeServicePollRequest)
 
 // Watch implements DecodeService.
 func (s *DecodeServer) Watch(req *pb.DecodeServiceWatchRequest, stream pb.DecodeService_WatchServer) error {
-	return s.rooms().watch(stream.Context(), req.Filter, func(ev *pb.WatchEvent) error {
+	subscribed := func() error { return stream.SendHeader(metadata.Pairs(WatchHeader, "subscribed")) }
+	return s.rooms().watch(stream.Context(), req.Filter, subscribed, func(ev *pb.WatchEvent) error {
 		return stream.Send(&pb.DecodeServiceWatchResponse{Event: ev})
 	})
 }

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
@@ -307,7 +308,8 @@ func (s *PrefillServer) Poll(_ context.Context, req *pb.PrefillServicePollReques
 
 // Watch implements PrefillService.
 func (s *PrefillServer) Watch(req *pb.PrefillServiceWatchRequest, stream pb.PrefillService_WatchServer) error {
-	return s.rooms().watch(stream.Context(), req.Filter, func(ev *pb.WatchEvent) error {
+	subscribed := func() error { return stream.SendHeader(metadata.Pairs(WatchHeader, "subscribed")) }
+	return s.rooms().watch(stream.Context(), req.Filter, subscribed, func(ev *pb.WatchEvent) error {
 		return stream.Send(&pb.PrefillServiceWatchResponse{Event: ev})
 	})
 }

@@ -190,10 +190,22 @@ func (r rooms) clear(ids []uint64) ([]*pb.ClearResult, error) {
 	return out, nil
 }
 
+// WatchHeader is the response header a Watch stream sends once it is
+// subscribed: transitions after the client received it are not missed.
+const WatchHeader = "pdlink-watch"
+
+// watchBuffer is each Watch stream's subscription buffer (0: the node's
+// default); tests shrink it to provoke a slow reader.
+var watchBuffer = 0
+
 // watch streams transitions until ctx ends. A transition the stream could
 // not take in time is counted, and the count is sent as a "missed" event
 // before the next transition so the reader knows to re-sync with Poll.
-func (r rooms) watch(ctx context.Context, f *pb.WatchFilter, send func(*pb.WatchEvent) error) error {
+//
+// subscribed is called once the subscription exists (it sends the
+// stream's header), so a client that waits for the header knows no later
+// transition can be missed for lack of a subscription.
+func (r rooms) watch(ctx context.Context, f *pb.WatchFilter, subscribed func() error, send func(*pb.WatchEvent) error) error {
 	want := map[poll.State]bool{}
 	ids := map[uint64]bool{}
 	if f != nil {
@@ -204,8 +216,11 @@ func (r rooms) watch(ctx context.Context, f *pb.WatchFilter, send func(*pb.Watch
 			ids[id] = true
 		}
 	}
-	sub := r.owner.Subscribe(0)
+	sub := r.owner.Subscribe(watchBuffer)
 	defer sub.Close()
+	if err := subscribed(); err != nil {
+		return err
+	}
 	var reported uint64
 	for {
 		select {
