@@ -40,6 +40,10 @@ type Config struct {
 	PinBound time.Duration
 	Seed     uint64
 	Faults   Faults
+	// NoVerify skips filling source pages with the pattern and checking
+	// the destination (for benchmarks: the bytes still move, but nobody
+	// spends CPU proving them).
+	NoVerify bool
 	// Progress, if set, is called after each request ends.
 	Progress func(done, total int)
 }
