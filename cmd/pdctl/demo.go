@@ -71,43 +71,11 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 		deadlines = []string{"--bootstrap-timeout=2s", "--waiting-timeout=2s", "--transfer-idle-timeout=2s"}
 		cfg.Faults = sim.Faults{AbortPrefill: 0.05, AbortDecode: 0.05, StallDecode: 0.03, StallPrefill: 0.03}
 	}
-	var procs []*proc.Process
-	defer func() {
-		for _, p := range procs {
-			_ = p.Stop(15 * time.Second)
-		}
-	}()
-	var bootstrap string
-	for _, d := range []struct{ name, extra string }{
-		{"prefilld", "--bootstrap-listen=tcp://127.0.0.1:0"},
-		{"decoded", "--data-listen=127.0.0.1:0"},
-	} {
-		bin, err := findBinary(binDir, d.name)
-		if err != nil {
-			return fmt.Errorf("%s not found (run `make build`): %w", d.name, err)
-		}
-		args := append([]string{
-			"--grpc-listen=unix://" + filepath.Join(tmp, d.name+".sock"),
-			"--http-listen=127.0.0.1:0", d.extra,
-		}, deadlines...)
-		p, err := proc.Start(cmd.Context(), bin, args, 15*time.Second)
-		if err != nil {
-			return err
-		}
-		procs = append(procs, p)
-		if d.name == "prefilld" {
-			bootstrap = p.LogField("bootstrap socket bound", "addr")
-			cfg.PrefillGRPC = "unix://" + p.GRPCAddr
-		} else {
-			cfg.DecodeGRPC = "unix://" + p.GRPCAddr
-		}
-		fmt.Fprintf(out, "%-9s pid %-7d grpc=%s  metrics=http://%s/metrics  rooms=http://%s/debug/rooms\n",
-			d.name, p.Cmd.Process.Pid, p.GRPCAddr, p.HTTPAddr, p.HTTPAddr)
+	procs, err := startPair(cmd, binDir, tmp, deadlines, &cfg)
+	defer stopAll(procs)
+	if err != nil {
+		return err
 	}
-	if bootstrap == "" {
-		return fmt.Errorf("prefilld did not log its bootstrap address")
-	}
-	cfg.Bootstrap = bootstrap
 	cfg.PinBound = 60 * time.Second
 	cfg.Progress = func(done, total int) {
 		const width = 40
@@ -176,4 +144,48 @@ func scrape(addr, metric string) string {
 		}
 	}
 	return "?"
+}
+
+func stopAll(procs []*proc.Process) {
+	for _, p := range procs {
+		_ = p.Stop(15 * time.Second)
+	}
+}
+
+// startPair starts prefilld and decoded as child processes on loopback
+// and points cfg at them. The processes started so far are returned even
+// on error, for the caller to stop.
+func startPair(cmd *cobra.Command, binDir, tmp string, extra []string, cfg *sim.Config) ([]*proc.Process, error) {
+	out := cmd.OutOrStdout()
+	var procs []*proc.Process
+	for _, d := range []struct{ name, extra string }{
+		{"prefilld", "--bootstrap-listen=tcp://127.0.0.1:0"},
+		{"decoded", "--data-listen=127.0.0.1:0"},
+	} {
+		bin, err := findBinary(binDir, d.name)
+		if err != nil {
+			return procs, fmt.Errorf("%s not found (run `make build`): %w", d.name, err)
+		}
+		args := append([]string{
+			"--grpc-listen=unix://" + filepath.Join(tmp, d.name+".sock"),
+			"--http-listen=127.0.0.1:0", d.extra,
+		}, extra...)
+		p, err := proc.Start(cmd.Context(), bin, args, 15*time.Second)
+		if err != nil {
+			return procs, err
+		}
+		procs = append(procs, p)
+		if d.name == "prefilld" {
+			cfg.Bootstrap = p.LogField("bootstrap socket bound", "addr")
+			cfg.PrefillGRPC = "unix://" + p.GRPCAddr
+		} else {
+			cfg.DecodeGRPC = "unix://" + p.GRPCAddr
+		}
+		fmt.Fprintf(out, "%-9s pid %-7d grpc=%s  metrics=http://%s/metrics  rooms=http://%s/debug/rooms\n",
+			d.name, p.Cmd.Process.Pid, p.GRPCAddr, p.HTTPAddr, p.HTTPAddr)
+	}
+	if cfg.Bootstrap == "" {
+		return procs, fmt.Errorf("prefilld did not log its bootstrap address")
+	}
+	return procs, nil
 }

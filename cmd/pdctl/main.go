@@ -25,7 +25,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newDemoCommand(), newRoomsCommand(), newWatchCommand())
+	root.AddCommand(newDemoCommand(), newBenchCommand(), newRoomsCommand(), newWatchCommand())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := root.ExecuteContext(ctx); err != nil {
