@@ -6,9 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 benchtime=${BENCHTIME:-1s}
-echo "== room state machine and inflight queue"
-go test -run '^$' -bench . -benchmem -benchtime "$benchtime" ./pkg/poll/... ./pkg/inflight/...
+echo "== room state machine and inflight queue (one core)"
+go test -run '^$' -bench . -benchmem -benchtime "$benchtime" -cpu 1 ./pkg/poll/... ./pkg/inflight/...
+echo "== control plane: ZeroMQ transport frame rate"
+go test -run '^$' -bench . -benchtime "$benchtime" ./pkg/conn/zmtp/
 if [[ -x pkg/transfer/bench.sh ]]; then
 	echo "== data plane (ratios to iperf3 and memcpy measured in this run)"
 	pkg/transfer/bench.sh
 fi
+echo "== end to end: both daemons, simulated schedulers (ratios to iperf3 and memcpy, same run)"
+bin/pdctl bench --requests "${BENCH_REQUESTS:-100}"
