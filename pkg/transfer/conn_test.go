@@ -83,7 +83,18 @@ func newGateDialer() *gateDialer {
 }
 
 func (d *gateDialer) shut() { d.mu.Lock(); d.open = make(chan struct{}); d.mu.Unlock() }
-func (d *gateDialer) lift() { d.mu.Lock(); close(d.open); d.mu.Unlock() }
+
+// lift opens the gate; it is idempotent, so tests also call it from Cleanup to never leave a
+// writer blocked when they fail early.
+func (d *gateDialer) lift() {
+	d.mu.Lock()
+	select {
+	case <-d.open:
+	default:
+		close(d.open)
+	}
+	d.mu.Unlock()
+}
 
 func (d *gateDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
@@ -131,6 +142,7 @@ func TestSenderFenceWaitsForInProgressRead_I9(t *testing.T) {
 	l := UniformLayout(1, 64, item, 0, 0)
 	d := newGateDialer()
 	g := newRig(t, l, l, true, SenderConfig{ConnsPerPeer: 1, Dialer: d, MaxChunkBytes: item}, ReceiverConfig{})
+	t.Cleanup(d.lift)
 	k, next := Key{1, 1}, Key{2, 1}
 	g.rcv.Expect(Expectation{Key: k, Dst: [][]Run{{{0, 32}}}, AuxRow: -1})
 	g.rcv.Expect(Expectation{Key: next, Dst: [][]Run{{{32, 4}}}, AuxRow: -1})
@@ -173,6 +185,7 @@ func TestSendBlocksWhenInflightBudgetUsed(t *testing.T) {
 	l := UniformLayout(1, 64, item, 0, 0)
 	d := newGateDialer()
 	g := newRig(t, l, l, true, SenderConfig{Dialer: d, MaxInflightBytes: 16 * item}, ReceiverConfig{})
+	t.Cleanup(d.lift)
 	k1, k2 := Key{1, 1}, Key{2, 1}
 	g.rcv.Expect(Expectation{Key: k1, Dst: [][]Run{{{0, 16}}}, AuxRow: -1})
 	g.rcv.Expect(Expectation{Key: k2, Dst: [][]Run{{{16, 1}}}, AuxRow: -1})

@@ -128,3 +128,35 @@ func waitFor(t testing.TB, cond func() bool) {
 	}
 	t.Fatal("condition not met within 5s")
 }
+
+// TestDoneBeforeEveryPageFailsRoom_I8: a DONE that arrives before every page of every buffer
+// landed, or without the aux row, fails the room as invalid; it is never Complete.
+func TestDoneBeforeEveryPageFailsRoom_I8(t *testing.T) {
+	const item = 4096
+	l := UniformLayout(2, 8, item, 2, 16)
+	rcv, _, ev, addr := rawReceiver(t, l, ReceiverConfig{})
+	c := dialRaw(t, addr)
+	page := bytes.Repeat([]byte{1}, item)
+	missingBuffer, missingAux := Key{1, 1}, Key{2, 1}
+	for _, k := range []Key{missingBuffer, missingAux} {
+		if err := rcv.Expect(Expectation{Key: k, Dst: SamePages(2, []Run{{int32(k.Room), 1}}), AuxRow: 0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Only buffer 0 of the first room, but a DONE that claims the room's totals.
+	c.write(chunkHeader(missingBuffer, 0, 0, []Run{{1, 1}}, item, page))
+	c.write(page)
+	c.write(doneFrame(missingBuffer, 1, 2, make([]byte, 16)))
+	// Every page of the second room, but no aux row.
+	for b := uint32(0); b < 2; b++ {
+		c.write(chunkHeader(missingAux, b, b, []Run{{2, 1}}, item, page))
+		c.write(page)
+	}
+	c.write(doneFrame(missingAux, 2, 2, nil))
+	res := c.sync()
+	for _, k := range []Key{missingBuffer, missingAux} {
+		if r, _ := ev.get(k); r != ReasonInvalid || res[k] != uint32(codeInvalid) {
+			t.Fatalf("room %v: outcome %q, result %d; want invalid", k, r, res[k])
+		}
+	}
+}

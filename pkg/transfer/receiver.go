@@ -199,7 +199,8 @@ func (r *Receiver) Expect(e Expectation) error {
 // no later byte is written for it, even if its chunks are still on the wire (they are
 // drained and discarded). It forgets the room. Idempotent; unknown keys are ignored. Call it
 // for every expected room when the room ends (clear, abort, timeout), before the engine may
-// reuse the pages.
+// reuse the pages. Fence waits for at most one piece (PieceBytes); if the connection writing
+// it stalls mid-piece, until the transfer-idle deadline (IdleTimeout) closes it.
 func (r *Receiver) Fence(key Key) {
 	r.mu.Lock()
 	room := r.rooms[key]

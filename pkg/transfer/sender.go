@@ -248,7 +248,8 @@ func (s *Sender) plan(req SendRequest, peerLayout Layout) (*job, error) {
 
 // Fence stops the room: it waits until no worker reads its source pages and makes sure none
 // will again (I9). After it returns, the room's Done callback has completed or will never
-// run. Unknown keys are ignored.
+// run. Unknown keys are ignored. It waits for at most the write in progress, which is bounded
+// by its deadline (WriteTimeout + bytes/MinWriteRate).
 func (s *Sender) Fence(key Key) {
 	s.mu.Lock()
 	j := s.jobs[key]
