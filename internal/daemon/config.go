@@ -39,6 +39,20 @@ type Config struct {
 	DrainTimeout        time.Duration
 	MaxRooms            int
 
+	// AuthTokenFile holds the deployment's shared secret (re-read on
+	// SIGHUP); AuthOverlap is how long the previous token stays accepted
+	// after a rotation. Insecure allows non-loopback listeners without a
+	// secret.
+	AuthTokenFile string
+	AuthOverlap   time.Duration
+	Insecure      bool
+
+	// GRPCTLSCert and GRPCTLSKey serve gRPC on TCP with TLS; GRPCClientCA
+	// also requires client certificates signed by it (mTLS).
+	GRPCTLSCert  string
+	GRPCTLSKey   string
+	GRPCClientCA string
+
 	// BootstrapListen is prefilld's ZeroMQ bind address.
 	BootstrapListen string
 	// DataListen is decoded's TCP listener for KV pages.
@@ -65,6 +79,7 @@ func DefaultConfig(role Role) Config {
 		HeartbeatMisses:     3,
 		DrainTimeout:        30 * time.Second,
 		MaxRooms:            65536,
+		AuthOverlap:         5 * time.Minute,
 	}
 	switch role {
 	case RolePrefill:
@@ -91,6 +106,12 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.HeartbeatMisses, "heartbeat-misses", c.HeartbeatMisses, "missed heartbeats in a row after which a peer is lost")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM, how long inflight rooms may finish before they fail with shutdown")
 	fs.IntVar(&c.MaxRooms, "max-rooms", c.MaxRooms, "most rooms held at once; more are refused with ResourceExhausted")
+	fs.StringVar(&c.AuthTokenFile, "auth-token-file", c.AuthTokenFile, "file holding the shared secret peers prove (re-read on SIGHUP)")
+	fs.DurationVar(&c.AuthOverlap, "auth-overlap", c.AuthOverlap, "after a token rotation, how long the previous token stays accepted")
+	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "allow non-loopback listeners without --auth-token-file")
+	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", c.GRPCTLSCert, "PEM certificate for gRPC on TCP (with --grpc-tls-key)")
+	fs.StringVar(&c.GRPCTLSKey, "grpc-tls-key", c.GRPCTLSKey, "PEM private key for --grpc-tls-cert")
+	fs.StringVar(&c.GRPCClientCA, "grpc-client-ca", c.GRPCClientCA, "PEM CA that gRPC clients' certificates must chain to (mTLS)")
 	switch c.Role {
 	case RolePrefill:
 		fs.StringVar(&c.BootstrapListen, "bootstrap-listen", c.BootstrapListen, "ZeroMQ bind address for decode daemons: tcp://host:port")
@@ -145,6 +166,18 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatMisses < 1 {
 		return &FlagError{"heartbeat-misses", fmt.Sprint(c.HeartbeatMisses), "must be at least 1"}
+	}
+	if c.AuthOverlap < 0 {
+		return &FlagError{"auth-overlap", c.AuthOverlap.String(), "must not be negative"}
+	}
+	if (c.GRPCTLSCert == "") != (c.GRPCTLSKey == "") {
+		return &FlagError{"grpc-tls-cert", c.GRPCTLSCert, "--grpc-tls-cert and --grpc-tls-key go together"}
+	}
+	if c.GRPCClientCA != "" && c.GRPCTLSCert == "" {
+		return &FlagError{"grpc-client-ca", c.GRPCClientCA, "needs --grpc-tls-cert and --grpc-tls-key"}
+	}
+	if c.GRPCTLSCert != "" && strings.HasPrefix(c.GRPCListen, "unix://") {
+		return &FlagError{"grpc-tls-cert", c.GRPCTLSCert, "TLS is for a TCP --grpc-listen; the unix socket relies on file permissions"}
 	}
 	if c.MaxRooms < 1 {
 		return &FlagError{"max-rooms", fmt.Sprint(c.MaxRooms), "must be at least 1"}

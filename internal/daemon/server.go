@@ -89,7 +89,17 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 		buildInfo(cfg.Role, version),
 	)
 
-	s.GRPC = grpc.NewServer(
+	opts := []grpc.ServerOption{}
+	if cfg.GRPCTLSCert != "" {
+		creds, err := serverTLS(cfg)
+		if err != nil {
+			s.grpcLis.Close()
+			s.httpLis.Close()
+			return nil, err
+		}
+		opts = append(opts, grpc.Creds(creds))
+	}
+	s.GRPC = grpc.NewServer(append(opts,
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			// Schedulers ping idle connections; anything faster than this
 			// is abuse and gets GOAWAY.
@@ -101,7 +111,7 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 			Timeout: 10 * time.Second,
 		}),
 		grpc.MaxRecvMsgSize(16<<20),
-	)
+	)...)
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
