@@ -29,6 +29,8 @@ var ErrNotServing = errors.New("daemon did not start serving")
 type Process struct {
 	Name     string
 	Cmd      *exec.Cmd
+	Bin      string
+	Args     []string
 	GRPCAddr string // as logged: a unix socket path or host:port
 	HTTPAddr string // host:port
 
@@ -50,7 +52,7 @@ func Start(ctx context.Context, bin string, args []string, timeout time.Duration
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &Process{Name: filepath.Base(bin), Cmd: cmd, scanned: make(chan struct{}), exited: make(chan struct{})}
+	p := &Process{Name: filepath.Base(bin), Cmd: cmd, Bin: bin, Args: args, scanned: make(chan struct{}), exited: make(chan struct{})}
 	serving := make(chan struct{})
 	go func() {
 		defer close(p.scanned)
@@ -138,6 +140,22 @@ func (p *Process) Kill() error {
 	_ = p.Cmd.Process.Signal(os.Kill)
 	<-p.exited
 	return nil
+}
+
+// Restart starts the same binary again with args (nil: the arguments of
+// this run), once this child has exited; a child still running is killed
+// first. Pin every port 0 listener to the address it bound to keep the
+// daemon's addresses across the restart.
+func (p *Process) Restart(ctx context.Context, args []string, timeout time.Duration) (*Process, error) {
+	select {
+	case <-p.exited:
+	default:
+		_ = p.Kill()
+	}
+	if args == nil {
+		args = p.Args
+	}
+	return Start(ctx, p.Bin, args, timeout)
 }
 
 // Exited is closed once the child has exited.

@@ -2,11 +2,12 @@ package sim
 
 import (
 	"context"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 )
@@ -26,30 +27,61 @@ var faultNames = map[fault]string{
 	faultStallDecode: "stall_decode_scheduler", faultStallPrefill: "stall_prefill_scheduler",
 }
 
-// stages at which an abort is injected.
+// Stage is the moment a scheduler aborts a room.
+type Stage int
+
+// Abort moments, in the order of a room's life.
 const (
-	stageAfterOpen = iota
-	stageAfterMetadata
-	stageMidSend
-	stageAfterSuccess
+	// StageBeforeAnyOpen: the scheduler aborts a room it has not opened
+	// yet, on either side, then goes on as if nothing happened.
+	StageBeforeAnyOpen Stage = iota
+	// StageBeforePeerOpen: the aborting side opens first and aborts before
+	// the other side opened (R4: the abort reaches a room not yet open).
+	StageBeforePeerOpen
+	StageAfterOpen
+	StageAfterMetadata
+	StageMidSend
+	// StageAfterSuccess: after both sides ended (usually Success).
+	StageAfterSuccess
 	numStages
 )
+
+var stageNames = [numStages]string{"before_any_open", "before_peer_open", "after_open", "after_metadata", "mid_send", "after_end"}
+
+func (s Stage) String() string {
+	if s >= 0 && s < numStages {
+		return stageNames[s]
+	}
+	return "stage?"
+}
 
 const auxBuffer = 1000 // buffer id used for the aux row's pattern
 
 type request struct {
 	room      uint64
+	tag       uint64 // seeds the page pattern: unique per request, even when room ids repeat
 	pages     int
 	fault     fault
-	stage     int
+	stage     Stage
 	prefFirst bool
+	// dup: second request of a pair sharing a room id.
+	dup bool
+	// afterFault: the previous request with this room id had a fault.
+	afterFault bool
+	// opened is closed once this request tried its opens; waitFor is
+	// waited for (bounded) right after them (ordered pairs).
+	opened  chan struct{}
+	waitFor chan struct{}
 }
 
 func (s *run) newRequest(room uint64, rng *rand.Rand) request {
 	tokens := s.cfg.MinTokens + rng.IntN(s.cfg.MaxTokens-s.cfg.MinTokens+1)
-	rq := request{room: room, pages: (tokens + s.cfg.Layout.PageTokens - 1) / s.cfg.Layout.PageTokens,
-		stage: rng.IntN(numStages), prefFirst: rng.IntN(2) == 0}
+	rq := request{room: room, tag: rng.Uint64() | 1, pages: (tokens + s.cfg.Layout.PageTokens - 1) / s.cfg.Layout.PageTokens,
+		stage: Stage(rng.IntN(int(numStages))), prefFirst: rng.IntN(2) == 0}
 	f := s.cfg.Faults
+	if len(f.AbortStages) > 0 {
+		rq.stage = f.AbortStages[rng.IntN(len(f.AbortStages))]
+	}
 	switch x := rng.Float64(); {
 	case x < f.AbortPrefill:
 		rq.fault = faultAbortPrefill
@@ -59,6 +91,10 @@ func (s *run) newRequest(room uint64, rng *rand.Rand) request {
 		rq.fault = faultStallDecode
 	case x < f.AbortPrefill+f.AbortDecode+f.StallDecode+f.StallPrefill:
 		rq.fault = faultStallPrefill
+	}
+	if rq.stage == StageBeforePeerOpen {
+		// The aborting side opens first.
+		rq.prefFirst = rq.fault == faultAbortPrefill || (rq.fault != faultAbortDecode && rq.prefFirst)
 	}
 	return rq
 }
@@ -86,6 +122,27 @@ func (s *run) call(ctx context.Context, f func(ctx context.Context) error) error
 
 // serve runs one request through both schedulers.
 func (s *run) serve(ctx context.Context, rq request) {
+	var opened, waited bool
+	signal := func() {
+		if !opened && rq.opened != nil {
+			close(rq.opened)
+		}
+		opened = true
+	}
+	wait := func() {
+		if !waited && rq.waitFor != nil {
+			select {
+			case <-rq.waitFor:
+			case <-time.After(30 * time.Second):
+			case <-ctx.Done():
+			}
+		}
+		waited = true
+	}
+	defer signal()
+	if rq.dup {
+		wait() // the second of an ordered pair opens once the first did
+	}
 	src, ok := s.pre.pages.alloc(rq.pages, s.stop)
 	if !ok {
 		return
@@ -110,51 +167,96 @@ func (s *run) serve(ctx context.Context, rq request) {
 	// checked (a freed page could be reused while a write still lands).
 	defer s.dec.aux.release(dstAux)
 	defer s.dec.pages.release(dst)
+	fname := faultNames[rq.fault]
+	if rq.fault == faultAbortPrefill || rq.fault == faultAbortDecode {
+		fname += "@" + rq.stage.String()
+	}
 	if rq.fault != faultNone {
-		s.record(func(r *Report) { r.Faults[faultNames[rq.fault]]++ })
+		s.record(func(r *Report) { r.Faults[fname]++ })
 	}
 
 	nbuf := len(s.tl.Buffers)
 	for b := 0; b < nbuf && !s.cfg.NoVerify; b++ {
 		for pos, p := range src {
-			fillPage(s.pre.region.Pages(b, runOf(p)), rq.room, b, pos)
-			if s.cfg.Faults.any() {
+			fillPage(s.pre.region.Pages(b, runOf(p)), rq.tag, b, pos)
+			if s.strict {
 				fillSentinel(s.dec.region.Pages(b, runOf(dst[pos])))
 			}
 		}
 	}
-	fillPage(s.pre.region.AuxRow(int64(srcAux[0])), rq.room, auxBuffer, 0)
+	if !s.cfg.NoVerify {
+		fillPage(s.pre.region.AuxRow(int64(srcAux[0])), rq.tag, auxBuffer, 0)
+	}
+	if s.strict {
+		fillSentinel(s.dec.region.AuxRow(int64(dstAux[0])))
+	}
 
 	start := time.Now()
+	var nonce uint64 // decode's, once it opened
+	var prefOpen, decOpen bool
 	openPrefill := func() error {
-		return s.call(ctx, func(ctx context.Context) error {
-			_, err := s.prefill.OpenSender(ctx, &pb.OpenSenderRequest{RoomId: rq.room})
+		req := &pb.OpenSenderRequest{RoomId: rq.room}
+		if s.cfg.RelayNonce {
+			req.Nonce = nonce
+		}
+		err := s.call(ctx, func(ctx context.Context) error {
+			_, err := s.prefill.OpenSender(ctx, req)
 			return err
 		})
+		prefOpen = err == nil
+		return err
 	}
 	openDecode := func() error {
-		return s.call(ctx, func(ctx context.Context) error {
-			_, err := s.decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: rq.room, PrefillBootstrapAddr: s.cfg.Bootstrap})
+		err := s.call(ctx, func(ctx context.Context) error {
+			resp, err := s.decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: rq.room, PrefillBootstrapAddr: s.cfg.Bootstrap})
+			if err == nil {
+				nonce = resp.GetStatus().GetNonce()
+			}
 			return err
 		})
+		if noRegion(err) && s.Register(ctx) == nil {
+			err = s.call(ctx, func(ctx context.Context) error {
+				resp, err := s.decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: rq.room, PrefillBootstrapAddr: s.cfg.Bootstrap})
+				if err == nil {
+					nonce = resp.GetStatus().GetNonce()
+				}
+				return err
+			})
+		}
+		decOpen = err == nil
+		return err
 	}
 	first, second := openDecode, openPrefill
 	if rq.prefFirst {
 		first, second = openPrefill, openDecode
 	}
+	s.maybeAbort(ctx, rq, StageBeforeAnyOpen)
 	if err := first(); err != nil {
+		signal()
 		s.record(func(r *Report) { r.Outcomes["open_error:"+grpcCode(err)]++ })
+		s.checkUntouched(rq, dst, dstAux[0])
 		return
 	}
+	s.maybeAbort(ctx, rq, StageBeforePeerOpen)
 	if err := second(); err != nil {
-		// The other side refused (draining, full, gone): a real scheduler
-		// gives up on the request and releases what it opened.
+		signal()
+		wait()
+		// The other side refused (draining, full, gone, the room id is
+		// another request's): a real scheduler gives up on the request and
+		// releases what it opened, and only that.
 		s.record(func(r *Report) { r.Outcomes["open_error:"+grpcCode(err)]++ })
-		s.abortBoth(ctx, rq.room)
-		s.clearBoth(ctx, rq.room)
+		s.abortOpened(ctx, rq.room, prefOpen, decOpen)
+		if !s.cfg.NoClear {
+			s.clear(ctx, rq.room, prefOpen, decOpen)
+		}
+		if !decOpen {
+			s.checkUntouched(rq, dst, dstAux[0])
+		}
 		return
 	}
-	s.maybeAbort(ctx, rq, stageAfterOpen)
+	signal()
+	wait()
+	s.maybeAbort(ctx, rq, StageAfterOpen)
 	if rq.fault != faultStallDecode {
 		pl := &pb.PageList{Indices: dst}
 		_ = s.call(ctx, func(ctx context.Context) error {
@@ -162,7 +264,7 @@ func (s *run) serve(ctx context.Context, rq request) {
 			return err
 		})
 	}
-	s.maybeAbort(ctx, rq, stageAfterMetadata)
+	s.maybeAbort(ctx, rq, StageAfterMetadata)
 
 	var ps, ds *pb.RoomStatus
 	sent := false
@@ -171,8 +273,13 @@ func (s *run) serve(ctx context.Context, rq request) {
 	tick := time.NewTicker(s.cfg.Tick)
 	defer tick.Stop()
 	for {
-		ps = s.pollPrefill(ctx, rq.room)
-		ds = s.pollDecode(ctx, rq.room)
+		// A scheduler stops polling a room once it saw it end.
+		if !terminal(ps.GetState()) {
+			ps = s.pollPrefill(ctx, rq.room)
+		}
+		if !terminal(ds.GetState()) {
+			ds = s.pollDecode(ctx, rq.room)
+		}
 		if decodeDone.IsZero() && terminal(ds.GetState()) {
 			decodeDone = time.Now()
 		}
@@ -195,11 +302,22 @@ func (s *run) serve(ctx context.Context, rq request) {
 		}
 	}
 	took := time.Since(start)
-	s.maybeAbort(ctx, rq, stageAfterSuccess)
+	s.maybeAbort(ctx, rq, StageAfterSuccess)
 	s.record(func(r *Report) {
 		r.Outcomes["prefill:"+outcome(ps)]++
 		r.Outcomes["decode:"+outcome(ds)]++
 		r.WorstTerminal = max(r.WorstTerminal, took)
+		if rq.fault != faultNone {
+			r.FaultOutcomes[fname+" -> prefill:"+outcome(ps)]++
+			r.FaultOutcomes[fname+" -> decode:"+outcome(ds)]++
+		}
+		if rq.fault == faultNone {
+			for side, st := range map[string]*pb.RoomStatus{"prefill": ps, "decode": ds} {
+				if st.GetState() != pb.RoomState_ROOM_STATE_SUCCESS {
+					r.CleanFailed[side+":"+outcome(st)]++
+				}
+			}
+		}
 	})
 
 	switch ds.GetState() {
@@ -222,65 +340,95 @@ func (s *run) serve(ctx context.Context, rq request) {
 	case pb.RoomState_ROOM_STATE_FAILED:
 		// Failed is visible only once the receiver is fenced (I9): from
 		// now on not one byte may land in these pages (R7).
-		if s.cfg.Faults.any() {
-			for b := 0; b < nbuf; b++ {
-				for _, p := range dst {
-					fillSentinel(s.dec.region.Pages(b, runOf(p)))
-				}
-			}
+		if s.strict {
+			s.fillDst(dst, dstAux[0])
 			time.Sleep(20 * time.Millisecond)
-			late := false
-			for b := 0; b < nbuf && !late; b++ {
-				for _, p := range dst {
-					if !isSentinel(s.dec.region.Pages(b, runOf(p))) {
-						late = true
-						break
-					}
-				}
-			}
-			if late {
+			if !s.untouched(dst, dstAux[0]) {
 				s.record(func(r *Report) { r.LateWrites++ })
 			}
 		}
 	}
-	s.clearBoth(ctx, rq.room)
-}
-
-func (s *run) abortBoth(ctx context.Context, room uint64) {
-	_ = s.call(ctx, func(ctx context.Context) error {
-		_, err := s.prefill.Abort(ctx, &pb.PrefillServiceAbortRequest{RoomId: room, Reason: "sim: open failed"})
-		return err
-	})
-	_ = s.call(ctx, func(ctx context.Context) error {
-		_, err := s.decode.Abort(ctx, &pb.DecodeServiceAbortRequest{RoomId: room, Reason: "sim: open failed"})
-		return err
-	})
-}
-
-// clearBoth clears the room on both sides, waiting (bounded) for a room
-// that is failing to become visibly terminal first.
-func (s *run) clearBoth(ctx context.Context, room uint64) {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		var pending bool
-		_ = s.call(ctx, func(ctx context.Context) error {
-			resp, err := s.prefill.Clear(ctx, &pb.PrefillServiceClearRequest{RoomIds: []uint64{room}})
-			pending = err == nil && resp.Results[0].Error == "NOT_TERMINAL"
-			return err
-		})
-		_ = s.call(ctx, func(ctx context.Context) error {
-			resp, err := s.decode.Clear(ctx, &pb.DecodeServiceClearRequest{RoomIds: []uint64{room}})
-			pending = pending || err == nil && resp.Results[0].Error == "NOT_TERMINAL"
-			return err
-		})
-		if !pending || time.Now().After(deadline) || ctx.Err() != nil {
-			return
-		}
-		time.Sleep(s.cfg.Tick)
+	if !s.cfg.NoClear {
+		s.clear(ctx, rq.room, true, true)
 	}
 }
 
-func (s *run) maybeAbort(ctx context.Context, rq request, stage int) {
+func (s *run) fillDst(dst []int32, aux int32) {
+	for b := range s.tl.Buffers {
+		for _, p := range dst {
+			fillSentinel(s.dec.region.Pages(b, runOf(p)))
+		}
+	}
+	fillSentinel(s.dec.region.AuxRow(int64(aux)))
+}
+
+func (s *run) untouched(dst []int32, aux int32) bool {
+	for b := range s.tl.Buffers {
+		for _, p := range dst {
+			if !isSentinel(s.dec.region.Pages(b, runOf(p))) {
+				return false
+			}
+		}
+	}
+	return isSentinel(s.dec.region.AuxRow(int64(aux)))
+}
+
+// checkUntouched counts a request whose decode room never opened but
+// whose pages changed: another request's bytes landed there.
+func (s *run) checkUntouched(rq request, dst []int32, aux int32) {
+	if !s.strict {
+		return
+	}
+	time.Sleep(20 * time.Millisecond)
+	if !s.untouched(dst, aux) {
+		s.record(func(r *Report) { r.Crossed++ })
+	}
+}
+
+func (s *run) abortOpened(ctx context.Context, room uint64, prefill, decode bool) {
+	if prefill {
+		_ = s.call(ctx, func(ctx context.Context) error {
+			_, err := s.prefill.Abort(ctx, &pb.PrefillServiceAbortRequest{RoomId: room, Reason: "sim: open failed"})
+			return err
+		})
+	}
+	if decode {
+		_ = s.call(ctx, func(ctx context.Context) error {
+			_, err := s.decode.Abort(ctx, &pb.DecodeServiceAbortRequest{RoomId: room, Reason: "sim: open failed"})
+			return err
+		})
+	}
+}
+
+// clear clears the room on the sides this request opened, waiting
+// (bounded) for a room that is failing to become visibly terminal first.
+func (s *run) clear(ctx context.Context, room uint64, prefill, decode bool) {
+	deadline := time.Now().Add(5 * time.Second)
+	for prefill || decode {
+		if prefill {
+			_ = s.call(ctx, func(ctx context.Context) error {
+				resp, err := s.prefill.Clear(ctx, &pb.PrefillServiceClearRequest{RoomIds: []uint64{room}})
+				prefill = err == nil && resp.Results[0].Error == "NOT_TERMINAL"
+				return err
+			})
+		}
+		if decode {
+			_ = s.call(ctx, func(ctx context.Context) error {
+				resp, err := s.decode.Clear(ctx, &pb.DecodeServiceClearRequest{RoomIds: []uint64{room}})
+				decode = err == nil && resp.Results[0].Error == "NOT_TERMINAL"
+				return err
+			})
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return
+		}
+		if prefill || decode {
+			time.Sleep(s.cfg.Tick)
+		}
+	}
+}
+
+func (s *run) maybeAbort(ctx context.Context, rq request, stage Stage) {
 	if rq.stage != stage {
 		return
 	}
@@ -305,10 +453,19 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 		end := min(pos+s.cfg.ChunkPages, len(src))
 		last := end == len(src)
 		if last && rq.fault == faultStallPrefill {
+			if pos == 0 {
+				// Hand over one page so the room is Transferring on
+				// prefill, then never the rest.
+				_ = s.call(ctx, func(ctx context.Context) error {
+					_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, StartPosition: 0,
+						Pages: &pb.PageList{Indices: src[:1]}})
+					return err
+				})
+			}
 			return time.Time{}
 		}
-		if rq.stage == stageMidSend && pos > 0 {
-			s.maybeAbort(ctx, rq, stageMidSend)
+		if rq.stage == StageMidSend && pos > 0 {
+			s.maybeAbort(ctx, rq, StageMidSend)
 		}
 		err := s.call(ctx, func(ctx context.Context) error {
 			_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, StartPosition: uint32(pos),
@@ -319,10 +476,16 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 			return time.Time{}
 		}
 	}
-	if rq.stage == stageMidSend && len(src) <= s.cfg.ChunkPages {
-		s.maybeAbort(ctx, rq, stageMidSend)
+	if rq.stage == StageMidSend && len(src) <= s.cfg.ChunkPages {
+		s.maybeAbort(ctx, rq, StageMidSend)
 	}
 	return time.Now()
+}
+
+// lost is what a scheduler sees of a room its daemon no longer knows
+// (the daemon restarted and lost its table): the room is over.
+func lost() *pb.RoomStatus {
+	return &pb.RoomStatus{Found: false, State: pb.RoomState_ROOM_STATE_FAILED, Reason: "not_found"}
 }
 
 func (s *run) pollPrefill(ctx context.Context, room uint64) *pb.RoomStatus {
@@ -339,6 +502,9 @@ func (s *run) pollPrefill(ctx context.Context, room uint64) *pb.RoomStatus {
 		// room is over, the way an engine sees its daemon's socket close.
 		return unreachable(err)
 	}
+	if st != nil && !st.Found {
+		return lost()
+	}
 	return st
 }
 
@@ -352,9 +518,10 @@ func (s *run) pollDecode(ctx context.Context, room uint64) *pb.RoomStatus {
 		return err
 	})
 	if status.Code(err) == codes.Unavailable && ctx.Err() == nil {
-		// The daemon is gone (stopped or killed): for this scheduler the
-		// room is over, the way an engine sees its daemon's socket close.
 		return unreachable(err)
+	}
+	if st != nil && !st.Found {
+		return lost()
 	}
 	return st
 }
@@ -362,10 +529,10 @@ func (s *run) pollDecode(ctx context.Context, room uint64) *pb.RoomStatus {
 func (s *run) verify(rq request, dst []int32, auxRow int32) bool {
 	for b := range s.tl.Buffers {
 		for pos, p := range dst {
-			if !checkPage(s.dec.region.Pages(b, runOf(p)), rq.room, b, pos) {
+			if !checkPage(s.dec.region.Pages(b, runOf(p)), rq.tag, b, pos) {
 				return false
 			}
 		}
 	}
-	return checkPage(s.dec.region.AuxRow(int64(auxRow)), rq.room, auxBuffer, 0)
+	return checkPage(s.dec.region.AuxRow(int64(auxRow)), rq.tag, auxBuffer, 0)
 }

@@ -6,12 +6,16 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/transfer"
@@ -44,9 +48,45 @@ type Config struct {
 	// the destination (for benchmarks: the bytes still move, but nobody
 	// spends CPU proving them).
 	NoVerify bool
+	// NoClear makes both schedulers forget their rooms instead of calling
+	// Clear (a scheduler-side leak): the daemons must reap them after
+	// their clear linger.
+	NoClear bool
+	// Reuse selects how requests share room ids (ReuseNone: never).
+	Reuse Reuse
+	// ReuseChain is how many requests share one room id under
+	// ReuseAfterClear (default 3).
+	ReuseChain int
+	// RelayNonce: when decode opens first, prefill opens with the nonce
+	// decode drew (a router that relays it), so frames of another request
+	// with the same room id cannot bind the prefill room.
+	RelayNonce bool
+	// CheckPages makes the sim check, whatever the faults, that no byte
+	// lands in the pages of a room after it is visibly Failed (R7) nor in
+	// the pages of a request whose decode side never opened.
+	CheckPages bool
 	// Progress, if set, is called after each request ends.
 	Progress func(done, total int)
 }
+
+// Reuse says how requests share room ids.
+type Reuse int
+
+const (
+	// ReuseNone: every request has its own room id.
+	ReuseNone Reuse = iota
+	// ReuseAfterClear: ReuseChain requests share a room id one after the
+	// other; each opens as soon as the previous one was cleared on both
+	// sides, so late frames of the previous one may still be in flight.
+	ReuseAfterClear
+	// ReuseConcurrent: requests come in pairs that share a room id; the
+	// second opens while the first is live on both sides, so both its
+	// opens must be refused (AlreadyExists) and it must touch nothing.
+	ReuseConcurrent
+	// ReuseRace: pairs that share a room id start at the same moment, each
+	// in its own random open order.
+	ReuseRace
+)
 
 // Faults mixes misbehaviour into the workload; each is a fraction of the
 // requests (0..1).
@@ -55,6 +95,9 @@ type Faults struct {
 	AbortDecode  float64 // the decode scheduler aborts at a random moment
 	StallDecode  float64 // the decode scheduler never sends metadata
 	StallPrefill float64 // the prefill scheduler never sends the last chunk
+	// AbortStages, if not empty, restricts the moments of the aborts
+	// (default: every stage, uniformly).
+	AbortStages []Stage
 }
 
 func (f Faults) any() bool {
@@ -65,16 +108,28 @@ func (f Faults) any() bool {
 type Report struct {
 	Requests int
 	// Outcomes counts rooms by "<side>:<state or reason>", e.g.
-	// "decode:success", "prefill:timeout:waiting_for_input".
+	// "decode:success", "prefill:timeout:waiting_for_input"; a request
+	// whose open was refused counts once as "open_error:<grpc code>".
+	// "unreachable:<code>" means the daemon did not answer (killed),
+	// "not_found" that it answered but no longer knew the room
+	// (restarted).
 	Outcomes map[string]int
-	// Faults counts the faults injected, by kind.
+	// Faults counts the faults injected, by kind and stage.
 	Faults map[string]int
+	// FaultOutcomes counts outcomes by fault: "<fault> -> <side>:<outcome>".
+	FaultOutcomes map[string]int
 	// Verified counts rooms whose every destination byte was checked;
 	// Corrupt those with a wrong byte (must be 0); LateWrites those whose
-	// pages changed after Failed was visible (must be 0, R7).
-	Verified, Corrupt, LateWrites int
+	// pages changed after Failed was visible (must be 0, R7); Crossed
+	// requests whose pages changed though their decode room never opened
+	// (must be 0).
+	Verified, Corrupt, LateWrites, Crossed int
 	// Pinned counts rooms that did not end within PinBound (must be 0).
 	Pinned int
+	// CleanFailed counts, by "<side>:<reason>", requests that had no
+	// fault injected, opened both sides and still failed: under aborts of
+	// other requests and room id reuse they must all succeed.
+	CleanFailed map[string]int
 	// Bytes is KV bytes moved by rooms that succeeded.
 	Bytes   int64
 	Elapsed time.Duration
@@ -112,6 +167,10 @@ func (c *Config) defaults() {
 	if c.Layout.Layers == 0 {
 		c.Layout = DemoLayout()
 	}
+	c.workloadDefaults()
+}
+
+func (c *Config) workloadDefaults() {
 	if c.Requests == 0 {
 		c.Requests = 100
 	}
@@ -135,6 +194,9 @@ func (c *Config) defaults() {
 	}
 	if c.Seed == 0 {
 		c.Seed = uint64(time.Now().UnixNano())
+	}
+	if c.ReuseChain == 0 {
+		c.ReuseChain = 3
 	}
 }
 
@@ -164,11 +226,17 @@ func (e *engine) close() {
 	os.Remove(e.path)
 }
 
+// dial connects to a daemon. The reconnect backoff is short: a daemon
+// that restarts behind the same address must be reachable again within
+// a scheduler tick or two, not after gRPC's default backoff of seconds.
 func dial(target string) (*grpc.ClientConn, error) {
 	if len(target) > 0 && target[0] != 'u' {
 		target = "passthrough:///" + target
 	}
-	return grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	bc := backoff.DefaultConfig
+	bc.BaseDelay, bc.MaxDelay = 20*time.Millisecond, 200*time.Millisecond
+	return grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bc, MinConnectTimeout: time.Second}))
 }
 
 func layoutProto(tl transfer.Layout) *pb.RegionLayout {
@@ -180,51 +248,144 @@ func layoutProto(tl transfer.Layout) *pb.RegionLayout {
 	return l
 }
 
-// Run drives the workload to the end and reports. It returns an error only
-// when the run could not be set up; room failures are in the report.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
+// Sim is the two simulated engines: their KV regions, registered with the
+// daemons, and the gRPC connections to them. Several workloads may run on
+// one Sim, one after the other.
+type Sim struct {
+	cfg      Config
+	tl       transfer.Layout
+	pre, dec *engine
+	conns    []*grpc.ClientConn
+	prefill  pb.PrefillServiceClient
+	decode   pb.DecodeServiceClient
+	regMu    sync.Mutex
+
+	closeOnce sync.Once
+	closing   chan struct{} // closed by Close: running workloads stop
+	runs      sync.WaitGroup
+}
+
+// New creates both engines' regions under cfg.Dir, connects to the
+// daemons and registers the regions. Close releases them.
+func New(ctx context.Context, cfg Config) (*Sim, error) {
 	cfg.defaults()
 	tl, err := cfg.Layout.Transfer()
 	if err != nil {
 		return nil, err
 	}
-	if int64((cfg.MaxTokens+cfg.Layout.PageTokens-1)/cfg.Layout.PageTokens) > cfg.Layout.Pages {
-		return nil, fmt.Errorf("sim: a %d-token request does not fit %d pages", cfg.MaxTokens, cfg.Layout.Pages)
-	}
-	pre, err := newEngine(cfg.Dir, tl)
-	if err != nil {
+	s := &Sim{cfg: cfg, tl: tl, closing: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			s.Close()
+		}
+	}()
+	if s.pre, err = newEngine(cfg.Dir, tl); err != nil {
 		return nil, err
 	}
-	defer pre.close()
-	dec, err := newEngine(cfg.Dir, tl)
-	if err != nil {
+	if s.dec, err = newEngine(cfg.Dir, tl); err != nil {
 		return nil, err
 	}
-	defer dec.close()
-
 	pconn, err := dial(cfg.PrefillGRPC)
 	if err != nil {
 		return nil, err
 	}
-	defer pconn.Close()
+	s.conns = append(s.conns, pconn)
 	dconn, err := dial(cfg.DecodeGRPC)
 	if err != nil {
 		return nil, err
 	}
-	defer dconn.Close()
-	s := &run{cfg: cfg, tl: tl, pre: pre, dec: dec,
-		prefill: pb.NewPrefillServiceClient(pconn), decode: pb.NewDecodeServiceClient(dconn),
-		rep:  &Report{Requests: cfg.Requests, Outcomes: map[string]int{}, Faults: map[string]int{}},
-		stop: make(chan struct{})}
+	s.conns = append(s.conns, dconn)
+	s.prefill, s.decode = pb.NewPrefillServiceClient(pconn), pb.NewDecodeServiceClient(dconn)
+	if err := s.Register(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return s, nil
+}
+
+// Close stops the workloads still running, waits for them, closes the
+// connections and removes the region files.
+func (s *Sim) Close() {
+	s.closeOnce.Do(func() { close(s.closing) })
+	s.runs.Wait()
+	for _, c := range s.conns {
+		c.Close()
+	}
+	if s.pre != nil {
+		s.pre.close()
+	}
+	if s.dec != nil {
+		s.dec.close()
+	}
+}
+
+// Register registers both engines' regions with the daemons, as an
+// engine does when it starts and again when its daemon restarted (a
+// restarted daemon knows no region). It is idempotent.
+func (s *Sim) Register(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	_, err = s.prefill.RegisterRegion(rctx, &pb.PrefillServiceRegisterRegionRequest{RegionPath: pre.path, Layout: layoutProto(tl)})
+	defer cancel()
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	// Wait for a daemon that is (re)starting rather than fail at once.
+	ready := grpc.WaitForReady(true)
+	_, err := s.prefill.RegisterRegion(rctx, &pb.PrefillServiceRegisterRegionRequest{RegionPath: s.pre.path, Layout: layoutProto(s.tl)}, ready)
 	if err == nil {
-		_, err = s.decode.RegisterRegion(rctx, &pb.DecodeServiceRegisterRegionRequest{RegionPath: dec.path, Layout: layoutProto(tl)})
+		_, err = s.decode.RegisterRegion(rctx, &pb.DecodeServiceRegisterRegionRequest{RegionPath: s.dec.path, Layout: layoutProto(s.tl)}, ready)
 	}
-	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("register regions: %w", err)
+		return fmt.Errorf("register regions: %w", err)
 	}
+	return nil
+}
+
+// noRegion reports whether err says the daemon has no region (it
+// restarted since the engine registered).
+func noRegion(err error) bool {
+	return status.Code(err) == codes.FailedPrecondition && strings.Contains(status.Convert(err).Message(), "no region registered")
+}
+
+// Run drives the workload to the end and reports. It returns an error only
+// when the run could not be set up; room failures are in the report.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg.defaults()
+	if int64((cfg.MaxTokens+cfg.Layout.PageTokens-1)/cfg.Layout.PageTokens) > cfg.Layout.Pages {
+		return nil, fmt.Errorf("sim: a %d-token request does not fit %d pages", cfg.MaxTokens, cfg.Layout.Pages)
+	}
+	s, err := New(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	return s.Run(ctx, cfg)
+}
+
+// Run drives one workload on the sim's engines and daemons: the workload
+// fields of w (Requests through Progress) are used, its addresses, Dir and
+// Layout are the sim's. Runs must not overlap.
+func (s *Sim) Run(ctx context.Context, w Config) (*Report, error) {
+	s.runs.Add(1)
+	defer s.runs.Done()
+	select {
+	case <-s.closing:
+		return nil, fmt.Errorf("sim: closed")
+	default:
+	}
+	cfg := s.cfg
+	cfg.Requests, cfg.MinTokens, cfg.MaxTokens, cfg.Concurrency = w.Requests, w.MinTokens, w.MaxTokens, w.Concurrency
+	cfg.ChunkPages, cfg.Tick, cfg.PinBound, cfg.Seed, cfg.Faults = w.ChunkPages, w.Tick, w.PinBound, w.Seed, w.Faults
+	cfg.NoVerify = w.NoVerify
+	cfg.NoClear, cfg.Reuse, cfg.ReuseChain, cfg.RelayNonce, cfg.CheckPages = w.NoClear, w.Reuse, w.ReuseChain, w.RelayNonce, w.CheckPages
+	cfg.Progress = w.Progress
+	cfg.workloadDefaults()
+	if int64((cfg.MaxTokens+cfg.Layout.PageTokens-1)/cfg.Layout.PageTokens) > cfg.Layout.Pages {
+		return nil, fmt.Errorf("sim: a %d-token request does not fit %d pages", cfg.MaxTokens, cfg.Layout.Pages)
+	}
+	r := &run{Sim: s, cfg: cfg,
+		rep:  &Report{Requests: cfg.Requests, Outcomes: map[string]int{}, Faults: map[string]int{}, FaultOutcomes: map[string]int{}, CleanFailed: map[string]int{}},
+		stop: make(chan struct{})}
+	r.strict = cfg.CheckPages || cfg.Faults.any() || cfg.Reuse != ReuseNone
 
 	start := time.Now()
 	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5DEECE66D))
@@ -232,43 +393,95 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	sem := make(chan struct{}, cfg.Concurrency)
 	var wg sync.WaitGroup
 	var done atomic.Int64
+	finished := make(chan struct{})
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	go func() {
-		<-ctx.Done()
-		s.stopOnce.Do(func() { close(s.stop) })
-		pre.pages.wakeAll()
-		dec.pages.wakeAll()
+		select {
+		case <-ctx.Done():
+		case <-s.closing:
+			cancel()
+		case <-finished:
+		}
+		r.stopOnce.Do(func() { close(r.stop) })
+		s.pre.pages.wakeAll()
+		s.dec.pages.wakeAll()
 	}()
+	ended := func() {
+		n := done.Add(1)
+		if cfg.Progress != nil {
+			cfg.Progress(int(n), cfg.Requests)
+		}
+	}
+	// A unit is what one semaphore slot serves: one request, a chain of
+	// requests sharing a room id, or a pair sharing one.
+	unit := 1
+	switch cfg.Reuse {
+	case ReuseAfterClear:
+		unit = cfg.ReuseChain
+	case ReuseConcurrent, ReuseRace:
+		unit = 2
+	}
 loop:
-	for i := 0; i < cfg.Requests; i++ {
+	for i := 0; i < cfg.Requests; i += unit {
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			break loop
 		}
-		rq := s.newRequest(base+uint64(i), rng)
+		n := min(unit, cfg.Requests-i)
+		room := base + uint64(i)
+		rqs := make([]request, n)
+		for j := range rqs {
+			rqs[j] = r.newRequest(room, rng)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			s.serve(ctx, rq)
-			n := done.Add(1)
-			if cfg.Progress != nil {
-				cfg.Progress(int(n), cfg.Requests)
+			switch {
+			case cfg.Reuse == ReuseAfterClear || n == 1:
+				prevFault := false
+				for _, rq := range rqs {
+					rq.afterFault = prevFault
+					r.serve(ctx, rq)
+					prevFault = rq.fault != faultNone
+					ended()
+				}
+			default:
+				r.servePair(ctx, rqs[0], rqs[1], cfg.Reuse == ReuseConcurrent)
+				ended()
+				ended()
 			}
 		}()
 	}
 	wg.Wait()
-	s.stopOnce.Do(func() { close(s.stop) })
-	s.rep.Elapsed = time.Since(start)
-	return s.rep, ctx.Err()
+	close(finished)
+	r.stopOnce.Do(func() { close(r.stop) })
+	r.rep.Elapsed = time.Since(start)
+	return r.rep, ctx.Err()
+}
+
+// servePair runs two requests that share a room id. Ordered: b opens
+// once a opened both sides, and a goes on once b tried.
+func (s *run) servePair(ctx context.Context, a, b request, ordered bool) {
+	b.dup = true
+	if ordered {
+		aOpened, bTried := make(chan struct{}), make(chan struct{})
+		a.opened, a.waitFor = aOpened, bTried
+		b.opened, b.waitFor = bTried, aOpened
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.serve(ctx, a) }()
+	go func() { defer wg.Done(); s.serve(ctx, b) }()
+	wg.Wait()
 }
 
 type run struct {
+	*Sim
 	cfg      Config
-	tl       transfer.Layout
-	pre, dec *engine
-	prefill  pb.PrefillServiceClient
-	decode   pb.DecodeServiceClient
+	strict   bool // check pages of failed and unopened rooms
 	stop     chan struct{}
 	stopOnce sync.Once
 
