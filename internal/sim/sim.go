@@ -65,6 +65,10 @@ type Config struct {
 	// lands in the pages of a room after it is visibly Failed (R7) nor in
 	// the pages of a request whose decode side never opened.
 	CheckPages bool
+	// Stop, if set, ends the workload early once closed: no request starts
+	// after it, those in flight run to their end. Report.Requests counts
+	// the requests that started.
+	Stop <-chan struct{}
 	// Progress, if set, is called after each request ends.
 	Progress func(done, total int)
 }
@@ -377,7 +381,7 @@ func (s *Sim) Run(ctx context.Context, w Config) (*Report, error) {
 	cfg.ChunkPages, cfg.Tick, cfg.PinBound, cfg.Seed, cfg.Faults = w.ChunkPages, w.Tick, w.PinBound, w.Seed, w.Faults
 	cfg.NoVerify = w.NoVerify
 	cfg.NoClear, cfg.Reuse, cfg.ReuseChain, cfg.RelayNonce, cfg.CheckPages = w.NoClear, w.Reuse, w.ReuseChain, w.RelayNonce, w.CheckPages
-	cfg.Progress = w.Progress
+	cfg.Progress, cfg.Stop = w.Progress, w.Stop
 	cfg.workloadDefaults()
 	if int64((cfg.MaxTokens+cfg.Layout.PageTokens-1)/cfg.Layout.PageTokens) > cfg.Layout.Pages {
 		return nil, fmt.Errorf("sim: a %d-token request does not fit %d pages", cfg.MaxTokens, cfg.Layout.Pages)
@@ -422,14 +426,24 @@ func (s *Sim) Run(ctx context.Context, w Config) (*Report, error) {
 	case ReuseConcurrent, ReuseRace:
 		unit = 2
 	}
+	started := 0
 loop:
 	for i := 0; i < cfg.Requests; i += unit {
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			break loop
+		case <-cfg.Stop:
+			break loop
+		}
+		select {
+		case <-cfg.Stop:
+			<-sem
+			break loop
+		default:
 		}
 		n := min(unit, cfg.Requests-i)
+		started += n
 		room := base + uint64(i)
 		rqs := make([]request, n)
 		for j := range rqs {
@@ -459,6 +473,7 @@ loop:
 	close(finished)
 	r.stopOnce.Do(func() { close(r.stop) })
 	r.rep.Elapsed = time.Since(start)
+	r.rep.Requests = started
 	return r.rep, ctx.Err()
 }
 
