@@ -19,6 +19,10 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 
 	"github.com/pdlink/pdlink/internal/proc"
 	"github.com/pdlink/pdlink/internal/sim"
@@ -48,7 +52,7 @@ func (tm timings) args() []string {
 // peerBound is how long a peer's death may go unnoticed: the missed
 // heartbeats, a tick of the daemon, and the observer's own polling.
 func (tm timings) peerBound() time.Duration {
-	return time.Duration(tm.misses)*tm.heartbeat + 500*time.Millisecond
+	return time.Duration(tm.misses)*tm.heartbeat + time.Second
 }
 
 // roomBound is the longest any room may take to reach a terminal state:
@@ -498,6 +502,9 @@ func (c *cluster) check(name string, rep *sim.Report, allowed func(outcome strin
 	for _, l := range leaks {
 		t.Errorf("leak: %s", l)
 	}
+	if t.Failed() && len(rep.FaultOutcomes) > 0 {
+		t.Logf("outcomes by fault: %v", rep.FaultOutcomes)
+	}
 	ls := "none"
 	if len(leaks) > 0 {
 		ls = strings.Join(leaks, "; ")
@@ -552,4 +559,21 @@ func merge(a, b *sim.Report) *sim.Report {
 	a.LastChunkToSuccess = append(a.LastChunkToSuccess, b.LastChunkToSuccess...)
 	a.WorstTerminal = max(a.WorstTerminal, b.WorstTerminal)
 	return a
+}
+
+// clients dials both daemons' scheduler APIs for tests that drive rooms
+// one call at a time.
+func (c *cluster) clients(t *testing.T) (pb.PrefillServiceClient, pb.DecodeServiceClient) {
+	t.Helper()
+	pc, err := grpc.NewClient(c.cfg.PrefillGRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	dc, err := grpc.NewClient(c.cfg.DecodeGRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dc.Close() })
+	return pb.NewPrefillServiceClient(pc), pb.NewDecodeServiceClient(dc)
 }
