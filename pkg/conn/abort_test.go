@@ -241,6 +241,19 @@ func TestShutdownRetriesTheNoticeUntilDecodeHasIt_R8(t *testing.T) {
 		defer close(done)
 		h.pre.Shutdown(context.Background())
 	}()
+	// Shutdown runs on its own goroutine: wait (real time) until its notice
+	// is out and awaiting an ACK before moving the fake clock, or the clock
+	// runs past while nothing was sent yet.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if h.pre.out.roomFrames() > 0 { // the notice is sent and awaits its ACK
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Shutdown sent no notice for the live room")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	if _, ok := h.until(40*tTick, func() bool { return h.decState(1) == poll.Failed }); !ok {
 		t.Fatalf("decode %v: the shutdown notice never arrived", h.decState(1))
 	}
