@@ -149,7 +149,7 @@ func (c *Codec) Decode(frame []byte) (*pdlinkv1.Envelope, error) {
 				return nil, fmt.Errorf("%w: %v", ErrDecode, err)
 			}
 			if err := c.Auth.Verify(b, mac); err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrAuth, err)
+				return nil, fmt.Errorf("%w: %w", ErrAuth, err)
 			}
 		}
 	}

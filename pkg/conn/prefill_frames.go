@@ -29,7 +29,7 @@ func (n *PrefillNode) handle(route Route, frame []byte) {
 		n.handleStranger(route, env, ft, p)
 		return
 	}
-	p.route, p.lastHeard = route, now
+	p.lastHeard = now
 	if !p.up {
 		p.up = true
 		n.log.Info("peer is back", zap.String("peer", p.instance))
@@ -41,6 +41,12 @@ func (n *PrefillNode) handle(route Route, frame []byte) {
 			n.sendAck(p, seq, a)
 			return
 		}
+		// Only a fresh reliable frame may move where we answer this peer:
+		// a replayed HEARTBEAT or ACK (seq 0) or a duplicate from another
+		// connection must not redirect its frames to whoever replayed it.
+		// A decode's DEALER keeps its identity across reconnects, so a
+		// genuine peer's route does not change between REGISTERs anyway.
+		p.route = route
 	}
 	n.pmu.Unlock()
 
