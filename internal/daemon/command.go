@@ -38,6 +38,10 @@ func NewCommand(role Role, version string, short string, setup Setup) *cobra.Com
 				return err
 			}
 			defer func() { _ = log.Sync() }()
+			if cfg.InsecureMode() {
+				log.Warn("running without authentication on addresses other hosts can reach: anyone who reaches them can register, abort rooms or receive KV cache",
+					zap.Strings("exposed", cfg.Exposed))
+			}
 			srv, err := NewServer(cfg, log, Version(version))
 			if err != nil {
 				return err

@@ -10,6 +10,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/pdlink/pdlink/pkg/auth"
 )
 
 // Role says which daemon a Config is for.
@@ -43,9 +45,13 @@ type Config struct {
 	// SIGHUP); AuthOverlap is how long the previous token stays accepted
 	// after a rotation. Insecure allows non-loopback listeners without a
 	// secret.
-	AuthTokenFile string
-	AuthOverlap   time.Duration
-	Insecure      bool
+	AuthTokenFile    string
+	AuthOverlap      time.Duration
+	AuthPromoteDelay time.Duration
+	Insecure         bool
+	// Exposed lists the peer-facing listeners reachable from other hosts
+	// (set by Validate); with no secret they need Insecure.
+	Exposed []string
 
 	// GRPCTLSCert and GRPCTLSKey serve gRPC on TCP with TLS; GRPCClientCA
 	// also requires client certificates signed by it (mTLS).
@@ -79,7 +85,8 @@ func DefaultConfig(role Role) Config {
 		HeartbeatMisses:     3,
 		DrainTimeout:        30 * time.Second,
 		MaxRooms:            65536,
-		AuthOverlap:         5 * time.Minute,
+		AuthOverlap:         auth.DefaultOverlap,
+		AuthPromoteDelay:    auth.DefaultPromoteDelay,
 	}
 	switch role {
 	case RolePrefill:
@@ -107,7 +114,8 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM, how long inflight rooms may finish before they fail with shutdown")
 	fs.IntVar(&c.MaxRooms, "max-rooms", c.MaxRooms, "most rooms held at once; more are refused with ResourceExhausted")
 	fs.StringVar(&c.AuthTokenFile, "auth-token-file", c.AuthTokenFile, "file holding the shared secret peers prove (re-read on SIGHUP)")
-	fs.DurationVar(&c.AuthOverlap, "auth-overlap", c.AuthOverlap, "after a token rotation, how long the previous token stays accepted")
+	fs.DurationVar(&c.AuthOverlap, "auth-token-overlap", c.AuthOverlap, "after a token rotation, how long a token dropped from the file stays accepted")
+	fs.DurationVar(&c.AuthPromoteDelay, "auth-token-promote-delay", c.AuthPromoteDelay, "after a reload, how long the previous token still signs while the new one is already accepted")
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "allow non-loopback listeners without --auth-token-file")
 	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", c.GRPCTLSCert, "PEM certificate for gRPC on TCP (with --grpc-tls-key)")
 	fs.StringVar(&c.GRPCTLSKey, "grpc-tls-key", c.GRPCTLSKey, "PEM private key for --grpc-tls-cert")
@@ -168,7 +176,10 @@ func (c *Config) Validate() error {
 		return &FlagError{"heartbeat-misses", fmt.Sprint(c.HeartbeatMisses), "must be at least 1"}
 	}
 	if c.AuthOverlap < 0 {
-		return &FlagError{"auth-overlap", c.AuthOverlap.String(), "must not be negative"}
+		return &FlagError{"auth-token-overlap", c.AuthOverlap.String(), "must not be negative"}
+	}
+	if c.AuthPromoteDelay < 0 {
+		return &FlagError{"auth-token-promote-delay", c.AuthPromoteDelay.String(), "must not be negative"}
 	}
 	if (c.GRPCTLSCert == "") != (c.GRPCTLSKey == "") {
 		return &FlagError{"grpc-tls-cert", c.GRPCTLSCert, "--grpc-tls-cert and --grpc-tls-key go together"}
@@ -199,7 +210,42 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("unknown role %q", c.Role)
 	}
+	return c.checkExposure()
+}
+
+// checkExposure applies the rule of DESIGN.md section 5: without a shared
+// secret, peer-facing listeners stay on loopback unless --insecure; a gRPC
+// listener on TCP beyond loopback needs mTLS (the token does not guard the
+// scheduler API) or --insecure.
+func (c *Config) checkExposure() error {
+	peer := auth.Endpoint{Flag: "bootstrap-listen", Addr: c.BootstrapListen}
+	if c.Role == RoleDecode {
+		peer = auth.Endpoint{Flag: "data-listen", Addr: c.DataListen}
+	}
+	exposed, err := auth.CheckListen(c.AuthTokenFile != "", c.Insecure, peer)
+	if err != nil {
+		return err
+	}
+	grpcExposed, err := auth.CheckListen(c.GRPCClientCA != "", c.Insecure, auth.Endpoint{Flag: "grpc-listen", Addr: c.GRPCListen})
+	if err != nil {
+		return fmt.Errorf("%w (or --grpc-tls-cert, --grpc-tls-key and --grpc-client-ca for the scheduler API)", err)
+	}
+	c.Exposed = c.Exposed[:0]
+	for _, e := range exposed {
+		c.Exposed = append(c.Exposed, "--"+e.Flag+"="+e.Addr)
+	}
+	if c.GRPCClientCA == "" {
+		for _, e := range grpcExposed {
+			c.Exposed = append(c.Exposed, "--"+e.Flag+"="+e.Addr)
+		}
+	}
 	return nil
+}
+
+// InsecureMode reports whether the daemon runs reachable from other hosts
+// without authentication (--insecure in use): pdlink_insecure_mode.
+func (c *Config) InsecureMode() bool {
+	return c.AuthTokenFile == "" && len(c.Exposed) > 0
 }
 
 // ParseListen splits a listen address into a network for net.Listen:

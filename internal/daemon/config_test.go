@@ -149,3 +149,27 @@ func TestParseListen(t *testing.T) {
 		}
 	}
 }
+
+func TestNonLoopbackListenersNeedASecretOrInsecure(t *testing.T) {
+	_, err := parse(t, RoleDecode, []string{"--data-listen=0.0.0.0:9500"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "--data-listen") || !strings.Contains(err.Error(), "--auth-token-file") {
+		t.Fatalf("exposed data listener without a token: %v", err)
+	}
+	cfg, err := parse(t, RoleDecode, []string{"--data-listen=0.0.0.0:9500", "--insecure"}, nil)
+	if err != nil || !cfg.InsecureMode() {
+		t.Fatalf("--insecure: %v, insecure mode %v", err, cfg.InsecureMode())
+	}
+	cfg, err = parse(t, RolePrefill, []string{"--bootstrap-listen=tcp://10.1.2.3:8998", "--auth-token-file=/etc/pdlink/token"}, nil)
+	if err != nil || cfg.InsecureMode() {
+		t.Fatalf("with a token: %v, insecure mode %v", err, cfg.InsecureMode())
+	}
+	// The token does not guard the scheduler API: gRPC beyond loopback
+	// needs mTLS or --insecure.
+	if _, err := parse(t, RolePrefill, []string{"--grpc-listen=0.0.0.0:50051", "--auth-token-file=/t"}, nil); err == nil || !strings.Contains(err.Error(), "--grpc-client-ca") {
+		t.Fatalf("gRPC on 0.0.0.0 without mTLS: %v", err)
+	}
+	cfg, err = parse(t, RolePrefill, nil, nil)
+	if err != nil || cfg.InsecureMode() {
+		t.Fatalf("loopback defaults: %v, insecure mode %v", err, cfg.InsecureMode())
+	}
+}

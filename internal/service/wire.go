@@ -2,13 +2,18 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/internal/daemon"
+	"github.com/pdlink/pdlink/pkg/auth"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/conn/zmtp"
 	"github.com/pdlink/pdlink/pkg/metrics"
@@ -62,6 +67,61 @@ func counts(c conn.Counters, z zmtp.Stats) (frames, rejected, peers, restarts []
 	return
 }
 
+// openKeyring loads the shared secret when --auth-token-file is set
+// (nil otherwise) and adds a component that re-reads it on SIGHUP.
+func openKeyring(s *daemon.Server, cfg daemon.Config, log *zap.Logger) (*auth.Keyring, error) {
+	if cfg.AuthTokenFile == "" {
+		return nil, nil
+	}
+	kr, err := auth.Open(auth.Config{Path: cfg.AuthTokenFile, Overlap: cfg.AuthOverlap,
+		PromoteDelay: cfg.AuthPromoteDelay, Logger: log.Named("auth")})
+	if err != nil {
+		return nil, fmt.Errorf("--auth-token-file: %w", err)
+	}
+	log.Info("authentication on", zap.String("token", kr.Fingerprint()))
+	hup := make(chan os.Signal, 1)
+	stop := make(chan struct{})
+	s.Add("token-reload", func(ready func()) error {
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		ready()
+		for {
+			select {
+			case <-stop:
+				return nil
+			case <-hup:
+				// Reload logs its outcome; on error the tokens in force stay.
+				_, _ = kr.Reload()
+			}
+		}
+	}, func(error) { close(stop) })
+	return kr, nil
+}
+
+// authSources exports the keyring's counters (zeros without a keyring, so
+// dashboards and alerts see the series either way).
+func authSources(kr *auth.Keyring) (rejected, reloads func() []metrics.Count) {
+	stats := func() auth.Stats {
+		if kr == nil {
+			return auth.Stats{}
+		}
+		return kr.Stats()
+	}
+	rejected = func() []metrics.Count {
+		st := stats()
+		var out []metrics.Count
+		for _, r := range auth.AllReasons() {
+			out = append(out, metrics.Count{Labels: []string{r.String()}, Value: float64(st.Rejected(r))})
+		}
+		return out
+	}
+	reloads = func() []metrics.Count {
+		st := stats()
+		return []metrics.Count{{Labels: []string{"ok"}, Value: float64(st.Reloads)}, {Labels: []string{"error"}, Value: float64(st.ReloadErrors)}}
+	}
+	return rejected, reloads
+}
+
 // shutdownGrace bounds how long the failed rooms' notices may take to be
 // acknowledged by the peers after the drain timeout.
 const shutdownGrace = 2 * time.Second
@@ -89,10 +149,19 @@ wait:
 // SetupPrefill wires prefilld: the bootstrap socket, the room owner, the
 // sender, the scheduler and admin services, metrics and /debug/rooms.
 func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
+	kr, err := openKeyring(s, cfg, log)
+	if err != nil {
+		return err
+	}
 	tr := zmtp.New(zmtp.Options{Logger: log.Named("zmtp")})
-	data := NewPrefillData(transfer.SenderConfig{Logger: log.Named("transfer"), IdleTimeout: cfg.TransferIdleTimeout}, log)
+	scfg := transfer.SenderConfig{Logger: log.Named("transfer"), IdleTimeout: cfg.TransferIdleTimeout}
+	ncfg := nodeConfig(cfg, poll.Prefill, tr, log.Named("conn"))
+	if kr != nil {
+		scfg.Auth, ncfg.Auth = kr.Data(), kr.Control(auth.SidePrefill)
+	}
+	data := NewPrefillData(scfg, log)
 	node, err := conn.NewPrefillNode(conn.PrefillConfig{
-		Config:     nodeConfig(cfg, poll.Prefill, tr, log.Named("conn")),
+		Config:     ncfg,
 		ListenAddr: cfg.BootstrapListen,
 		DataPlane:  data,
 	})
@@ -106,7 +175,7 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SidePrefill)
-	if err := registerMetrics(s, rec, metrics.SidePrefill, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(data.Bytes()) }); err != nil {
+	if err := registerMetrics(s, rec, metrics.SidePrefill, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(data.Bytes()) }); err != nil {
 		return err
 	}
 	stop := make(chan struct{})
@@ -150,10 +219,20 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	if advertise == "" {
 		advertise = ln.Addr().String()
 	}
+	kr, err := openKeyring(s, cfg, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	tr := zmtp.New(zmtp.Options{Logger: log.Named("zmtp")})
-	data := NewDecodeData(transfer.ReceiverConfig{Logger: log.Named("transfer"), IdleTimeout: cfg.TransferIdleTimeout}, log)
+	rcfg := transfer.ReceiverConfig{Logger: log.Named("transfer"), IdleTimeout: cfg.TransferIdleTimeout}
+	ncfg := nodeConfig(cfg, poll.Decode, tr, log.Named("conn"))
+	if kr != nil {
+		rcfg.Auth, ncfg.Auth = kr.Data(), kr.Control(auth.SideDecode)
+	}
+	data := NewDecodeData(rcfg, log)
 	node, err := conn.NewDecodeNode(conn.DecodeConfig{
-		Config:       nodeConfig(cfg, poll.Decode, tr, log.Named("conn")),
+		Config:       ncfg,
 		DataEndpoint: advertise,
 		LayoutsFunc:  data.Layouts,
 		DataPlane:    data,
@@ -169,7 +248,7 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SideDecode)
-	if err := registerMetrics(s, rec, metrics.SideDecode, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(data.Bytes()) }); err != nil {
+	if err := registerMetrics(s, rec, metrics.SideDecode, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(data.Bytes()) }); err != nil {
 		ln.Close()
 		return err
 	}
@@ -206,7 +285,8 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	return nil
 }
 
-func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes func() float64) error {
+func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes func() float64) error {
+	authRejected, authReloads := authSources(kr)
 	c := metrics.NewCollector(side, metrics.Sources{
 		Rooms: stats,
 		Frames: func() []metrics.Count {
@@ -227,8 +307,14 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, stats
 			return w
 		},
 		TransferBytes: bytes,
-		// No shared secret exists yet: every daemon runs insecure, and says so.
-		InsecureMode: func() float64 { return 1 },
+		InsecureMode: func() float64 {
+			if cfg.InsecureMode() {
+				return 1
+			}
+			return 0
+		},
+		AuthRejected: authRejected,
+		AuthReloads:  authReloads,
 	})
 	return metrics.Register(s.Registry, c, rec)
 }

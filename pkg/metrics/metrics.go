@@ -32,8 +32,14 @@ type Sources struct {
 	// TransferBytes returns KV bytes moved by this side (sent on prefill,
 	// written on decode).
 	TransferBytes func() float64
-	// InsecureMode is 1 when the daemon runs without a shared secret.
+	// InsecureMode is 1 when the daemon runs without a shared secret on
+	// addresses other hosts can reach (--insecure).
 	InsecureMode func() float64
+	// AuthRejected returns frames and data connections refused by the
+	// authentication layer, by (reason); AuthReloads token reloads by
+	// (result) "ok" or "error".
+	AuthRejected func() []Count
+	AuthReloads  func() []Count
 }
 
 // Side label values.
@@ -56,6 +62,7 @@ type Collector struct {
 	reaped                                                 *prometheus.Desc
 	frames, framesRejected, retransmits, peers, restarts   *prometheus.Desc
 	transferBytes, insecure                                *prometheus.Desc
+	authRejected, authReloads                              *prometheus.Desc
 }
 
 // NewCollector builds the scrape-time collector for one daemon side.
@@ -92,7 +99,9 @@ func NewCollector(side string, src Sources) *Collector {
 		peers:          d("peers", "Peer daemons, by state.", "state"),
 		restarts:       d("worker_restarts_total", "Supervised goroutines restarted after a failure, by worker.", "worker"),
 		transferBytes:  d("transfer_bytes_total", "KV bytes moved (sent on prefill, written and verified on decode)."),
-		insecure:       d("insecure_mode", "1 when the daemon runs without a shared secret."),
+		insecure:       d("insecure_mode", "1 when the daemon is reachable from other hosts without a shared secret (--insecure)."),
+		authRejected:   d("auth_rejected_total", "Control frames and data connections refused by authentication, by reason.", "reason"),
+		authReloads:    d("auth_token_reloads_total", "Token file reloads (SIGHUP), by result.", "result"),
 	}
 }
 
@@ -100,7 +109,7 @@ func NewCollector(side string, src Sources) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.rooms, c.oldest, c.overdue, c.deadline, c.tombstones,
 		c.transitions, c.failures, c.rejectedEvents, c.collisions, c.reaped, c.frames, c.framesRejected,
-		c.retransmits, c.peers, c.restarts, c.transferBytes, c.insecure} {
+		c.retransmits, c.peers, c.restarts, c.transferBytes, c.insecure, c.authRejected, c.authReloads} {
 		ch <- d
 	}
 }
@@ -157,6 +166,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.src.FramesRejected, c.framesRejected, prometheus.CounterValue)
 	emit(c.src.Peers, c.peers, prometheus.GaugeValue)
 	emit(c.src.WorkerRestarts, c.restarts, prometheus.CounterValue)
+	emit(c.src.AuthRejected, c.authRejected, prometheus.CounterValue)
+	emit(c.src.AuthReloads, c.authReloads, prometheus.CounterValue)
 	if c.src.Retransmits != nil {
 		counter(c.retransmits, c.src.Retransmits())
 	}
@@ -241,6 +252,8 @@ func Names() map[string]string {
 		name("worker_restarts_total"):      "counter",
 		name("transfer_bytes_total"):       "counter",
 		name("insecure_mode"):              "gauge",
+		name("auth_rejected_total"):        "counter",
+		name("auth_token_reloads_total"):   "counter",
 		name("room_duration_seconds"):      "histogram",
 		name("transfer_duration_seconds"):  "histogram",
 		name("build_info"):                 "gauge",
