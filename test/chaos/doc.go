@@ -30,8 +30,13 @@
 //	PDLINK_CHAOS_LONG=1 go test -timeout 30m ./test/chaos/   # long: more rooms, longer faults, more seeds
 //
 // Each test logs one summary line (go test -v shows them) and TestMain
-// prints the table of every scenario that ran. PDLINK_CHAOS_SEED fixes the
-// workload seed.
+// prints the table of every scenario that ran (go test shows it with -v or
+// on failure). PDLINK_CHAOS_SEED fixes the workload seed;
+// PDLINK_CHAOS_LOGDIR=dir keeps every daemon's full log there.
+//
+// Product bugs the suite found are tests that skip with "BUG: ..." until
+// they are fixed; PDLINK_CHAOS_BUGS=1 runs them (they fail). The scenarios
+// tolerate those bugs' symptoms only where the bug explains them.
 //
 // TestMain builds the binaries once, without the race detector: under
 // -race the daemons run about 15 times slower and every deadline of the
