@@ -195,8 +195,12 @@ func (r rooms) clear(ids []uint64) ([]*pb.ClearResult, error) {
 const WatchHeader = "pdlink-watch"
 
 // watchBuffer is each Watch stream's subscription buffer (0: the node's
-// default); tests shrink it to provoke a slow reader.
-var watchBuffer = 0
+// default); tests shrink it, and watchStall (nil outside tests) holds the
+// stream's goroutine before each send, to play a slow reader.
+var (
+	watchBuffer = 0
+	watchStall  func()
+)
 
 // watch streams transitions until ctx ends. A transition the stream could
 // not take in time is counted, and the count is sent as a "missed" event
@@ -229,6 +233,9 @@ func (r rooms) watch(ctx context.Context, f *pb.WatchFilter, subscribed func() e
 		case tr, ok := <-sub.C():
 			if !ok {
 				return status.Error(codes.Unavailable, "daemon stopping")
+			}
+			if watchStall != nil {
+				watchStall()
 			}
 			if d := sub.Dropped(); d > reported {
 				if err := send(&pb.WatchEvent{Event: &pb.WatchEvent_Missed{Missed: d - reported}}); err != nil {

@@ -1,6 +1,8 @@
 package service
 
 import (
+	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,10 +41,15 @@ func TestWatchStreamsFilteredTransitions(t *testing.T) {
 // A reader that falls behind is told how many transitions it missed, so
 // it can re-sync with Poll, and the daemon does not block on it.
 func TestSlowWatcherIsToldWhatItMissed(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
 	watchBuffer = 4
-	t.Cleanup(func() { watchBuffer = 0 })
+	watchStall = func() { <-release } // the stream's goroutine is stuck until released
+	t.Cleanup(func() { once.Do(func() { close(release) }); watchBuffer, watchStall = 0, nil })
 	p := startPair(t)
-	stream, err := p.decode.Watch(ctxT(t), &pb.DecodeServiceWatchRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	stream, err := p.decode.Watch(ctx, &pb.DecodeServiceWatchRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,29 +57,26 @@ func TestSlowWatcherIsToldWhatItMissed(t *testing.T) {
 		t.Fatal(err)
 	}
 	registerRegions(t, p)
-	// Many transitions while nobody reads: open and abort rooms quickly.
-	for id := uint64(1); id <= 300; id++ {
-		if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: id, PrefillBootstrapAddr: p.bootstrap}); err != nil {
+	// 20 rooms opened and aborted: 40 transitions against a buffer of 4,
+	// while the stream is stuck. The daemon keeps serving meanwhile.
+	for id := uint64(1); id <= 20; id++ {
+		if _, err := p.decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: id, PrefillBootstrapAddr: p.bootstrap}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := p.decode.Abort(ctxT(t), &pb.DecodeServiceAbortRequest{RoomId: id}); err != nil {
+		if _, err := p.decode.Abort(ctx, &pb.DecodeServiceAbortRequest{RoomId: id}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	once.Do(func() { close(release) })
 	var missed uint64
-	deadline := time.Now().Add(10 * time.Second)
-	for missed == 0 && time.Now().Before(deadline) {
+	for missed == 0 {
 		ev, err := stream.Recv()
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("stream ended before any missed count: %v", err)
 		}
 		missed += ev.Event.GetMissed()
 	}
-	if missed == 0 {
-		t.Fatal("slow watcher was never told it missed transitions")
-	}
-	// The daemon kept serving while the watcher lagged.
-	if _, err := p.decode.Poll(ctxT(t), &pb.DecodeServicePollRequest{RoomIds: []uint64{300}}); err != nil {
-		t.Fatal(err)
+	if missed < 20 {
+		t.Fatalf("missed %d transitions, want most of the 40 that did not fit", missed)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -178,29 +179,16 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	if err := registerMetrics(s, rec, metrics.SidePrefill, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(data.Bytes()) }); err != nil {
 		return err
 	}
-	stop := make(chan struct{})
-	s.Add("prefill-node", func(ready func()) error {
+	addNode(s, "prefill-node", node, rec, func() error {
 		if err := node.Start(context.Background()); err != nil {
 			return err
 		}
-		sub := node.Subscribe(4096)
-		done := make(chan struct{})
-		go func() { defer close(done); observeDurations(node, sub, rec) }()
 		log.Info("bootstrap socket bound", zap.String("addr", node.Addr()))
 		if bootstrapHook != nil {
 			bootstrapHook(node.Addr())
 		}
-		ready()
-		<-stop
-		sub.Close()
-		<-done
 		return nil
-	}, func(error) {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
+	}, func() {
 		_ = node.Close()
 		data.Close()
 	})
@@ -252,27 +240,7 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		ln.Close()
 		return err
 	}
-	stop := make(chan struct{})
-	s.Add("decode-node", func(ready func()) error {
-		if err := node.Start(context.Background()); err != nil {
-			return err
-		}
-		sub := node.Subscribe(4096)
-		done := make(chan struct{})
-		go func() { defer close(done); observeDurations(node, sub, rec) }()
-		ready()
-		<-stop
-		sub.Close()
-		<-done
-		return nil
-	}, func(error) {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		_ = node.Close()
-	})
+	addNode(s, "decode-node", node, rec, func() error { return node.Start(context.Background()) }, func() { _ = node.Close() })
 	s.Add("data-listener", func(ready func()) error {
 		log.Info("data listener bound", zap.String("addr", ln.Addr().String()))
 		ready()
@@ -283,6 +251,29 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	})
 	s.OnDrain(func(ctx context.Context) { drainRooms(ctx, gate, node.Stats, node.Shutdown) })
 	return nil
+}
+
+// addNode runs a room owner as a component: start it, feed the duration
+// histograms from its transitions, serve until interrupted, then stop it.
+func addNode(s *daemon.Server, name string, node RoomOwner, rec *metrics.Recorder, start func() error, stop func()) {
+	interrupted := make(chan struct{})
+	var once sync.Once
+	s.Add(name, func(ready func()) error {
+		if err := start(); err != nil {
+			return err
+		}
+		sub := node.Subscribe(4096)
+		done := make(chan struct{})
+		go func() { defer close(done); observeDurations(node, sub, rec) }()
+		ready()
+		<-interrupted
+		sub.Close()
+		<-done
+		return nil
+	}, func(error) {
+		once.Do(func() { close(interrupted) })
+		stop()
+	})
 }
 
 func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes func() float64) error {

@@ -165,6 +165,27 @@ func (n *DecodeNode) notify(e poll.Effect) {
 	n.sendOutcome(sessTarget{s: s, id: e.Peer}, e)
 }
 
+// roomsBoundTo lists the live rooms bound to a peer id.
+func (n *DecodeNode) roomsBoundTo(id poll.PeerID) []poll.Key {
+	var keys []poll.Key
+	token := ""
+	for {
+		infos, next, err := n.List(poll.Filter{Peer: id}, token, 1000)
+		if err != nil {
+			return keys
+		}
+		for _, in := range infos {
+			if !in.State.Terminal() {
+				keys = append(keys, in.Key)
+			}
+		}
+		if next == "" {
+			return keys
+		}
+		token = next
+	}
+}
+
 func (n *DecodeNode) unknownToPeer(t target) {
 	if st, ok := t.(sessTarget); ok {
 		n.register(st.s)
@@ -255,8 +276,15 @@ func (n *DecodeNode) handle(s *prefillSession, frame []byte) {
 		n.ctr.peerRestarts.Add(1)
 		n.out.cancelPeer(restarted)
 		n.log.Warn("peer restarted", zap.String("addr", s.addr), zap.Uint32("old_peer", uint32(restarted)), zap.String("instance", env.GetSenderInstance()))
+		// Rooms opened just before we saw the restart may have had their
+		// METADATA applied by the new instance already: fail them here and
+		// tell the new instance too, or its rooms wait out their deadline.
+		orphans := n.roomsBoundTo(restarted)
 		_ = n.step(poll.Event{Kind: poll.EvPeerRestarted, Peer: restarted})
 		n.register(s)
+		for _, k := range orphans {
+			n.sendOutcome(t, poll.Effect{Kind: poll.EffNotifyPeer, Key: k, Peer: t.id, Status: poll.Failed, Reason: poll.ReasonPeerRestarted})
+		}
 	}
 	if dup {
 		n.reject(RejectDuplicate, s.addr, nil)

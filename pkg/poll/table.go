@@ -186,6 +186,11 @@ func (t *Table) open(now int64, ev *Event) error {
 		t.ctr.transitions[StateNone][Failed]++
 		t.ctr.failures[r.reason]++
 		t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: StateNone, To: Failed, Visible: true, Reason: r.reason.reason(), At: now})
+		if r.peer != NoPeer && r.reason != codeAbortedRemote {
+			// A local abort that came before the open: the peer this room
+			// is bound to has not heard of it yet (R4, R8).
+			t.emit(Effect{Kind: EffNotifyPeer, Key: r.key, Peer: r.peer, Status: Failed, Reason: r.reason.reason(), At: now})
+		}
 		return nil
 	}
 	r.state, r.visible, r.enteredAt = Bootstrapping, Bootstrapping, now

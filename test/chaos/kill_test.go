@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -170,15 +169,10 @@ func TestKillPrefilldMidTransferFailsBoundRoomsWithinHeartbeatBound(t *testing.T
 // Rooms the decode scheduler opens right after prefilld restarted, before
 // decoded noticed the new instance, are bound to the old one: decoded
 // fails them with peer_restarted when it notices, though their METADATA
-// already reached the new instance, and does not tell the new instance,
-// whose rooms for the same requests wait out their bootstrap deadline.
-// They must be served, or failed on both sides at once (R8, R10).
+// may already have reached the new instance. It must tell the new
+// instance, or the prefill rooms of the same requests wait out their
+// bootstrap deadline: served, or failed on both sides at once (R8, R10).
 func TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed(t *testing.T) {
-	if os.Getenv("PDLINK_CHAOS_BUGS") == "" {
-		t.Skip("BUG: decode rooms opened between a prefilld restart and decoded noticing it fail with peer_restarted " +
-			"and their prefill rooms (on the new instance) are never told: they time out in Bootstrapping. " +
-			"Run with PDLINK_CHAOS_BUGS=1 to see it fail.")
-	}
 	c := newCluster(t, clusterOpts{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -193,7 +187,14 @@ func TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed(t *testing.T) {
 	if n := rep.Outcomes["prefill:timeout:bootstrapping"]; n > 0 {
 		t.Errorf("%d prefill rooms were left to their bootstrap deadline after decode failed them", n)
 	}
-	if rep.Outcomes["decode:success"] != 50 {
-		t.Errorf("rooms opened after the restart did not all succeed: %v", rep.Outcomes)
+	// Served, or failed on both sides within a second of each other: the
+	// decode side as peer_restarted, the new prefill told at once.
+	ok := rep.Outcomes["decode:success"] + rep.Outcomes["decode:peer_restarted"]
+	told := rep.Outcomes["prefill:success"] + rep.Outcomes["prefill:aborted:remote"]
+	if ok != 50 || told != 50 {
+		t.Errorf("rooms opened after the restart neither served nor failed on both sides: %v", rep.Outcomes)
+	}
+	if rep.WorstTerminal > c.tm.peerBound()+2*time.Second {
+		t.Errorf("worst time to terminal %v: a side waited for a deadline", rep.WorstTerminal)
 	}
 }

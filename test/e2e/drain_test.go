@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -63,6 +64,19 @@ func TestSIGTERMDrainsInflightRoomsAndTellsThePeer(t *testing.T) {
 	case <-started:
 	case <-time.After(30 * time.Second):
 		t.Fatal("no rooms finished within 30s")
+	}
+	// SIGTERM must land while a stalled room is in flight: healthy rooms
+	// end in milliseconds, so a Transferring room half a second old is one.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		age, err := strconv.ParseFloat(sample(t, pre.HTTPAddr, `pdlink_room_oldest_age_seconds{side="prefill",state="Transferring"}`), 64)
+		if err == nil && age >= 0.5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no stalled room in flight on prefilld")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	sigterm := time.Now()
 	if err := pre.Stop(drain + 10*time.Second); err != nil {
