@@ -13,7 +13,7 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 10m
 
 export GOFLAGS ?= -mod=readonly
 
-.PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update
+.PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update chaos
 
 all: build
 
@@ -67,6 +67,10 @@ proto-check: proto
 tidy-check:
 	GOFLAGS=-mod=mod $(GO) mod tidy
 	git diff --exit-code -- go.mod go.sum
+
+## chaos: the fault-injection suite, long version (make test runs the short one).
+chaos: deps
+	PDLINK_CHAOS_LONG=1 $(GO) test -count=1 -v -timeout 60m ./test/chaos/
 
 ## deploy-check: systemd-analyze, kustomize + strict API decoding, promtool,
 ## and a real Prometheus firing and resolving the pin alert.
