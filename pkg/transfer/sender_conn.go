@@ -212,7 +212,6 @@ type txConn struct {
 
 	hdr  [HeaderSize]byte
 	meta []byte
-	iov  [][]byte
 }
 
 func (tc *txConn) run() error {
@@ -294,6 +293,79 @@ func (tc *txConn) sendJob(j *job) error {
 	return err
 }
 
+// chunkPlan is one chunk of a room: the destination runs it names and the
+// source pages it carries.
+type chunkPlan struct {
+	buf   int
+	runs  []Run
+	iov   [][]byte // iov[0] is left for the header
+	bytes int64
+}
+
+// planChunks splits a job's segments into chunks of at most MaxChunkBytes
+// (at least one page each) and maxRunsPerFrame runs.
+func (tc *txConn) planChunks(j *job) []chunkPlan {
+	s := tc.p.s
+	cfg := &s.cfg
+	var plans []chunkPlan
+	for b, segs := range j.segs {
+		itemLen := s.region.layout.Buffers[b].ItemLen
+		i, off := 0, int32(0)
+		for i < len(segs) {
+			c := chunkPlan{buf: b, iov: [][]byte{nil}}
+			for i < len(segs) && len(c.runs) < maxRunsPerFrame {
+				seg := segs[i]
+				n := int64(seg.Count - off)
+				if room := (cfg.MaxChunkBytes - c.bytes) / itemLen; room < n {
+					n = room
+				}
+				if n <= 0 {
+					if c.bytes > 0 {
+						break
+					}
+					n = 1 // a chunk holds at least one page
+				}
+				c.runs = append(c.runs, Run{Start: seg.Dst + off, Count: int32(n)})
+				c.iov = append(c.iov, s.region.Pages(b, Run{Start: seg.Src + off, Count: int32(n)}))
+				c.bytes += n * itemLen
+				if off += int32(n); off == seg.Count {
+					i, off = i+1, 0
+				}
+			}
+			plans = append(plans, c)
+		}
+	}
+	return plans
+}
+
+// checksums computes the chunks' crc32c one or two chunks ahead of the
+// writer, on its own goroutine, so the checksum pass over the next chunk
+// overlaps the kernel copy of this one. It reads source pages, so it holds
+// the job like the writer does (I9: Fence waits for it too). The channel
+// closes early if the job is stopped; quit ends it when the writer gives up.
+func checksums(j *job, plans []chunkPlan, quit <-chan struct{}) <-chan uint32 {
+	out := make(chan uint32, 2)
+	go func() {
+		defer close(out)
+		for _, c := range plans {
+			if !j.acquire() {
+				return
+			}
+			var crc uint32
+			for _, p := range c.iov[1:] {
+				crc = crc32.Update(crc, castagnoli, p)
+			}
+			j.release()
+			select {
+			case out <- crc:
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return out
+}
+
 func (tc *txConn) writeJob(j *job) (bool, error) {
 	s := tc.p.s
 	cfg := &s.cfg
@@ -301,58 +373,37 @@ func (tc *txConn) writeJob(j *job) (bool, error) {
 	if cfg.Checksum == ChecksumCRC32C {
 		flags = FlagPayloadCRC
 	}
-	var seq uint32
-	runs := make([]Run, 0, 16)
-	for b, segs := range j.segs {
-		itemLen := s.region.layout.Buffers[b].ItemLen
-		i, off := 0, int32(0)
-		for i < len(segs) {
-			runs = runs[:0]
-			iov := append(tc.iov[:0], nil)
-			var bytes int64
-			for i < len(segs) && len(runs) < maxRunsPerFrame {
-				seg := segs[i]
-				n := int64(seg.Count - off)
-				if room := (cfg.MaxChunkBytes - bytes) / itemLen; room < n {
-					n = room
-				}
-				if n <= 0 {
-					if bytes > 0 {
-						break
-					}
-					n = 1 // a chunk holds at least one page
-				}
-				runs = append(runs, Run{Start: seg.Dst + off, Count: int32(n)})
-				iov = append(iov, s.region.Pages(b, Run{Start: seg.Src + off, Count: int32(n)}))
-				bytes += n * itemLen
-				if off += int32(n); off == seg.Count {
-					i, off = i+1, 0
-				}
+	plans := tc.planChunks(j)
+	var crcs <-chan uint32
+	if flags != 0 {
+		quit := make(chan struct{})
+		defer close(quit)
+		crcs = checksums(j, plans, quit)
+	}
+	for seq, c := range plans {
+		var crc uint32
+		if crcs != nil {
+			var ok bool
+			if crc, ok = <-crcs; !ok {
+				return false, nil // stopped by Fence
 			}
-			if !j.acquire() {
-				return false, nil
-			}
-			var crc uint32
-			if flags != 0 {
-				for _, p := range iov[1:] {
-					crc = crc32.Update(crc, castagnoli, p)
-				}
-			}
-			tc.meta = AppendRuns(append(tc.meta[:0], make([]byte, HeaderSize)...), runs)
-			h := Header{Type: FrameChunk, Flags: flags, Room: j.req.Key.Room, Nonce: j.req.Key.Nonce, Seq: seq,
-				Buffer: uint32(b), NumRuns: uint32(len(runs)), Pages: uint32(CountPages(runs)),
-				PayloadLen: uint64(bytes), PayloadCRC: crc, RunsCRC: RunsChecksum(tc.meta[HeaderSize:])}
-			h.Encode(tc.meta)
-			iov[0] = tc.meta
-			tc.iov = iov[:0]
-			err := tc.write(iov, int64(len(tc.meta))+bytes)
-			j.release()
-			if err != nil {
-				return false, err
-			}
-			seq++
+		}
+		if !j.acquire() {
+			return false, nil
+		}
+		tc.meta = AppendRuns(append(tc.meta[:0], make([]byte, HeaderSize)...), c.runs)
+		h := Header{Type: FrameChunk, Flags: flags, Room: j.req.Key.Room, Nonce: j.req.Key.Nonce, Seq: uint32(seq),
+			Buffer: uint32(c.buf), NumRuns: uint32(len(c.runs)), Pages: uint32(CountPages(c.runs)),
+			PayloadLen: uint64(c.bytes), PayloadCRC: crc, RunsCRC: RunsChecksum(tc.meta[HeaderSize:])}
+		h.Encode(tc.meta)
+		c.iov[0] = tc.meta
+		err := tc.write(c.iov, int64(len(tc.meta))+c.bytes)
+		j.release()
+		if err != nil {
+			return false, err
 		}
 	}
+	seq := uint32(len(plans))
 	j.mu.Lock()
 	stopped := j.stopped
 	j.mu.Unlock()
