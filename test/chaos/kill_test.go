@@ -49,6 +49,13 @@ func killMidTransfer(t *testing.T, victimName string) {
 	case <-time.After(2 * time.Minute):
 		t.Fatal("rooms did not start ending")
 	}
+	// Kill mid-transfer: wait (bounded) until the victim holds enough live
+	// rooms; on a loaded machine the workload can be between waves.
+	if _, ok := eventually(30*time.Second, func() bool {
+		return c.metric(victim, "pdlink_inflight_rooms", nil) >= 10
+	}); !ok {
+		t.Fatal("the victim never held 10 live rooms")
+	}
 
 	// The survivor's live rooms at the moment of the kill: every one of
 	// them is bound to the victim (or waits for it) and must end.
