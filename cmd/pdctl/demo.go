@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -89,12 +90,68 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 	fmt.Fprintf(out, "layout: %d buffers x %d pages of %d KiB (%d tokens/page), %d requests of %d..%d tokens, %d in flight\n",
 		len(tl.Buffers), tl.Buffers[0].Pages(), tl.Buffers[0].ItemLen>>10, cfg.Layout.PageTokens,
 		cfg.Requests, cfg.MinTokens, cfg.MaxTokens, cfg.Concurrency)
-	rep, err := sim.Run(cmd.Context(), cfg)
+	engines, err := sim.New(cmd.Context(), cfg)
+	if err != nil {
+		return err
+	}
+	defer engines.Close()
+	var restart *restartInfo
+	if faults {
+		// A peer restart mid-run: kill -9 decoded once 40% of the rooms
+		// ended, start it again, and let the engine register its region
+		// with the new process. Rooms bound to the dead instance must end
+		// (peer_lost on prefill within the heartbeat bound), new ones work.
+		restart = &restartInfo{}
+		progress := cfg.Progress
+		var once sync.Once
+		restartDone := make(chan struct{})
+		runDone := make(chan struct{})
+		defer func() { close(runDone); <-restartDone }()
+		trigger := make(chan int, 1)
+		cfg.Progress = func(done, total int) {
+			progress(done, total)
+			if done >= total*2/5 {
+				once.Do(func() { trigger <- done })
+			}
+		}
+		go func() {
+			defer close(restartDone)
+			var at int
+			select {
+			case at = <-trigger:
+			case <-runDone:
+				return
+			case <-cmd.Context().Done():
+				return
+			}
+			restart.atRoom = at
+			start := time.Now()
+			np, err := procs[1].Restart(cmd.Context(), nil, 15*time.Second)
+			if err != nil {
+				restart.err = err
+				return
+			}
+			restartMu.Lock()
+			procs[1] = np
+			restartMu.Unlock()
+			restart.err = engines.Register(cmd.Context())
+			restart.took = time.Since(start)
+		}()
+	}
+	rep, err := engines.Run(cmd.Context(), cfg)
 	fmt.Fprintln(out)
 	if rep == nil {
 		return err
 	}
 	printReport(out, rep, procs)
+	if restart != nil {
+		if restart.err != nil {
+			fmt.Fprintf(out, "peer restart: FAILED: %v\n", restart.err)
+		} else if restart.atRoom > 0 {
+			fmt.Fprintf(out, "peer restart: decoded killed -9 after %d rooms ended, back and registered in %v; the rooms in flight on it ended (prefill:peer_lost, peer_restarted or transfer_error above), none pinned\n",
+				restart.atRoom, restart.took.Round(time.Millisecond))
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -146,7 +203,19 @@ func scrape(addr, metric string) string {
 	return "?"
 }
 
+// restartInfo is what the demo's peer restart did.
+type restartInfo struct {
+	atRoom int
+	took   time.Duration
+	err    error
+}
+
+// restartMu guards the process list while the demo restarts a daemon.
+var restartMu sync.Mutex
+
 func stopAll(procs []*proc.Process) {
+	restartMu.Lock()
+	defer restartMu.Unlock()
 	for _, p := range procs {
 		_ = p.Stop(15 * time.Second)
 	}

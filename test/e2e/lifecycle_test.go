@@ -128,7 +128,11 @@ func TestPdctlDemoMovesVerifiedBytesAndNothingPins(t *testing.T) {
 				t.Fatalf("pdctl demo: %v\n%s", err, out)
 			}
 			s := string(out)
-			for _, want := range []string{"pinned:       0", " 0 corrupt, 0 with writes after Failed", "decode:success", "prefill:success", "inflight now 0"} {
+			wants := []string{"pinned:       0", " 0 corrupt, 0 with writes after Failed", "decode:success", "prefill:success", "inflight now 0"}
+			if faults {
+				wants = append(wants, "peer restart: decoded killed -9 after", "faults injected:")
+			}
+			for _, want := range wants {
 				if !strings.Contains(s, want) {
 					t.Errorf("demo output lacks %q:\n%s", want, s)
 				}
