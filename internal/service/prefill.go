@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -40,7 +41,10 @@ type PrefillData struct {
 	sender *transfer.Sender
 	rooms  map[poll.RoomID]*prefillRoom
 	fenced map[poll.Key]bool // sticky until Forget (a late Bind is ignored)
-	bytes  atomic.Uint64
+	// boundCh is closed (and replaced) at every Bind, waking Sends that
+	// wait for their room's binding.
+	boundCh chan struct{}
+	bytes   atomic.Uint64
 }
 
 type prefillRoom struct {
@@ -58,7 +62,7 @@ var _ conn.PrefillDataPlane = (*PrefillData)(nil)
 
 // NewPrefillData returns the adapter; SetNode must be called before use.
 func NewPrefillData(cfg transfer.SenderConfig, log *zap.Logger) *PrefillData {
-	d := &PrefillData{log: log, scfg: cfg, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}}
+	d := &PrefillData{log: log, scfg: cfg, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}, boundCh: make(chan struct{})}
 	d.slot.onSet = func(r *transfer.Region) error {
 		s, err := transfer.NewSender(r, d.scfg)
 		if err != nil {
@@ -123,6 +127,40 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md conn.Metadata) {
 		return
 	}
 	d.rooms[md.Key.Room] = &prefillRoom{key: md.Key, peerAddr: peer.Addr, dst: dst, dstPages: transfer.CountPages(dst)}
+	close(d.boundCh)
+	d.boundCh = make(chan struct{})
+}
+
+// bindWait bounds how long Send waits for a room's binding: the node makes
+// WaitingForInput visible a moment before it hands the metadata over.
+const bindWait = 2 * time.Second
+
+// waitBound returns the room's binding, waiting (bounded) when the node
+// applied decode's METADATA but has not called Bind yet. d.mu is held on
+// entry and on return.
+func (d *PrefillData) waitBound(ctx context.Context, id poll.RoomID) *prefillRoom {
+	deadline := time.NewTimer(bindWait)
+	defer deadline.Stop()
+	for {
+		if r := d.rooms[id]; r != nil {
+			return r
+		}
+		if in, err := d.node.Get(id); err != nil || in.State != poll.WaitingForInput && in.State != poll.Transferring {
+			return nil // not bound because metadata has not arrived: no point waiting
+		}
+		ch := d.boundCh
+		d.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline.C:
+			d.mu.Lock()
+			return d.rooms[id]
+		case <-ctx.Done():
+			d.mu.Lock()
+			return d.rooms[id]
+		}
+		d.mu.Lock()
+	}
 }
 
 // Fence implements conn.PrefillDataPlane: no source page of the room is
@@ -163,7 +201,7 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 		return err
 	}
 	d.mu.Lock()
-	r := d.rooms[poll.RoomID(req.RoomId)]
+	r := d.waitBound(ctx, poll.RoomID(req.RoomId))
 	if r == nil {
 		d.mu.Unlock()
 		return status.Error(codes.FailedPrecondition, "room has no metadata from decode yet: poll until WaitingForInput")
