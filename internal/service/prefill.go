@@ -267,6 +267,14 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 }
 
 func (d *PrefillData) done(key poll.Key, bytes int64, err error) {
+	if transfer.ReasonOf(err) == transfer.ReasonFenced {
+		// Decode ended the room before its bytes were in; its control plane
+		// tells us why (ABORT, retried until acked), and the transfer-idle
+		// deadline covers a notice that never comes. Failing it here would
+		// record a wrong reason.
+		d.log.Debug("decode fenced the room", zap.Uint64("room", uint64(key.Room)))
+		return
+	}
 	if err != nil {
 		d.node.OnFailed(key, reasonOf(err))
 		return

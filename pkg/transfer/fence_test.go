@@ -55,8 +55,8 @@ func TestFenceMidChunkNoByteLandsAfter_R7(t *testing.T) {
 	if !bytes.Equal(dst.Pages(0, Run{2, 14}), bytes.Repeat([]byte{0xAA}, 14*item)) {
 		t.Fatal("pages after the fence point are not the sentinel")
 	}
-	if st := res[k]; st != uint32(codeInvalid) {
-		t.Fatalf("DONE for a fenced room answered %d, want invalid", st)
+	if st := res[k]; st != uint32(codeFenced) {
+		t.Fatalf("DONE for a fenced room answered %d, want fenced", st)
 	}
 	if s := rcv.Stats(); s.DiscardedChunks < 2 {
 		t.Fatalf("stats %+v: want the rest of the chunk and the next chunk discarded", s)
@@ -100,8 +100,8 @@ func TestFenceWhileSenderStreamsNoByteLandsAfter_R7(t *testing.T) {
 				t.Fatal(err)
 			}
 			err := waitDone(t, g.send(t, k, all, all, make([]byte, 8)))
-			if !errors.Is(err, ErrRejected) || ReasonOf(err) != ReasonInvalid {
-				t.Fatalf("sender outcome %v, want invalid", err)
+			if !errors.Is(err, ErrRejected) || ReasonOf(err) != ReasonFenced {
+				t.Fatalf("sender outcome %v, want fenced", err)
 			}
 			mu.Lock()
 			defer mu.Unlock()

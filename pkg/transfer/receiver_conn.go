@@ -282,13 +282,13 @@ func (c *rxConn) done(h *Header) error {
 		if err := c.discard(h.PayloadLen); err != nil {
 			return err
 		}
-		return c.result(h.Key(), ReasonInvalid)
+		return c.result(h.Key(), ReasonFenced) // ended and forgotten here (or never expected)
 	}
 	room.mu.Lock()
 	if room.state != live {
 		reason := room.reason
 		if room.state != failed {
-			reason = ReasonInvalid
+			reason = ReasonFenced
 		}
 		room.mu.Unlock()
 		if err := c.discard(h.PayloadLen); err != nil {
@@ -331,7 +331,7 @@ func (c *rxConn) done(h *Header) error {
 	ok := room.finish(completed, "")
 	room.mu.Unlock()
 	if !ok {
-		return c.result(room.key, ReasonInvalid) // fenced while the aux row landed
+		return c.result(room.key, ReasonFenced) // fenced while the aux row landed
 	}
 	delete(c.pending, room)
 	r.log.Debug("room complete", zap.Stringer("room", room.key))

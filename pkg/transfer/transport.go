@@ -25,6 +25,10 @@ const (
 	ReasonChecksum      Reason = "checksum"       // a payload or aux row failed its crc32c
 	ReasonTransferError Reason = "transfer_error" // the connection carrying the room broke or stalled
 	ReasonInvalid       Reason = "invalid"        // pages, totals or sequence did not match the room's metadata
+	// ReasonFenced: decode no longer takes the room's bytes (it ended the
+	// room: abort, timeout, shutdown). Not a failure cause of its own: the
+	// control plane carries decode's reason.
+	ReasonFenced Reason = "fenced"
 )
 
 type reasonCode uint32
@@ -34,7 +38,8 @@ const (
 	codeChecksum
 	codeTransferError
 	codeInvalid
-	maxReasonCode = codeInvalid
+	codeFenced
+	maxReasonCode = codeFenced
 )
 
 func (r Reason) code() reasonCode {
@@ -43,6 +48,8 @@ func (r Reason) code() reasonCode {
 		return codeChecksum
 	case ReasonTransferError:
 		return codeTransferError
+	case ReasonFenced:
+		return codeFenced
 	default:
 		return codeInvalid
 	}
@@ -54,6 +61,8 @@ func reasonFromCode(c uint32) Reason {
 		return ReasonChecksum
 	case codeTransferError:
 		return ReasonTransferError
+	case codeFenced:
+		return ReasonFenced
 	default:
 		return ReasonInvalid
 	}
