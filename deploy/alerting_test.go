@@ -189,6 +189,49 @@ func fastRules(t *testing.T) []byte {
 	return b
 }
 
+// startPrometheus runs a real Prometheus on a free loopback port with
+// dir/prometheus.yml and its data in dir/data; it is killed when the test
+// ends, and its log is shown if the test failed. done closes if it exits.
+func startPrometheus(ctx context.Context, t *testing.T, promBin, dir string) (api promAPI, done <-chan struct{}, logs func() string) {
+	t.Helper()
+	addr := freePort(t)
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	cmd := exec.CommandContext(ctx, promBin,
+		"--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr,
+		"--log.level=warn")
+	w := lockedWriter{mu: &mu, w: &buf}
+	cmd.Stdout, cmd.Stderr = w, w
+	cmd.WaitDelay = 2 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	logs = func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("prometheus log:\n%s", logs())
+		}
+	})
+	return promAPI{base: "http://" + addr}, exited, logs
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
 func freePort(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -238,33 +281,12 @@ scrape_configs:
 			t.Fatal(err)
 		}
 	}
-	addr := freePort(t)
-	var logs bytes.Buffer
-	cmd := exec.CommandContext(ctx, promBin,
-		"--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr,
-		"--log.level=warn")
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	cmd.WaitDelay = 2 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	defer func() {
-		_ = cmd.Process.Kill()
-		<-done
-		if t.Failed() {
-			t.Logf("prometheus log:\n%s", logs.String())
-		}
-	}()
-	api := promAPI{base: "http://" + addr}
+	api, done, logs := startPrometheus(ctx, t, promBin, dir)
 
 	eventually(ctx, t, "prometheus ready and scraping the exporter", func() (bool, error) {
 		select {
 		case <-done:
-			t.Fatalf("prometheus exited:\n%s", logs.String())
+			t.Fatalf("prometheus exited:\n%s", logs())
 		default:
 		}
 		var res struct {

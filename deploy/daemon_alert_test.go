@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -69,25 +68,7 @@ scrape_configs:
 			t.Fatal(err)
 		}
 	}
-	addr := freePort(t)
-	var logs bytes.Buffer
-	prom := exec.CommandContext(ctx, promBin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+addr, "--log.level=warn")
-	prom.Stdout, prom.Stderr = &logs, &logs
-	prom.WaitDelay = 2 * time.Second
-	if err := prom.Start(); err != nil {
-		t.Fatal(err)
-	}
-	promDone := make(chan struct{})
-	go func() { _ = prom.Wait(); close(promDone) }()
-	defer func() {
-		_ = prom.Process.Kill()
-		<-promDone
-		if t.Failed() {
-			t.Logf("prometheus log:\n%s", logs.String())
-		}
-	}()
-	api := promAPI{base: "http://" + addr}
+	api, _, _ := startPrometheus(ctx, t, promBin, dir)
 	eventually(ctx, t, "prometheus scraping both daemons", func() (bool, error) {
 		var res struct {
 			Result []json.RawMessage `json:"result"`
