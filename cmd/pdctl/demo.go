@@ -96,6 +96,7 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 	}
 	defer engines.Close()
 	var restart *restartInfo
+	waitRestart := func() {} // returns once the restart goroutine is done with procs
 	if faults {
 		// A peer restart mid-run: kill -9 decoded once 40% of the rooms
 		// ended, start it again, and let the engine register its region
@@ -106,7 +107,9 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 		var once sync.Once
 		restartDone := make(chan struct{})
 		runDone := make(chan struct{})
-		defer func() { close(runDone); <-restartDone }()
+		var waitOnce sync.Once
+		waitRestart = func() { waitOnce.Do(func() { close(runDone); <-restartDone }) }
+		defer waitRestart()
 		trigger := make(chan int, 1)
 		cfg.Progress = func(done, total int) {
 			progress(done, total)
@@ -131,14 +134,13 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 				restart.err = err
 				return
 			}
-			restartMu.Lock()
 			procs[1] = np
-			restartMu.Unlock()
 			restart.err = engines.Register(cmd.Context())
 			restart.took = time.Since(start)
 		}()
 	}
 	rep, err := engines.Run(cmd.Context(), cfg)
+	waitRestart()
 	fmt.Fprintln(out)
 	if rep == nil {
 		return err
@@ -210,12 +212,7 @@ type restartInfo struct {
 	err    error
 }
 
-// restartMu guards the process list while the demo restarts a daemon.
-var restartMu sync.Mutex
-
 func stopAll(procs []*proc.Process) {
-	restartMu.Lock()
-	defer restartMu.Unlock()
 	for _, p := range procs {
 		_ = p.Stop(15 * time.Second)
 	}

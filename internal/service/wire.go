@@ -48,24 +48,27 @@ func nodeConfig(cfg daemon.Config, side poll.Side, tr conn.Transport, log *zap.L
 	return c
 }
 
-func counts(c conn.Counters, z zmtp.Stats) (frames, rejected, peers, restarts []metrics.Count) {
+func frameCounts(c conn.Counters) []metrics.Count {
+	var out []metrics.Count
 	for _, t := range conn.AllFrameTypes() {
-		frames = append(frames,
+		out = append(out,
 			metrics.Count{Labels: []string{t.String(), "out"}, Value: float64(c.Frames(t, conn.Sent))},
 			metrics.Count{Labels: []string{t.String(), "in"}, Value: float64(c.Frames(t, conn.Received))})
 	}
+	return out
+}
+
+// rejectedCounts merges the node's frame rejections and the ZeroMQ guard's
+// connection rejections (prefixed zmtp_) under one metric.
+func rejectedCounts(c conn.Counters, z zmtp.Stats) []metrics.Count {
+	var out []metrics.Count
 	for _, r := range conn.AllRejectReasons() {
-		rejected = append(rejected, metrics.Count{Labels: []string{r.String()}, Value: float64(c.Rejected(r))})
+		out = append(out, metrics.Count{Labels: []string{r.String()}, Value: float64(c.Rejected(r))})
 	}
 	for reason, n := range z.Rejected {
-		rejected = append(rejected, metrics.Count{Labels: []string{"zmtp_" + reason}, Value: float64(n)})
+		out = append(out, metrics.Count{Labels: []string{"zmtp_" + reason}, Value: float64(n)})
 	}
-	peers = []metrics.Count{{Labels: []string{"up"}, Value: float64(c.PeersUp)}, {Labels: []string{"lost"}, Value: float64(c.PeersDown)}}
-	restarts = []metrics.Count{
-		{Labels: []string{"node"}, Value: float64(c.WorkerRestarts)},
-		{Labels: []string{"socket"}, Value: float64(z.Restarts)},
-	}
-	return
+	return out
 }
 
 // openKeyring loads the shared secret when --auth-token-file is set
@@ -279,23 +282,19 @@ func addNode(s *daemon.Server, name string, node RoomOwner, rec *metrics.Recorde
 func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes func() float64) error {
 	authRejected, authReloads := authSources(kr)
 	c := metrics.NewCollector(side, metrics.Sources{
-		Rooms: stats,
-		Frames: func() []metrics.Count {
-			f, _, _, _ := counts(ctr(), z())
-			return f
-		},
-		FramesRejected: func() []metrics.Count {
-			_, r, _, _ := counts(ctr(), z())
-			return r
-		},
-		Retransmits: func() float64 { return float64(ctr().Retransmits) },
+		Rooms:          stats,
+		Frames:         func() []metrics.Count { return frameCounts(ctr()) },
+		FramesRejected: func() []metrics.Count { return rejectedCounts(ctr(), z()) },
+		Retransmits:    func() float64 { return float64(ctr().Retransmits) },
 		Peers: func() []metrics.Count {
-			_, _, p, _ := counts(ctr(), z())
-			return p
+			c := ctr()
+			return []metrics.Count{{Labels: []string{"up"}, Value: float64(c.PeersUp)}, {Labels: []string{"lost"}, Value: float64(c.PeersDown)}}
 		},
 		WorkerRestarts: func() []metrics.Count {
-			_, _, _, w := counts(ctr(), z())
-			return w
+			return []metrics.Count{
+				{Labels: []string{"node"}, Value: float64(ctr().WorkerRestarts)},
+				{Labels: []string{"socket"}, Value: float64(z().Restarts)},
+			}
 		},
 		TransferBytes: bytes,
 		InsecureMode: func() float64 {
