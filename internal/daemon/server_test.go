@@ -94,7 +94,7 @@ func TestReadyOnlyWhenEveryComponentServesAndDrainRunsOnStop(t *testing.T) {
 	if st := grpcHealth(t, s); st != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("grpc health %v when ready", st)
 	}
-	if c, body := get(t, base+"/metrics"); c != 200 || !contains(body, "pdlink_build_info") || !contains(body, "go_goroutines") {
+	if c, body := get(t, base+"/metrics"); c != 200 || !strings.Contains(body, "pdlink_build_info") || !strings.Contains(body, "go_goroutines") {
 		t.Fatalf("/metrics %d lacks build info or Go collector", c)
 	}
 	fi, err := os.Stat(s.GRPCAddr().String())
@@ -149,12 +149,10 @@ func TestComponentFailureStopsTheDaemonWithItsError(t *testing.T) {
 	}
 	s.Add("broken", func(func()) error { return io.ErrUnexpectedEOF }, func(error) {})
 	err = s.Run(context.Background())
-	if err == nil || !contains(err.Error(), "broken") {
+	if err == nil || !strings.Contains(err.Error(), "broken") {
 		t.Fatalf("Run = %v, want the broken component's error", err)
 	}
 }
-
-func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()

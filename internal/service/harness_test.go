@@ -90,8 +90,6 @@ func client(t *testing.T, s *daemon.Server) *grpc.ClientConn {
 
 // startPair starts both daemons; the prefill's bootstrap address comes
 // from its node, read back through the test hook below.
-type daemonConfig = daemon.Config
-
 func startPair(t *testing.T) *pair { return startPairWith(t, nil) }
 
 func startPairWith(t *testing.T, tweak func(pre, dec *daemon.Config)) *pair {

@@ -48,14 +48,13 @@ type PrefillData struct {
 }
 
 type prefillRoom struct {
-	key       poll.Key
-	peerAddr  string
-	dst       []transfer.Run // decode's pages, in position order
-	dstPages  int64
-	src       []transfer.Run // pages handed over so far, in position order
-	srcPages  int64
-	started   bool
-	sentBytes int64
+	key      poll.Key
+	peerAddr string
+	dst      []transfer.Run // decode's pages, in position order
+	dstPages int64
+	src      []transfer.Run // pages handed over so far, in position order
+	srcPages int64
+	started  bool
 }
 
 var _ conn.PrefillDataPlane = (*PrefillData)(nil)
@@ -242,7 +241,6 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 		for _, b := range region.Layout().Buffers {
 			bytes += r.srcPages * b.ItemLen
 		}
-		r.sentBytes = bytes
 		sreq = transfer.SendRequest{
 			Peer: peer, Key: transfer.Key{Room: uint64(key.Room), Nonce: uint64(key.Nonce)},
 			Src: transfer.SamePages(nbuf, transfer.Coalesce(r.src)), Dst: transfer.SamePages(nbuf, r.dst), Aux: aux,

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/internal/daemon"
 )
 
 type rpcCase struct {
@@ -179,7 +180,7 @@ func TestEveryRPCRefusesBadInputWithTheRightCode(t *testing.T) {
 }
 
 func TestOverMaxRoomsIsResourceExhausted(t *testing.T) {
-	p := startPairWith(t, func(pre, dec *daemonConfig) { pre.MaxRooms = 2 })
+	p := startPairWith(t, func(pre, dec *daemon.Config) { pre.MaxRooms = 2 })
 	for id := uint64(1); id <= 2; id++ {
 		if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: id}); err != nil {
 			t.Fatal(err)

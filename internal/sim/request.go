@@ -489,31 +489,28 @@ func lost() *pb.RoomStatus {
 }
 
 func (s *run) pollPrefill(ctx context.Context, room uint64) *pb.RoomStatus {
-	var st *pb.RoomStatus
-	err := s.call(ctx, func(ctx context.Context) error {
+	return s.poll(ctx, func(ctx context.Context) ([]*pb.RoomStatus, error) {
 		resp, err := s.prefill.Poll(ctx, &pb.PrefillServicePollRequest{RoomIds: []uint64{room}})
-		if err == nil {
-			st = resp.Statuses[0]
-		}
-		return err
+		return resp.GetStatuses(), err
 	})
-	if status.Code(err) == codes.Unavailable && ctx.Err() == nil {
-		// The daemon is gone (stopped or killed): for this scheduler the
-		// room is over, the way an engine sees its daemon's socket close.
-		return unreachable(err)
-	}
-	if st != nil && !st.Found {
-		return lost()
-	}
-	return st
 }
 
 func (s *run) pollDecode(ctx context.Context, room uint64) *pb.RoomStatus {
+	return s.poll(ctx, func(ctx context.Context) ([]*pb.RoomStatus, error) {
+		resp, err := s.decode.Poll(ctx, &pb.DecodeServicePollRequest{RoomIds: []uint64{room}})
+		return resp.GetStatuses(), err
+	})
+}
+
+// poll asks one daemon for one room. A daemon that is gone (stopped or
+// killed) ends the room for this scheduler, the way an engine sees its
+// daemon's socket close; a room the daemon no longer holds is "not_found".
+func (s *run) poll(ctx context.Context, call func(context.Context) ([]*pb.RoomStatus, error)) *pb.RoomStatus {
 	var st *pb.RoomStatus
 	err := s.call(ctx, func(ctx context.Context) error {
-		resp, err := s.decode.Poll(ctx, &pb.DecodeServicePollRequest{RoomIds: []uint64{room}})
+		sts, err := call(ctx)
 		if err == nil {
-			st = resp.Statuses[0]
+			st = sts[0]
 		}
 		return err
 	})

@@ -5,8 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,21 +21,6 @@ func tokenFile(t *testing.T, token string) string {
 		t.Fatal(err)
 	}
 	return p
-}
-
-func metricSum(t *testing.T, httpAddr, prefix string) float64 {
-	t.Helper()
-	_, body := httpGet(t, "http://"+httpAddr+"/metrics")
-	var sum float64
-	for _, line := range strings.Split(body, "\n") {
-		if strings.HasPrefix(line, prefix) {
-			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			if err == nil {
-				sum += v
-			}
-		}
-	}
-	return sum
 }
 
 func TestNonLoopbackListenWithoutATokenRefusesToStart(t *testing.T) {
@@ -68,7 +53,7 @@ func TestSharedTokenWorksAndAWrongTokenIsRefusedAndCounted(t *testing.T) {
 		t.Fatalf("with a shared token: %+v %v", rep, err)
 	}
 	for _, p := range []string{pre.HTTPAddr, dec.HTTPAddr} {
-		if n := metricSum(t, p, "pdlink_auth_rejected_total"); n != 0 {
+		if n := metric(t, p, "pdlink_auth_rejected_total"); n != 0 {
 			t.Errorf("%s refused %v frames or connections with a shared token", p, n)
 		}
 	}
@@ -90,10 +75,10 @@ func TestSharedTokenWorksAndAWrongTokenIsRefusedAndCounted(t *testing.T) {
 	if rep.Outcomes["decode:success"] != 0 || rep.Pinned != 0 {
 		t.Fatalf("with a wrong token: %v (pinned %d)", rep.Outcomes, rep.Pinned)
 	}
-	if n := metricSum(t, pre.HTTPAddr, `pdlink_auth_rejected_total{reason="mac_invalid"`); n == 0 {
+	if n := metric(t, pre.HTTPAddr, `pdlink_auth_rejected_total{reason="mac_invalid"`); n == 0 {
 		t.Errorf("prefilld did not count the wrong token's frames")
 	}
-	if n := metricSum(t, pre.HTTPAddr, `pdlink_frames_rejected_total{reason="auth"`); n == 0 {
+	if n := metric(t, pre.HTTPAddr, `pdlink_frames_rejected_total{reason="auth"`); n == 0 {
 		t.Errorf("frames_rejected_total{reason=auth} stayed 0")
 	}
 }
@@ -113,6 +98,13 @@ func TestTokenRotationUnderLoadKeepsRoomsSucceeding(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer engines.Close()
+	oldTokenRooms := make(chan struct{}) // closed once rooms have ended on the old token
+	var once sync.Once
+	cfg.Progress = func(n, _ int) {
+		if n >= 20 {
+			once.Do(func() { close(oldTokenRooms) })
+		}
+	}
 	done := make(chan *sim.Report, 1)
 	go func() {
 		rep, err := engines.Run(ctx, cfg)
@@ -121,7 +113,11 @@ func TestTokenRotationUnderLoadKeepsRoomsSucceeding(t *testing.T) {
 		}
 		done <- rep
 	}()
-	time.Sleep(300 * time.Millisecond) // some rooms on the old token first
+	select {
+	case <-oldTokenRooms:
+	case <-ctx.Done():
+		t.Fatal("no room ended on the old token")
+	}
 	if err := os.WriteFile(file, []byte(strings.Repeat("n", 40)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -138,13 +134,13 @@ func TestTokenRotationUnderLoadKeepsRoomsSucceeding(t *testing.T) {
 	if rep.Outcomes["decode:success"] != cfg.Requests || rep.Corrupt != 0 {
 		t.Fatalf("rooms failed during the rotation: %v", rep.Outcomes)
 	}
-	// The workload must outlast both promotions (reloads at ~0.3s and
-	// ~0.6s, promote delay 1s) or the test proves nothing.
+	// The workload must outlast both promotions (reloads ~0.3 s apart,
+	// promote delay 1 s) or the test proves nothing.
 	if rep.Elapsed < 2*time.Second {
 		t.Fatalf("workload ended after %v, before both daemons signed with the new token", rep.Elapsed)
 	}
 	for _, p := range []string{pre.HTTPAddr, dec.HTTPAddr} {
-		if n := metricSum(t, p, `pdlink_auth_token_reloads_total{result="ok"`); n != 1 {
+		if n := metric(t, p, `pdlink_auth_token_reloads_total{result="ok"`); n != 1 {
 			t.Errorf("%s reloads ok = %v, want 1", p, n)
 		}
 	}
@@ -156,7 +152,7 @@ func TestTokenRotationUnderLoadKeepsRoomsSucceeding(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for metricSum(t, pre.HTTPAddr, `pdlink_auth_token_reloads_total{result="error"`) != 1 {
+	for metric(t, pre.HTTPAddr, `pdlink_auth_token_reloads_total{result="error"`) != 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("reload error not counted")
 		}

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -35,7 +34,7 @@ func pairProcs(t *testing.T, extra ...string) (pre, dec *proc.Process, cfg sim.C
 // Success or Failed within the bound, and decode sees the failures.
 func TestSIGTERMDrainsInflightRoomsAndTellsThePeer(t *testing.T) {
 	const drain = 3 * time.Second
-	pre, dec, cfg := pairProcs(t, "--drain-timeout="+drain.String(), "--bootstrap-timeout=5s", "--waiting-timeout=5s", "--transfer-idle-timeout=5s")
+	pre, _, cfg := pairProcs(t, "--drain-timeout="+drain.String(), "--bootstrap-timeout=5s", "--waiting-timeout=5s", "--transfer-idle-timeout=5s")
 	cfg.Requests, cfg.Concurrency = 80, 16
 	cfg.PinBound = 20 * time.Second
 	// A stalled prefill scheduler keeps rooms in flight when SIGTERM
@@ -69,8 +68,7 @@ func TestSIGTERMDrainsInflightRoomsAndTellsThePeer(t *testing.T) {
 	// end in milliseconds, so a Transferring room half a second old is one.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		age, err := strconv.ParseFloat(sample(t, pre.HTTPAddr, `pdlink_room_oldest_age_seconds{side="prefill",state="Transferring"}`), 64)
-		if err == nil && age >= 0.5 {
+		if metric(t, pre.HTTPAddr, `pdlink_room_oldest_age_seconds{side="prefill",state="Transferring"}`) >= 0.5 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -120,5 +118,4 @@ func TestSIGTERMDrainsInflightRoomsAndTellsThePeer(t *testing.T) {
 	if !strings.Contains(pre.Logs(), `"msg":"draining"`) {
 		t.Errorf("prefilld did not log its drain")
 	}
-	_ = dec
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,16 +25,29 @@ func grpcConn(t *testing.T, unixPath string) *grpc.ClientConn {
 	return c
 }
 
-func sample(t *testing.T, httpAddr, prefix string) string {
+// metric scrapes a daemon and returns the sum of the samples whose line
+// starts with prefix (one series when the prefix names all its labels). A
+// prefix that matches nothing fails the test: a missing series must not
+// read as zero.
+func metric(t *testing.T, httpAddr, prefix string) float64 {
 	t.Helper()
 	_, body := httpGet(t, "http://"+httpAddr+"/metrics")
+	var sum float64
+	found := false
 	for _, line := range strings.Split(body, "\n") {
-		if strings.HasPrefix(line, prefix) {
-			return line[strings.LastIndexByte(line, ' ')+1:]
+		if !strings.HasPrefix(line, prefix) {
+			continue
 		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			t.Fatalf("sample %q: %v", line, err)
+		}
+		sum, found = sum+v, true
 	}
-	t.Fatalf("no sample %s", prefix)
-	return ""
+	if !found {
+		t.Fatalf("no sample %s", prefix)
+	}
+	return sum
 }
 
 func debugRoomIDs(t *testing.T, httpAddr string) []uint64 {
@@ -108,8 +122,8 @@ func TestOneRoomAcrossTwoProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range []struct{ name, addr string }{{"prefill", pre.HTTPAddr}, {"decode", dec.HTTPAddr}} {
-		if got := sample(t, d.addr, `pdlink_inflight_rooms{side="`+d.name+`"}`); got != "1" {
-			t.Errorf("%s inflight %s while the room is open", d.name, got)
+		if got := metric(t, d.addr, `pdlink_inflight_rooms{side="`+d.name+`"}`); got != 1 {
+			t.Errorf("%s inflight %v while the room is open", d.name, got)
 		}
 		if ids := debugRoomIDs(t, d.addr); len(ids) != 1 || ids[0] != room {
 			t.Errorf("%s /debug/rooms %v while the room is open", d.name, ids)
@@ -165,11 +179,11 @@ func TestOneRoomAcrossTwoProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range []struct{ name, addr string }{{"prefill", pre.HTTPAddr}, {"decode", dec.HTTPAddr}} {
-		if got := sample(t, d.addr, `pdlink_inflight_rooms{side="`+d.name+`"}`); got != "0" {
-			t.Errorf("%s inflight %s after Clear", d.name, got)
+		if got := metric(t, d.addr, `pdlink_inflight_rooms{side="`+d.name+`"}`); got != 0 {
+			t.Errorf("%s inflight %v after Clear", d.name, got)
 		}
-		if got := sample(t, d.addr, `pdlink_rooms{side="`+d.name+`",state="Success"}`); got != "0" {
-			t.Errorf("%s still holds a Success room after Clear: %s", d.name, got)
+		if got := metric(t, d.addr, `pdlink_rooms{side="`+d.name+`",state="Success"}`); got != 0 {
+			t.Errorf("%s still holds a Success room after Clear: %v", d.name, got)
 		}
 		if ids := debugRoomIDs(t, d.addr); len(ids) != 0 {
 			t.Errorf("%s /debug/rooms %v after Clear", d.name, ids)
