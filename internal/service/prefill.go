@@ -192,7 +192,7 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	if region == nil {
 		return status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
 	}
-	if err := validateRank("rank", req.Rank); err != nil {
+	if err := d.slot.checkRank("rank", req.Rank); err != nil {
 		return err
 	}
 	src, err := pageRuns("pages", req.Pages, region.Layout().Buffers[0].Pages())
@@ -203,7 +203,13 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	r := d.waitBound(ctx, poll.RoomID(req.RoomId))
 	if r == nil {
 		d.mu.Unlock()
-		return status.Error(codes.FailedPrecondition, "room has no metadata from decode yet: poll until WaitingForInput")
+		return d.notSendable(poll.RoomID(req.RoomId), nil)
+	}
+	if d.fenced[r.key] {
+		// Failed: say so before judging the chunk against a room that
+		// will take no more.
+		d.mu.Unlock()
+		return d.notSendable(r.key.Room, poll.ErrTerminal)
 	}
 	if r.started {
 		d.mu.Unlock()
@@ -251,7 +257,7 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	d.mu.Unlock()
 
 	if err := d.node.FirstSend(key.Room); err != nil {
-		return toStatus(err)
+		return d.notSendable(key.Room, err)
 	}
 	if !req.Last {
 		return nil
@@ -262,6 +268,24 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 		return status.Errorf(codes.FailedPrecondition, "transfer refused: %v", err)
 	}
 	return nil
+}
+
+// notSendable says why a room takes no Send, from its state now: NotFound
+// when it is not open here, FailedPrecondition naming the state (and for
+// Failed the reasons) otherwise. err is the owner's refusal, if any.
+func (d *PrefillData) notSendable(id poll.RoomID, err error) error {
+	in, gerr := d.node.Get(id)
+	switch {
+	case gerr != nil:
+		return status.Errorf(codes.NotFound, "room %d is not open here: OpenSender first", id)
+	case in.Visible == poll.Failed:
+		return failedRoom(in)
+	case in.Visible == poll.Bootstrapping:
+		return status.Errorf(codes.FailedPrecondition, "room %d is Bootstrapping: no metadata from decode yet, poll until WaitingForInput", id)
+	case err != nil:
+		return toStatus(err)
+	}
+	return status.Errorf(codes.FailedPrecondition, "room %d is %v and not bound to decode: poll until it fails or moves on", id, in.Visible)
 }
 
 func (d *PrefillData) done(key poll.Key, bytes int64, err error) {
