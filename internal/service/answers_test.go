@@ -46,6 +46,15 @@ func wantRoomFailedInfo(t *testing.T, err error, reason, peerReason string) {
 	t.Fatalf("%v has no ROOM_FAILED ErrorInfo", err)
 }
 
+// startQuickPair is startPair with a short drain: these tests leave live
+// rooms behind, and waiting out the default drain on each would only slow
+// them down.
+func startQuickPair(t *testing.T) *pair {
+	return startPairWith(t, func(pre, dec *daemon.Config) {
+		pre.DrainTimeout, dec.DrainTimeout = 100*time.Millisecond, 100*time.Millisecond
+	})
+}
+
 // openBoth opens room on both daemons and returns decode's nonce.
 func openBoth(t *testing.T, p *pair, room uint64) uint64 {
 	t.Helper()
@@ -78,7 +87,7 @@ func decPoll(t *testing.T, p *pair, room uint64) func() *pb.RoomStatus {
 }
 
 func TestSendOnRoomNeverOpenedIsNotFound(t *testing.T) {
-	p := startPair(t)
+	p := startQuickPair(t)
 	registerRegions(t, p)
 	for _, last := range []bool{false, true} {
 		_, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: 31337, Pages: &pb.PageList{Indices: []int32{0}}, Last: last})
@@ -93,7 +102,7 @@ func TestSendOnRoomNeverOpenedIsNotFound(t *testing.T) {
 }
 
 func TestSendOnFailedRoomNamesStateAndReason(t *testing.T) {
-	p := startPair(t)
+	p := startQuickPair(t)
 	registerRegions(t, p)
 	const room = 11
 	openBoth(t, p, room)
@@ -118,7 +127,7 @@ func TestSendOnFailedRoomNamesStateAndReason(t *testing.T) {
 }
 
 func TestSendMetadataRetriedWithSameContentIsIdempotent(t *testing.T) {
-	p := startPair(t)
+	p := startQuickPair(t)
 	registerRegions(t, p)
 	const room = 21
 	nonce := openBoth(t, p, room)
@@ -152,7 +161,7 @@ func TestSendMetadataRetriedWithSameContentIsIdempotent(t *testing.T) {
 }
 
 func TestSendMetadataWithOtherContentIsRefusedAndNotApplied(t *testing.T) {
-	p := startPair(t)
+	p := startQuickPair(t)
 	pre, dec := registerRegions(t, p)
 	const room = 22
 	openBoth(t, p, room)
@@ -195,7 +204,7 @@ func TestSendMetadataWithOtherContentIsRefusedAndNotApplied(t *testing.T) {
 }
 
 func TestSendMetadataOnFailedRoomNamesStateAndReason(t *testing.T) {
-	p := startPair(t)
+	p := startQuickPair(t)
 	registerRegions(t, p)
 	const room = 23
 	openBoth(t, p, room)
@@ -226,7 +235,7 @@ func TestSendMetadataOnFailedRoomNamesStateAndReason(t *testing.T) {
 // A rank the daemon holds no region for is refused at the call, before
 // anything is sent or recorded: the room is untouched and still usable.
 func TestRankWithoutRegionIsInvalidArgument(t *testing.T) {
-	p := startPair(t)
+	p := startQuickPair(t)
 	registerRegions(t, p)
 	const room = 41
 	openBoth(t, p, room)
@@ -259,7 +268,7 @@ func TestRankWithoutRegionIsInvalidArgument(t *testing.T) {
 }
 
 func TestOpenReceiverRefusesAnAddressItCannotDial(t *testing.T) {
-	p := startPair(t)
+	p := startQuickPair(t)
 	registerRegions(t, p)
 	for _, addr := range []string{
 		"tcp://127.0.0.1:99999", "tcp://127.0.0.1:0", "tcp://127.0.0.1:65536", "tcp://127.0.0.1:-1",
@@ -288,7 +297,7 @@ func TestBootstrapAddrValidation(t *testing.T) {
 
 // Poll shows the room's nonce in every state, not only once Failed.
 func TestPollCarriesTheNonceInEveryState(t *testing.T) {
-	p := startPair(t)
+	p := startQuickPair(t)
 	registerRegions(t, p)
 	const room = 61
 	nonce := openBoth(t, p, room)
@@ -319,7 +328,7 @@ func TestPollCarriesTheNonceInEveryState(t *testing.T) {
 // reason collision in Poll, Watch and GetRoom, and both daemons count the
 // collision (prefill detected it, decode was told).
 func TestCollisionLoserSeesPeerReasonAndBothDaemonsCountIt(t *testing.T) {
-	p := startPair(t)
+	p := startQuickPair(t)
 	registerRegions(t, p)
 	const room = 71
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -374,7 +383,10 @@ func TestCollisionLoserSeesPeerReasonAndBothDaemonsCountIt(t *testing.T) {
 
 // When prefill times a room out, decode's scheduler learns the cause.
 func TestPeerTimeoutReachesTheSchedulerAsPeerReason(t *testing.T) {
-	p := startPairWith(t, func(pre, dec *daemon.Config) { pre.WaitingTimeout = 300 * time.Millisecond })
+	p := startPairWith(t, func(pre, dec *daemon.Config) {
+		pre.WaitingTimeout = 300 * time.Millisecond
+		pre.DrainTimeout, dec.DrainTimeout = 100*time.Millisecond, 100*time.Millisecond
+	})
 	registerRegions(t, p)
 	const room = 81
 	openBoth(t, p, room)
