@@ -398,3 +398,29 @@ func TestPeerTimeoutReachesTheSchedulerAsPeerReason(t *testing.T) {
 		t.Fatalf("decode Poll %v, want aborted:remote with peer_reason timeout:waiting_for_input", ds)
 	}
 }
+
+// Retries that overlap the first call (a client that gave up early) are
+// one request: every call answers OK and the room is bound once.
+func TestConcurrentSendMetadataRetriesAreOneRequest(t *testing.T) {
+	p := startQuickPair(t)
+	registerRegions(t, p)
+	const room = 25
+	openBoth(t, p, room)
+	md := &pb.SendMetadataRequest{RoomId: room, DstPages: &pb.PageList{Indices: []int32{9, 10}}, AuxIndex: 1}
+	errs := make(chan error, 8)
+	for range cap(errs) {
+		go func() {
+			_, err := p.decode.SendMetadata(ctxT(t), md)
+			errs <- err
+		}()
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Fatalf("an overlapping retry failed: %v", err)
+		}
+	}
+	waitState(t, "prefill WaitingForInput", prePoll(t, p, room), pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT)
+	if _, ds := pollState(t, p, room); ds.State == pb.RoomState_ROOM_STATE_FAILED {
+		t.Fatalf("decode room after overlapping retries: %v", ds)
+	}
+}
