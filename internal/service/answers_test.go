@@ -424,3 +424,39 @@ func TestConcurrentSendMetadataRetriesAreOneRequest(t *testing.T) {
 		t.Fatalf("decode room after overlapping retries: %v", ds)
 	}
 }
+
+// A Send retried after a client timeout is the same request: OK, also
+// once the room moved on to Success. Another chunk at a taken position is
+// still refused.
+func TestSendRetriedWithTheSameChunkIsIdempotent(t *testing.T) {
+	p := startQuickPair(t)
+	registerRegions(t, p)
+	const room = 26
+	openBoth(t, p, room)
+	if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, DstPages: &pb.PageList{Indices: []int32{1, 2, 3, 4}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, "prefill WaitingForInput", prePoll(t, p, room), pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT)
+	first := &pb.SendRequest{RoomId: room, Pages: &pb.PageList{Indices: []int32{5, 6}}}
+	last := &pb.SendRequest{RoomId: room, StartPosition: 2, Pages: &pb.PageList{Runs: []*pb.PageRun{{Start: 7, Count: 2}}}, Last: true, AuxIndex: 1}
+	for i, req := range []*pb.SendRequest{first, first, last, last} {
+		if i == 2 {
+			_, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, Pages: &pb.PageList{Indices: []int32{5, 9}}})
+			wantField(t, err, "start_position")
+		}
+		if _, err := p.prefill.Send(ctxT(t), req); err != nil {
+			t.Fatalf("send at %d (last %v): %v", req.StartPosition, req.Last, err)
+		}
+	}
+	waitState(t, "decode Success", decPoll(t, p, room), pb.RoomState_ROOM_STATE_SUCCESS)
+	for _, req := range []*pb.SendRequest{first, last} {
+		if _, err := p.prefill.Send(ctxT(t), req); err != nil {
+			t.Fatalf("retry after Success at %d: %v", req.StartPosition, err)
+		}
+	}
+	_, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, Pages: &pb.PageList{Indices: []int32{5, 9}}})
+	wantCode(t, err, codes.FailedPrecondition, "last chunk")
+	other := &pb.SendRequest{RoomId: room, StartPosition: 2, Pages: &pb.PageList{Runs: []*pb.PageRun{{Start: 7, Count: 2}}}, Last: true, AuxIndex: 2}
+	_, err = p.prefill.Send(ctxT(t), other)
+	wantCode(t, err, codes.FailedPrecondition, "last chunk")
+}

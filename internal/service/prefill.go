@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,7 +55,27 @@ type prefillRoom struct {
 	dstPages int64
 	src      []transfer.Run // pages handed over so far, in position order
 	srcPages int64
+	chunks   []sentChunk // the Sends taken, so a retry is recognised
 	started  bool
+}
+
+// sentChunk is one Send a room took: its pages are src[at:at+runs].
+type sentChunk struct {
+	start    int64
+	at, runs int
+	last     bool
+	auxIndex uint32
+}
+
+// repeats reports whether a Send is one the room already took: a client
+// that timed out and retries gets the answer of the first call.
+func (r *prefillRoom) repeats(start int64, src []transfer.Run, last bool, auxIndex uint32) bool {
+	for _, c := range r.chunks {
+		if c.start == start && c.last == last && (!last || c.auxIndex == auxIndex) && slices.Equal(r.src[c.at:c.at+c.runs], src) {
+			return true
+		}
+	}
+	return false
 }
 
 var _ conn.PrefillDataPlane = (*PrefillData)(nil)
@@ -211,6 +232,10 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 		d.mu.Unlock()
 		return d.notSendable(r.key.Room, poll.ErrTerminal)
 	}
+	if (r.started || int64(req.StartPosition) < r.srcPages) && r.repeats(int64(req.StartPosition), src, req.Last, req.AuxIndex) {
+		d.mu.Unlock()
+		return nil
+	}
 	if r.started {
 		d.mu.Unlock()
 		return status.Error(codes.FailedPrecondition, "room already sent its last chunk")
@@ -236,6 +261,7 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 		}
 		aux = region.AuxRow(int64(req.AuxIndex))
 	}
+	r.chunks = append(r.chunks, sentChunk{start: r.srcPages, at: len(r.src), runs: len(src), last: req.Last, auxIndex: req.AuxIndex})
 	r.src = append(r.src, src...)
 	r.srcPages += n
 	key, peer := r.key, r.peerAddr

@@ -42,7 +42,10 @@ type PrefillServiceClient interface {
 	// Errors: AlreadyExists for a live room with this id; ResourceExhausted
 	// over --max-rooms; Unavailable while draining.
 	OpenSender(ctx context.Context, in *OpenSenderRequest, opts ...grpc.CallOption) (*OpenSenderResponse, error)
-	// Send hands a chunk of source pages to the transfer workers. Errors:
+	// Send hands a chunk of source pages to the transfer workers. A retry of
+	// a chunk the room took (same start_position, pages, last and, for the
+	// last chunk, aux_index) answers OK with the room's status, also after
+	// the room moved on, unless it Failed. Errors:
 	// NotFound for a room not open here; InvalidArgument for a rank with no
 	// registered region (field rank) or bad pages; FailedPrecondition for a
 	// room still Bootstrapping (poll until WaitingForInput) or Failed (the
@@ -160,7 +163,10 @@ type PrefillServiceServer interface {
 	// Errors: AlreadyExists for a live room with this id; ResourceExhausted
 	// over --max-rooms; Unavailable while draining.
 	OpenSender(context.Context, *OpenSenderRequest) (*OpenSenderResponse, error)
-	// Send hands a chunk of source pages to the transfer workers. Errors:
+	// Send hands a chunk of source pages to the transfer workers. A retry of
+	// a chunk the room took (same start_position, pages, last and, for the
+	// last chunk, aux_index) answers OK with the room's status, also after
+	// the room moved on, unless it Failed. Errors:
 	// NotFound for a room not open here; InvalidArgument for a rank with no
 	// registered region (field rank) or bad pages; FailedPrecondition for a
 	// room still Bootstrapping (poll until WaitingForInput) or Failed (the
