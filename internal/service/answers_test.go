@@ -124,6 +124,17 @@ func TestSendOnFailedRoomNamesStateAndReason(t *testing.T) {
 		wantCode(t, err, codes.FailedPrecondition, "Failed", "aborted:remote", "aborted:local")
 		wantRoomFailedInfo(t, err, "aborted:remote", "aborted:local")
 	}
+	// A room that failed before decode's metadata bound it: the same answer.
+	if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room + 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.prefill.Abort(ctxT(t), &pb.PrefillServiceAbortRequest{RoomId: room + 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, "prefill Failed", prePoll(t, p, room+1), pb.RoomState_ROOM_STATE_FAILED)
+	_, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room + 1, Pages: &pb.PageList{Indices: []int32{3}}})
+	wantCode(t, err, codes.FailedPrecondition, "Failed", "aborted:local")
+	wantRoomFailedInfo(t, err, "aborted:local", "")
 }
 
 func TestSendMetadataRetriedWithSameContentIsIdempotent(t *testing.T) {
