@@ -377,6 +377,9 @@ func TestCollisionLoserSeesPeerReasonAndBothDaemonsCountIt(t *testing.T) {
 	if err != nil || gr.Room.PeerReason != "collision" {
 		t.Fatalf("GetRoom %v %v, want peer_reason collision", gr, err)
 	}
+	if h := gr.Room.History; len(h) == 0 || h[len(h)-1].To != pb.RoomState_ROOM_STATE_FAILED || h[len(h)-1].PeerReason != "collision" {
+		t.Fatalf("GetRoom history %v, want the move to Failed with peer_reason collision", h)
+	}
 	lr, err := p.decAdmin.ListRooms(ctxT(t), &pb.ListRoomsRequest{})
 	if err != nil || len(lr.Rooms) != 1 || lr.Rooms[0].PeerReason != "collision" {
 		t.Fatalf("ListRooms %v %v, want the room with peer_reason collision", lr, err)

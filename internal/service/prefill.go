@@ -303,7 +303,7 @@ func (d *PrefillData) notSendable(id poll.RoomID, err error) error {
 	in, gerr := d.node.Get(id)
 	switch {
 	case gerr != nil:
-		return status.Errorf(codes.NotFound, "room %d is not open here: OpenSender first", id)
+		return status.Errorf(codes.NotFound, "room %d is not open here (never opened, or cleared): OpenSender first", id)
 	case in.Visible == poll.Failed:
 		return failedRoom(in)
 	case in.Visible == poll.Bootstrapping:

@@ -290,11 +290,15 @@ func (a *AdminServer) info(in poll.RoomInfo) *pb.RoomInfo {
 		out.Deadline = timestamppb.New(a.Owner.WallTime(in.Deadline))
 	}
 	for _, h := range in.History {
-		out.History = append(out.History, &pb.Transition{
+		tr := &pb.Transition{
 			RoomId: uint64(in.Key.Room), Nonce: uint64(in.Key.Nonce),
 			From: stateToProto(h.From), To: stateToProto(h.To), Reason: string(h.Reason),
 			At: timestamppb.New(a.Owner.WallTime(h.At)),
-		})
+		}
+		if h.To == poll.Failed {
+			tr.PeerReason = string(in.PeerReason) // a room fails once: this is that move
+		}
+		out.History = append(out.History, tr)
 	}
 	return out
 }
