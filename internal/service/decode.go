@@ -298,8 +298,8 @@ func (s *DecodeServer) SendMetadata(ctx context.Context, req *pb.SendMetadataReq
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if in.Visible == poll.Failed {
-		return nil, failedRoom(in)
+	if in.State == poll.Failed {
+		return nil, roomEnded(in) // also for a retry: the room takes nothing now
 	}
 	want := &sentMetadata{tpRank: mr.TPRank, tpSize: mr.TPSize, dst: dst, auxIndex: req.AuxIndex, done: make(chan struct{})}
 	md, first := s.Data.claimMetadata(in.Key, want)

@@ -304,8 +304,8 @@ func (d *PrefillData) notSendable(id poll.RoomID, err error) error {
 	switch {
 	case gerr != nil:
 		return status.Errorf(codes.NotFound, "room %d is not open here (never opened, or cleared): OpenSender first", id)
-	case in.Visible == poll.Failed:
-		return failedRoom(in)
+	case in.State == poll.Failed:
+		return roomEnded(in)
 	case in.Visible == poll.Bootstrapping:
 		return status.Errorf(codes.FailedPrecondition, "room %d is Bootstrapping: no metadata from decode yet, poll until WaitingForInput", id)
 	case err != nil:

@@ -163,6 +163,17 @@ func checkBootstrapAddr(field, addr string) error {
 	return nil
 }
 
+// roomEnded answers a call that needs a live room with the room Failed:
+// failedRoom once Failed is visible; before the fence only the visible
+// state, so no answer shows Failed while a worker may still touch the
+// room's pages (I9).
+func roomEnded(in poll.RoomInfo) error {
+	if in.Visible == poll.Failed {
+		return failedRoom(in)
+	}
+	return status.Errorf(codes.FailedPrecondition, "room %d is %v and ending: poll it until it settles", in.Key.Room, in.Visible)
+}
+
 // failedRoom answers a call that needs a live room with the room visibly
 // Failed: FailedPrecondition naming the state and the reasons, with an
 // ErrorInfo (reason ROOM_FAILED, metadata state, reason, peer_reason) a
