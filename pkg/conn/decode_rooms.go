@@ -29,7 +29,9 @@ func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 		return err
 	}
 	if info.State != poll.Bootstrapping && info.State != poll.WaitingForInput {
-		return fmt.Errorf("%w: %v", ErrNotBootstrapping, info.State)
+		// Name the visible state: a room failed but not yet fenced must not
+		// read as Failed to the scheduler (I9).
+		return fmt.Errorf("%w: %v", ErrNotBootstrapping, info.Visible)
 	}
 	n.smu.Lock()
 	s := n.byID[info.Peer]

@@ -2,6 +2,7 @@ package conn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -214,7 +215,15 @@ func (n *PrefillNode) Open(room poll.RoomID, nonce poll.Nonce, parts int) (poll.
 // FirstSend records the scheduler's Send of a chunk: the first one moves
 // the room to Transferring, later ones count as progress.
 func (n *PrefillNode) FirstSend(room poll.RoomID) error {
-	return n.step(poll.Event{Kind: poll.EvFirstChunk, Key: poll.Key{Room: room}})
+	err := n.step(poll.Event{Kind: poll.EvFirstChunk, Key: poll.Key{Room: room}})
+	if errors.Is(err, poll.ErrTerminal) {
+		// A room failed but not yet fenced is refused without reading as
+		// terminal: the scheduler may free pages once it sees one (I9).
+		if in, gerr := n.Get(room); gerr == nil && !in.Visible.Terminal() {
+			return fmt.Errorf("%w: room %d is %v", poll.ErrIllegalTransition, room, in.Visible)
+		}
+	}
+	return err
 }
 
 // OnProgress is the data plane's callback: bytes of the room moved.
