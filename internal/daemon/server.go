@@ -49,6 +49,8 @@ type Server struct {
 	ready    atomic.Bool
 	drain    func(ctx context.Context)
 	unixPath string
+
+	reloaders []reloader // what SIGHUP re-reads (signals.go)
 }
 
 // NewServer binds the gRPC and HTTP listeners so that a bad or busy address
@@ -209,7 +211,9 @@ func (s *Server) OnDrain(drain func(ctx context.Context)) { s.drain = drain }
 
 // Run serves until ctx is done (SIGTERM) or a component fails. On ctx done
 // it turns not-ready, drains for at most --drain-timeout, and stops.
+// Throughout, SIGHUP runs what OnReload registered.
 func (s *Server) Run(ctx context.Context) error {
+	defer s.handleHangup()()
 	stop := make(chan struct{})
 	s.group.Add(func() error {
 		select {
