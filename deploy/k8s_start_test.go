@@ -3,6 +3,8 @@ package deploy
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/pdlink/pdlink/internal/sim"
+	"github.com/pdlink/pdlink/pkg/auth"
 )
 
 // Pod IPs of the test's two pods. They exist only in the network
@@ -90,6 +94,88 @@ func TestExampleOverlayStartsAsRendered(t *testing.T) {
 	if got := dec.metric(ctx, t, "pdlink_transfer_bytes_total"); got <= 0 {
 		t.Errorf("decode: pdlink_transfer_bytes_total %v, want > 0", got)
 	}
+}
+
+// TestExampleSecretUpdatedInPlaceRotatesOnSIGHUP is the README's
+// no-restart rotation on the rendered pods: the Secret volume is updated as
+// the kubelet does it (new ..<timestamp> directory, ..data renamed onto
+// it), first to "old, new" and then to "new"; after each, SIGHUP makes both
+// daemons re-read the file through the swapped symlink, and a room still
+// moves with verified bytes. The second reload names the new token as next
+// to sign.
+func TestExampleSecretUpdatedInPlaceRotatesOnSIGHUP(t *testing.T) {
+	ipBin := needPodSandbox(t)
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	pre, dec := startExamplePods(ctx, t, ipBin)
+	for _, p := range []*examplePod{pre, dec} {
+		waitReady(ctx, t, p)
+	}
+	s := newExampleSim(ctx, t, pre, dec)
+	oneRoom(ctx, t, s, 1, pre, dec)
+
+	old := pre.token(t)
+	fresh := make([]byte, 48)
+	_, _ = rand.Read(fresh)
+	next := []byte(base64.StdEncoding.EncodeToString(fresh))
+	for step, content := range []string{string(old) + "\n" + string(next) + "\n", string(next) + "\n"} {
+		for _, p := range []*examplePod{pre, dec} {
+			p.updateToken(t, []byte(content))
+			if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range []*examplePod{pre, dec} {
+			want := float64(step + 1)
+			eventually(ctx, t, fmt.Sprintf("%s: reload %d", p.comp, step+1), func() (bool, error) {
+				return p.metric(ctx, t, `pdlink_auth_token_reloads_total{result="ok"`) >= want, nil
+			})
+			if got := p.metric(ctx, t, `pdlink_auth_token_reloads_total{result="error"`); got != 0 {
+				t.Fatalf("%s: %v reloads refused the updated Secret\n%s", p.comp, got, p.logs())
+			}
+		}
+		oneRoom(ctx, t, s, uint64(step+2), pre, dec)
+	}
+	kr, err := auth.New(auth.Config{}, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*examplePod{pre, dec} {
+		if got := p.lastLogField("auth tokens reloaded", "next"); got != kr.Fingerprint() {
+			t.Errorf("%s: after the second reload next=%q, want the new token's %s\n%s", p.comp, got, kr.Fingerprint(), p.logs())
+		}
+	}
+}
+
+// token is the first line of the pod's mounted token file.
+func (p *examplePod) token(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p.hostPath(env(p.side, "PDLINK_AUTH_TOKEN_FILE")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	return []byte(strings.TrimSpace(first))
+}
+
+// updateToken rewrites the pod's Secret volume with new content for the
+// token's key, as the kubelet does when the Secret changes.
+func (p *examplePod) updateToken(t *testing.T, content []byte) {
+	t.Helper()
+	path := p.hostPath(env(p.side, "PDLINK_AUTH_TOKEN_FILE"))
+	for _, v := range p.spec.Volumes {
+		if v.Secret != nil && strings.HasPrefix(path, p.vols[v.Name]+"/") {
+			name := strings.TrimPrefix(path, p.vols[v.Name]+"/")
+			if err := writeSecretVolume(p.vols[v.Name], map[string][]byte{name: content}, secretMode(v.Secret, p.fsGroup()), p.fsGroup()); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("%s: the token file %s is on no Secret volume", p.comp, path)
 }
 
 // needPodSandbox skips the test unless it can build pods: root (network
@@ -510,9 +596,22 @@ func (p *examplePod) logs() string {
 
 // logField is field of the first JSON log line with message msg, or "".
 func (p *examplePod) logField(msg, field string) string {
+	return p.findLogField(msg, field, false)
+}
+
+// lastLogField is field of the last JSON log line with message msg, or "".
+func (p *examplePod) lastLogField(msg, field string) string {
+	return p.findLogField(msg, field, true)
+}
+
+func (p *examplePod) findLogField(msg, field string, last bool) string {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, l := range p.lines {
+	lines := slices.Clone(p.lines)
+	p.mu.Unlock()
+	if last {
+		slices.Reverse(lines)
+	}
+	for _, l := range lines {
 		if strings.Contains(l, `"msg":"`+msg+`"`) {
 			if _, rest, ok := strings.Cut(l, `"`+field+`":"`); ok {
 				v, _, _ := strings.Cut(rest, `"`)
@@ -549,8 +648,9 @@ func (p *examplePod) get(ctx context.Context, t *testing.T, path string) (int, s
 	return resp.StatusCode, string(b), err
 }
 
-// metric is the sum of the samples of a metric family; a family that is
-// not exported fails the test.
+// metric is the sum of the samples of a metric family, or of the series
+// whose line starts with name when it holds a '{' (`family{label="v"`); a
+// selection that matches nothing fails the test.
 func (p *examplePod) metric(ctx context.Context, t *testing.T, name string) float64 {
 	t.Helper()
 	code, body, err := p.get(ctx, t, "/metrics")
@@ -560,7 +660,8 @@ func (p *examplePod) metric(ctx context.Context, t *testing.T, name string) floa
 	var sum float64
 	found := false
 	for _, line := range strings.Split(body, "\n") {
-		if line != name && !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+		if strings.Contains(name, "{") && !strings.HasPrefix(line, name) ||
+			!strings.Contains(name, "{") && !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
 			continue
 		}
 		var v float64
