@@ -183,7 +183,7 @@ func (p *examplePod) updateToken(t *testing.T, content []byte) {
 func needPodSandbox(t *testing.T) (ipBin string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: it runs the daemons as the pod's user in network namespaces of its own (sudo go test ./deploy -run Overlay)")
+		t.Skip("needs root: it runs the daemons as the pod's user in network namespaces of its own (sudo go test ./deploy -run TestExample)")
 	}
 	return tool(t, "ip", "iproute2")
 }
