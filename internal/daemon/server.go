@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,8 +49,14 @@ type Server struct {
 	pending  atomic.Int32  // components that have not called ready yet
 	allReady chan struct{} // closed when pending reaches zero
 	ready    atomic.Bool
-	drain    func(ctx context.Context)
-	unixPath string
+
+	// healthMu orders readiness changes: once draining is set, a component
+	// that turns ready late cannot flip the health service back to SERVING.
+	healthMu    sync.Mutex
+	draining    bool
+	healthNames []string // "" and every served pdlink service, set by Run
+	drain       func(ctx context.Context)
+	unixPath    string
 }
 
 // NewServer binds the gRPC and HTTP listeners so that a bad or busy address
@@ -113,7 +121,8 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 		grpc.MaxRecvMsgSize(16<<20),
 	)...)
 	s.health = health.NewServer()
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	s.healthNames = []string{""}
+	s.setReady(false)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
 	reflection.Register(s.GRPC)
 
@@ -210,6 +219,10 @@ func (s *Server) OnDrain(drain func(ctx context.Context)) { s.drain = drain }
 // Run serves until ctx is done (SIGTERM) or a component fails. On ctx done
 // it turns not-ready, drains for at most --drain-timeout, and stops.
 func (s *Server) Run(ctx context.Context) error {
+	s.healthMu.Lock()
+	s.healthNames = s.servedNames()
+	s.healthMu.Unlock()
+	s.setReady(false)
 	stop := make(chan struct{})
 	s.group.Add(func() error {
 		select {
@@ -217,7 +230,7 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-stop:
 			return nil
 		}
-		s.setReady(false)
+		s.startDrain()
 		_ = s.notifier.Notify("STOPPING=1")
 		s.log.Info("draining", zap.Duration("drain_timeout", s.cfg.DrainTimeout))
 		if s.drain != nil {
@@ -235,7 +248,10 @@ func (s *Server) Run(ctx context.Context) error {
 		defer bg.Done()
 		select {
 		case <-s.allReady:
-			s.setReady(true)
+			if !s.setReady(true) {
+				s.log.Info("components ready after the drain started: staying not serving")
+				return
+			}
 			s.log.Info("serving",
 				zap.String("role", string(s.cfg.Role)),
 				zap.String("version", s.version),
@@ -257,13 +273,46 @@ func (s *Server) Run(ctx context.Context) error {
 	return err
 }
 
-func (s *Server) setReady(v bool) {
+// setReady sets /readyz and the health status of every name in
+// healthNames; it refuses to turn ready once a drain started.
+func (s *Server) setReady(v bool) bool {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	if v && s.draining {
+		return false
+	}
 	s.ready.Store(v)
 	status := healthpb.HealthCheckResponse_NOT_SERVING
 	if v {
 		status = healthpb.HealthCheckResponse_SERVING
 	}
-	s.health.SetServingStatus("", status)
+	for _, name := range s.healthNames {
+		s.health.SetServingStatus(name, status)
+	}
+	return true
+}
+
+// startDrain turns the daemon not ready for good.
+func (s *Server) startDrain() {
+	s.healthMu.Lock()
+	s.draining = true
+	s.healthMu.Unlock()
+	s.setReady(false)
+}
+
+// servedNames is what a health probe may ask for: "" and the full name of
+// every service the role registered (pdlink.v1.PrefillService,
+// pdlink.v1.AdminService...), but not the health and reflection services
+// themselves. Any other name stays NotFound.
+func (s *Server) servedNames() []string {
+	names := []string{""}
+	for name := range s.GRPC.GetServiceInfo() {
+		if !strings.HasPrefix(name, "grpc.") {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	return names
 }
 
 func (s *Server) watchdog(stop <-chan struct{}) {

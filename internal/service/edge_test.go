@@ -8,8 +8,38 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/internal/daemon"
 )
+
+// Each daemon answers health by the full name of every pdlink service it
+// serves, as for ""; the other daemon's service stays NotFound.
+func TestHealthAnswersForEveryServiceTheDaemonServes(t *testing.T) {
+	p := startPair(t)
+	for _, c := range []struct {
+		s        *daemon.Server
+		serves   []string
+		notFound string
+	}{
+		{p.pre, []string{"", "pdlink.v1.PrefillService", "pdlink.v1.AdminService"}, "pdlink.v1.DecodeService"},
+		{p.dec, []string{"", "pdlink.v1.DecodeService", "pdlink.v1.AdminService"}, "pdlink.v1.PrefillService"},
+	} {
+		hc := healthpb.NewHealthClient(client(t, c.s))
+		for _, name := range c.serves {
+			resp, err := hc.Check(ctxT(t), &healthpb.HealthCheckRequest{Service: name})
+			if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+				t.Errorf("%s health %q = %v, %v; want SERVING", c.s.GRPCAddr(), name, resp, err)
+			}
+		}
+		if _, err := hc.Check(ctxT(t), &healthpb.HealthCheckRequest{Service: c.notFound}); status.Code(err) != codes.NotFound {
+			t.Errorf("%s health %q = %v; want NotFound", c.s.GRPCAddr(), c.notFound, err)
+		}
+	}
+}
 
 // A state number the enum does not define is refused naming the field;
 // before, 999 and -1 read as UNSPECIFIED and listed every room.
