@@ -39,11 +39,12 @@ type Server struct {
 	// Mux is where the role adds HTTP handlers (such as /debug/rooms) before Run.
 	Mux *http.ServeMux
 
-	health   *health.Server
-	grpcLis  net.Listener
-	httpLis  net.Listener
-	httpSrv  *http.Server
-	notifier *Notifier
+	health    *health.Server
+	grpcLis   net.Listener
+	grpcLimit *limitListener // wraps grpcLis: --grpc-max-connections
+	httpLis   net.Listener
+	httpSrv   *http.Server
+	notifier  *Notifier
 
 	group    Group
 	pending  atomic.Int32  // components that have not called ready yet
@@ -90,12 +91,14 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 		return nil, fmt.Errorf("--http-listen %s: %w", cfg.HTTPListen, err)
 	}
 
+	s.grpcLimit = newLimitListener(s.grpcLis, cfg.GRPCMaxConnections)
 	s.Registry = prometheus.NewRegistry()
 	s.Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(cfg.Role, version),
 	)
+	s.Registry.MustRegister(s.grpcLimit.collectors(sideOf(cfg.Role))...)
 
 	opts := []grpc.ServerOption{}
 	if cfg.GRPCTLSCert != "" {
@@ -107,19 +110,7 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 		}
 		opts = append(opts, grpc.Creds(creds))
 	}
-	s.GRPC = grpc.NewServer(append(opts,
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
-			// Schedulers ping idle connections; anything faster than this
-			// is abuse and gets GOAWAY.
-			MinTime:             5 * time.Second,
-			PermitWithoutStream: true,
-		}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{
-			Time:    30 * time.Second,
-			Timeout: 10 * time.Second,
-		}),
-		grpc.MaxRecvMsgSize(16<<20),
-	)...)
+	s.GRPC = grpc.NewServer(append(opts, connectionLimits(cfg)...)...)
 	s.health = health.NewServer()
 	s.healthNames = []string{""}
 	s.setReady(false)
@@ -142,7 +133,7 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 
 	s.Add("grpc", func(ready func()) error {
 		ready()
-		return s.GRPC.Serve(s.grpcLis)
+		return s.GRPC.Serve(s.grpcLimit)
 	}, func(error) { s.GRPC.Stop() })
 	s.Add("http", func(ready func()) error {
 		ready()
@@ -156,6 +147,31 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 		_ = s.httpSrv.Shutdown(ctx)
 	})
 	return s, nil
+}
+
+// connectionLimits bound what a client that is slow, silent or gone can
+// hold: the handshake (TLS and HTTP/2 preface) must finish within
+// --grpc-handshake-timeout; a connection with no stream is closed after
+// --grpc-max-connection-idle; a quiet connection is pinged every
+// --grpc-keepalive-time and closed if the ack takes longer than
+// --grpc-keepalive-timeout. A connection with an open stream (a Watch with
+// no traffic) is never idle, and a client may ping every
+// --grpc-keepalive-min-time, with or without a stream; faster is abuse and
+// gets GOAWAY.
+func connectionLimits(cfg Config) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ConnectionTimeout(cfg.GRPCHandshakeTimeout),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             cfg.GRPCKeepaliveMinTime,
+			PermitWithoutStream: true,
+		}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: cfg.GRPCMaxConnectionIdle,
+			Time:              cfg.GRPCKeepaliveTime,
+			Timeout:           cfg.GRPCKeepaliveTimeout,
+		}),
+		grpc.MaxRecvMsgSize(16 << 20),
+	}
 }
 
 func prepareUnixSocket(path string) error {
@@ -342,10 +358,14 @@ func buildInfo(role Role, version string) prometheus.Collector {
 		Name: "pdlink_build_info",
 		Help: "Always 1; labels say which daemon and version runs.",
 	}, []string{"side", "version"})
-	side := "prefill"
-	if role == RoleDecode {
-		side = "decode"
-	}
-	g.WithLabelValues(side, version).Set(1)
+	g.WithLabelValues(sideOf(role), version).Set(1)
 	return g
+}
+
+// sideOf is the side label of a role's metrics.
+func sideOf(role Role) string {
+	if role == RoleDecode {
+		return "decode"
+	}
+	return "prefill"
 }
