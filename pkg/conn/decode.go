@@ -48,9 +48,8 @@ type prefillSession struct {
 	n           *DecodeNode
 	addr        string
 	conn        Conn
-	cancel      context.CancelFunc // stops the receive worker (goodbye)
-	id          poll.PeerID        // the PeerID rooms bound to the current instance carry
-	instance    string             // "" until the first frame from it
+	id          poll.PeerID // the PeerID rooms bound to the current instance carry
+	instance    string      // "" until the first frame from it
 	epoch       uint64
 	registered  bool
 	registering bool
@@ -59,6 +58,8 @@ type prefillSession struct {
 	up          bool
 	farewell    bool // acknowledged our GOODBYE
 	dd          *dedupe
+
+	cancel context.CancelFunc // stops the receive worker (its prefill said goodbye)
 }
 
 // sessTarget is a session at one PeerID: frames queued for an instance
