@@ -181,9 +181,11 @@ func TestGoodbyeIsRetriedUntilAcknowledgedAndIdempotent(t *testing.T) {
 	}{
 		// Eight copies at 20ms doubling to 200ms, jittered down to half: past lostBound.
 		{"decode_goodbye_dropped", decodeHost, FrameGoodbye, 8, 0},
-		{"decode_goodbye_ack_dropped", decodeHost, FrameAck, 1, 1},
+		// Two ACKs: the second copy comes well after the receiver's next
+		// tick, so a receiver that stopped listening at once is caught.
+		{"decode_goodbye_ack_dropped", decodeHost, FrameAck, 2, 2},
 		{"prefill_goodbye_dropped", prefillHost, FrameGoodbye, 8, 0},
-		{"prefill_goodbye_ack_dropped", prefillHost, FrameAck, 1, 1},
+		{"prefill_goodbye_ack_dropped", prefillHost, FrameAck, 2, 2},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
