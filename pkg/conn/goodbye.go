@@ -160,15 +160,18 @@ func (n *PrefillNode) departedLocked(env *pdlinkv1.Envelope) bool {
 }
 
 // answerDeparted handles a frame from a departed incarnation: its GOODBYE
-// again is a duplicate, acknowledged (idempotent); anything else is refused as
-// stale_epoch without an answer, so it cannot register again.
+// again is a duplicate, acknowledged (idempotent); its HEARTBEATs and ACKs
+// until it hears that ACK are expected and dropped; any other frame is
+// refused as stale_epoch without an answer, so it cannot register again.
 func (n *PrefillNode) answerDeparted(route Route, env *pdlinkv1.Envelope, ft FrameType) {
-	if ft == FrameGoodbye {
+	switch ft {
+	case FrameGoodbye:
 		n.reject(RejectDuplicate, env.GetSenderInstance(), nil) // as a duplicate of a live peer's would be
 		n.sendAck(routeTarget{n: n, route: route}, env.GetSeq(), ackApplied)
-		return
+	case FrameHeartbeat, FrameAck:
+	default:
+		n.reject(RejectStaleEpoch, env.GetSenderInstance(), nil)
 	}
-	n.reject(RejectStaleEpoch, env.GetSenderInstance(), nil)
 }
 
 // goodbyeTargets are the prefill daemons that registered us and were
