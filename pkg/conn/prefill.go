@@ -41,6 +41,7 @@ type PrefillNode struct {
 	byID       map[poll.PeerID]*decodePeer
 	byEndpoint map[string]*decodePeer
 	nextID     poll.PeerID
+	departed   map[string]departure // by instance id: said goodbye (goodbye.go)
 }
 
 // decodePeer is one registered decode instance. Fields after n are
@@ -56,6 +57,7 @@ type decodePeer struct {
 	lastHeard int64
 	lastHB    int64
 	up        bool
+	farewell  bool // acknowledged our GOODBYE
 	dd        *dedupe
 }
 
@@ -122,13 +124,15 @@ func (n *PrefillNode) Addr() string {
 }
 
 // Close fails every live room with reason shutdown, tells the peers (one
-// attempt each), and stops the workers and the socket.
+// attempt each) and says goodbye (one attempt, unless Shutdown did), and
+// stops the workers and the socket.
 func (n *PrefillNode) Close() error {
 	if !n.closed.CompareAndSwap(false, true) {
 		return nil
 	}
 	if n.started.Load() {
 		_ = n.step(poll.Event{Kind: poll.EvShutdown})
+		n.sayGoodbye(doneContext())
 	}
 	n.stop()
 	return nil
@@ -306,7 +310,11 @@ func (n *PrefillNode) maintain(now int64) {
 	var lost []poll.PeerID
 	var hb []*decodePeer
 	n.pmu.Lock()
+	n.expireDeparturesLocked(now)
 	for inst, p := range n.peers {
+		if p.farewell {
+			continue // it acknowledged our goodbye: it forgot us, we stay quiet
+		}
 		silent := now - p.lastHeard
 		if p.up && silent > bound {
 			p.up = false
