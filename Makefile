@@ -83,6 +83,13 @@ chaos: deps
 deploy-check: deps
 	$(GO) test $(GOTEST_FLAGS) ./deploy/...
 
+## systemd-check: boot the units under a real systemd (systemd-nspawn, a fresh
+## Debian root; needs root) and check READY, reload, restarts, watchdog, stop,
+## and that the engine's KV regions survive (scripts/systemd-check.sh).
+.PHONY: systemd-check
+systemd-check: deps
+	scripts/systemd-check.sh
+
 ## deploy-update: regenerate deploy/systemd/*.env (from the flags) and
 ## deploy/k8s/base/prometheusrule.yaml (from the rule file).
 deploy-update:

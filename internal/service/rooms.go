@@ -207,7 +207,16 @@ func (r rooms) watch(ctx context.Context, f *pb.WatchFilter, subscribed func() e
 	want := map[poll.State]bool{}
 	ids := map[uint64]bool{}
 	if f != nil {
-		for _, s := range f.ToStates {
+		for i, s := range f.ToStates {
+			field := fmt.Sprintf("filter.to_states[%d]", i)
+			if err := validateEnum(field, s); err != nil {
+				return err
+			}
+			if s == pb.RoomState_ROOM_STATE_UNSPECIFIED {
+				// No transition goes to UNSPECIFIED: the stream would
+				// stay silent for ever.
+				return invalid(field, "UNSPECIFIED matches no transition; leave to_states empty to match all")
+			}
 			want[stateFromProto(s)] = true
 		}
 		for _, id := range f.RoomIds {
@@ -311,6 +320,9 @@ func (a *AdminServer) ListRooms(_ context.Context, req *pb.ListRoomsRequest) (*p
 	}
 	if limit < 1 || limit > 1000 {
 		return nil, invalid("page_size", "must be 0 or 1..1000")
+	}
+	if err := validateEnum("state", req.State); err != nil {
+		return nil, err
 	}
 	f := poll.Filter{State: stateFromProto(req.State)}
 	if req.MinAge != nil {

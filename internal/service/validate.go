@@ -10,6 +10,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/poll"
@@ -33,6 +34,17 @@ func invalid(field, format string, args ...any) error {
 		st = d
 	}
 	return st.Err()
+}
+
+// validateEnum refuses a value the enum does not define: proto3 keeps
+// unknown numbers (999, -1), which would otherwise read as UNSPECIFIED or
+// as a filter that matches nothing.
+func validateEnum(field string, v protoreflect.Enum) error {
+	d := v.Descriptor()
+	if d.Values().ByNumber(v.Number()) == nil {
+		return invalid(field, "%d is not a %s", v.Number(), d.Name())
+	}
+	return nil
 }
 
 func validateRoomID(field string, id uint64) error {

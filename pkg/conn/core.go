@@ -25,6 +25,11 @@ type sideHooks interface {
 	// unknownToPeer: the peer behind dest answered unknown_peer (it forgot
 	// us): register again (decode); nothing to do on prefill.
 	unknownToPeer(dest target)
+	// goodbyeTargets are the peers to tell that this node is leaving.
+	goodbyeTargets() []target
+	// farewell: the peer behind dest acknowledged our GOODBYE; no more
+	// heartbeats to it, and it is not declared lost.
+	farewell(dest target)
 }
 
 // core is what both nodes share: the room table behind one mutex, the
@@ -53,6 +58,9 @@ type core struct {
 	cancel  context.CancelFunc
 	started atomic.Bool
 	closed  atomic.Bool
+	// saidGoodbye: GOODBYE went to the peers (goodbye.go); the node is
+	// leaving and keeps quiet.
+	saidGoodbye atomic.Bool
 
 	limiter logLimiter
 

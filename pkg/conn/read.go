@@ -120,21 +120,26 @@ func (c *core) Clear(ids []poll.RoomID, errs []error) {
 
 // Shutdown fails every live room with reason shutdown while the sockets
 // still serve, then waits until every frame about a room is acknowledged
-// or abandoned, or ctx ends. The daemon calls it at the end of a drain,
-// before Close, so the peer hears of each room (R8) instead of waiting out
-// its own deadline: Close alone sends each notice once and shuts the
-// socket, and ZeroMQ may drop what was queued.
+// or abandoned, or ctx ends; then it says goodbye to the peers and waits,
+// within the same ctx, for their ACKs, so they forget this node instead of
+// counting it lost (goodbye.go). The daemon calls it at the end of a
+// drain, before Close, so the peer hears of each room (R8) instead of
+// waiting out its own deadline: Close alone sends each notice once and
+// shuts the socket, and ZeroMQ may drop what was queued.
 func (c *core) Shutdown(ctx context.Context) {
 	_ = c.step(poll.Event{Kind: poll.EvShutdown})
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
+wait:
 	for c.out.roomFrames() > 0 {
 		select {
 		case <-ctx.Done():
-			return
+			break wait
 		case <-t.C:
 		}
 	}
+	// Even with the drain spent, one GOODBYE goes out.
+	c.sayGoodbye(ctx)
 }
 
 // WallTime converts a table time (RoomInfo.CreatedAt, Deadline, history)
