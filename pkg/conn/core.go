@@ -175,7 +175,7 @@ func (c *core) perform(effs []poll.Effect) {
 			c.log.Debug("room transition", zap.Uint64("room", uint64(e.Key.Room)), zap.Uint64("nonce", uint64(e.Key.Nonce)),
 				zap.Stringer("from", e.From), zap.Stringer("to", e.To), zap.String("reason", string(e.Reason)))
 			if e.Visible {
-				c.publish(Transition{Key: e.Key, From: e.From, To: e.To, Reason: e.Reason, At: c.wall(e.At)})
+				c.publish(Transition{Key: e.Key, From: e.From, To: e.To, Reason: e.Reason, PeerReason: e.PeerReason, At: c.wall(e.At)})
 			} else {
 				c.subMu.Lock()
 				c.hidden[e.Key] = e.From
@@ -186,7 +186,7 @@ func (c *core) perform(effs []poll.Effect) {
 			from := c.hidden[e.Key]
 			delete(c.hidden, e.Key)
 			c.subMu.Unlock()
-			c.publish(Transition{Key: e.Key, From: from, To: poll.Failed, Reason: e.Reason, At: c.wall(e.At)})
+			c.publish(Transition{Key: e.Key, From: from, To: poll.Failed, Reason: e.Reason, PeerReason: e.PeerReason, At: c.wall(e.At)})
 		case poll.EffReaped, poll.EffRemoved:
 			if e.Kind == poll.EffReaped {
 				c.log.Info("uncleared room reaped", zap.Uint64("room", uint64(e.Key.Room)), zap.Stringer("state", e.Status))

@@ -15,7 +15,9 @@ type Transition struct {
 	Key      poll.Key
 	From, To poll.State
 	Reason   poll.Reason
-	At       time.Time
+	// PeerReason is the peer's reason on a move to Failed it caused.
+	PeerReason poll.Reason
+	At         time.Time
 }
 
 // Subscription receives a node's transitions. It never blocks the node: a
@@ -74,6 +76,14 @@ func (c *core) Poll(ids []poll.RoomID, out []poll.State) []poll.State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.t.Poll(ids, out)
+}
+
+// PollStatus is Poll with each room's nonce and, once Failed is visible,
+// its reasons (see poll.Table.PollStatus); it appends to out[:0].
+func (c *core) PollStatus(ids []poll.RoomID, out []poll.Status) []poll.Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t.PollStatus(ids, out)
 }
 
 // Get returns a copy of the room with this id (poll.ErrNotFound if none).

@@ -91,7 +91,7 @@ func NewCollector(side string, src Sources) *Collector {
 		transitions:    d("room_transitions_total", "Room state transitions; from=\"\" counts opens.", "from", "to"),
 		failures:       d("room_failures_total", "Rooms failed, by reason.", "reason"),
 		rejectedEvents: d("room_events_rejected_total", "Room events refused by the state machine, by reason.", "reason"),
-		collisions:     d("room_collisions_total", "Opens refused because another request holds the room id."),
+		collisions:     d("room_collisions_total", "Room id collisions: opens refused because another request holds the id, peer frames naming another request's room (detected here), rooms the peer failed for a collision (told)."),
 		reaped:         d("rooms_reaped_total", "Terminal rooms removed without Clear, by reason.", "reason"),
 		frames:         d("frames_total", "Control frames, by type and direction.", "type", "dir"),
 		framesRejected: d("frames_rejected_total", "Control frames rejected, by reason.", "reason"),
