@@ -96,6 +96,12 @@ func TestSIGTERMDecodeIsForgottenKilledDecodeIsLost(t *testing.T) {
 	}
 	waitPeers(0, 0, 2*time.Second)          // forgotten as soon as it left
 	holdNoPeers(t, pre, peers, 3*lostBound) // forgotten, not lost, well past the heartbeat bound
+	departures := func(reason string) float64 {
+		return metric(t, pre.HTTPAddr, `pdlink_peer_departures_total{reason="`+reason+`",side="prefill"}`)
+	}
+	if g, l := departures("goodbye"), departures("lost"); g != 1 || l != 0 {
+		t.Fatalf("after SIGTERM of decoded: departures goodbye %v lost %v, want 1 and 0", g, l)
+	}
 
 	dec, err = dec.Restart(ctx, nil, 30*time.Second)
 	if err != nil {
@@ -111,6 +117,9 @@ func TestSIGTERMDecodeIsForgottenKilledDecodeIsLost(t *testing.T) {
 	}
 	_ = dec.Kill()
 	waitPeers(0, 1, lostBound+5*time.Second)
+	if g, l := departures("goodbye"), departures("lost"); g != 1 || l != 1 {
+		t.Fatalf("after kill -9 of decoded: departures goodbye %v lost %v, want 1 and 1", g, l)
+	}
 }
 
 // The other direction: prefilld stopped with SIGTERM says goodbye too, and
