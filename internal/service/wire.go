@@ -273,6 +273,14 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg d
 			c := ctr()
 			return []metrics.Count{{Labels: []string{"up"}, Value: float64(c.PeersUp)}, {Labels: []string{"lost"}, Value: float64(c.PeersDown)}}
 		},
+		PeerDepartures: func() []metrics.Count {
+			c := ctr()
+			return []metrics.Count{
+				{Labels: []string{"goodbye"}, Value: float64(c.PeerGoodbyes)},
+				{Labels: []string{"lost"}, Value: float64(c.PeersLost)},
+				{Labels: []string{"restarted"}, Value: float64(c.PeerRestarts)},
+			}
+		},
 		WorkerRestarts: func() []metrics.Count {
 			return []metrics.Count{
 				{Labels: []string{"node"}, Value: float64(ctr().WorkerRestarts)},
