@@ -102,10 +102,12 @@ func (h *host) setLink(t *testing.T, state string) {
 	}
 }
 
-// sysctl sets a per-namespace kernel setting on the host.
+// sysctl sets a per-namespace kernel setting on the host (through
+// /proc/sys from inside it, so procps is not needed).
 func (h *host) sysctl(t *testing.T, key, value string) {
 	t.Helper()
-	name, args := h.command("sysctl", "-q", "-w", key+"="+value)
+	path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+	name, args := h.command("sh", "-c", `printf '%s\n' "$1" > "$2"`, "sh", value, path)
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
 		t.Fatalf("%s: sysctl %s=%s: %v: %s", h.ns, key, value, err, out)
 	}
