@@ -13,7 +13,7 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 10m
 
 export GOFLAGS ?= -mod=readonly
 
-.PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update chaos
+.PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update chaos twohost
 
 all: build
 
@@ -77,6 +77,11 @@ tidy-check:
 ## chaos: the fault-injection suite, long version (make test runs the short one).
 chaos: deps
 	PDLINK_CHAOS_LONG=1 $(GO) test -count=1 -v -timeout 60m ./test/chaos/
+
+## twohost: prefilld and decoded on two network namespaces over a veth
+## (needs root; make test runs it too, and it skips without root).
+twohost: deps
+	$(GO) test $(GOTEST_FLAGS) -v ./test/twohost/
 
 ## deploy-check: systemd-analyze, kustomize + strict API decoding, promtool,
 ## and a real Prometheus firing and resolving the pin alert.
