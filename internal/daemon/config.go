@@ -250,6 +250,14 @@ func (c *Config) Validate() error {
 			if err := checkHostPort(c.DataAdvertise); err != nil {
 				return &FlagError{"data-advertise", c.DataAdvertise, err.Error()}
 			}
+			if err := checkDialable(c.DataAdvertise); err != nil {
+				return &FlagError{"data-advertise", c.DataAdvertise, err.Error()}
+			}
+		} else if wildcardHost(c.DataListen) {
+			// The bound address would be sent to prefill daemons as is, and
+			// no peer can dial 0.0.0.0: every room would end at a deadline
+			// with no error naming the cause.
+			return &FlagError{"data-advertise", "", "required when --data-listen is a wildcard (" + c.DataListen + "): give the address prefill daemons dial, e.g. the pod or host IP"}
 		}
 	default:
 		return fmt.Errorf("unknown role %q", c.Role)
@@ -323,6 +331,28 @@ func checkHostPort(addr string) error {
 	p, err := net.LookupPort("tcp", port)
 	if err != nil || p < 0 || p > 65535 {
 		return errors.New("port must be 0..65535")
+	}
+	return nil
+}
+
+// wildcardHost reports whether a host:port listens on every address.
+func wildcardHost(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "" || (ip != nil && ip.IsUnspecified())
+}
+
+// checkDialable refuses an address that a peer cannot dial: a wildcard host
+// or port 0.
+func checkDialable(addr string) error {
+	if wildcardHost(addr) {
+		return errors.New("must name an address peers can dial, not a wildcard")
+	}
+	if _, port, _ := net.SplitHostPort(addr); port == "0" {
+		return errors.New("must name the port peers dial, not 0")
 	}
 	return nil
 }

@@ -76,6 +76,8 @@ func TestBadFlagValuesAreRefusedNamingTheFlag(t *testing.T) {
 		{RolePrefill, "--bootstrap-listen=ipc:///tmp/x", "bootstrap-listen"},
 		{RoleDecode, "--data-listen=:99999", "data-listen"},
 		{RoleDecode, "--data-advertise=nohost", "data-advertise"},
+		{RoleDecode, "--data-advertise=0.0.0.0:9500", "data-advertise"},
+		{RoleDecode, "--data-advertise=10.0.0.5:0", "data-advertise"},
 		{RoleDecode, "--grpc-handshake-timeout=0s", "grpc-handshake-timeout"},
 		{RoleDecode, "--grpc-max-connection-idle=0s", "grpc-max-connection-idle"},
 		{RoleDecode, "--grpc-keepalive-time=500ms", "grpc-keepalive-time"},
@@ -157,11 +159,11 @@ func TestParseListen(t *testing.T) {
 }
 
 func TestNonLoopbackListenersNeedASecretOrInsecure(t *testing.T) {
-	_, err := parse(t, RoleDecode, []string{"--data-listen=0.0.0.0:9500"}, nil)
+	_, err := parse(t, RoleDecode, []string{"--data-listen=0.0.0.0:9500", "--data-advertise=10.0.0.5:9500"}, nil)
 	if err == nil || !strings.Contains(err.Error(), "--data-listen") || !strings.Contains(err.Error(), "--auth-token-file") {
 		t.Fatalf("exposed data listener without a token: %v", err)
 	}
-	cfg, err := parse(t, RoleDecode, []string{"--data-listen=0.0.0.0:9500", "--insecure"}, nil)
+	cfg, err := parse(t, RoleDecode, []string{"--data-listen=0.0.0.0:9500", "--data-advertise=10.0.0.5:9500", "--insecure"}, nil)
 	if err != nil || !cfg.InsecureMode() {
 		t.Fatalf("--insecure: %v, insecure mode %v", err, cfg.InsecureMode())
 	}
@@ -177,5 +179,20 @@ func TestNonLoopbackListenersNeedASecretOrInsecure(t *testing.T) {
 	cfg, err = parse(t, RolePrefill, nil, nil)
 	if err != nil || cfg.InsecureMode() {
 		t.Fatalf("loopback defaults: %v, insecure mode %v", err, cfg.InsecureMode())
+	}
+}
+
+// A wildcard data listener without --data-advertise would send 0.0.0.0 (or
+// [::]) to prefill daemons, which cannot dial it: every room would end at a
+// deadline with no error naming the cause. decoded refuses to start instead.
+func TestWildcardDataListenNeedsAnAdvertiseAddress(t *testing.T) {
+	for _, listen := range []string{"0.0.0.0:9500", "[::]:9500", ":9500"} {
+		_, err := parse(t, RoleDecode, []string{"--data-listen=" + listen, "--insecure"}, nil)
+		if err == nil || !strings.Contains(err.Error(), "--data-advertise") {
+			t.Errorf("--data-listen=%s without --data-advertise: err %v, want one naming --data-advertise", listen, err)
+		}
+		if _, err := parse(t, RoleDecode, []string{"--data-listen=" + listen, "--insecure", "--data-advertise=10.0.0.5:9500"}, nil); err != nil {
+			t.Errorf("--data-listen=%s with --data-advertise: %v", listen, err)
+		}
 	}
 }
