@@ -103,15 +103,15 @@ func newRoomsCommand() *cobra.Command {
 
 func printRooms(out io.Writer, rooms []*pb.RoomInfo, now time.Time) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "ROOM\tNONCE\tSTATE\tAGE\tIN STATE\tDEADLINE IN\tPEER\tREASON")
+	fmt.Fprintln(w, "ROOM\tNONCE\tSTATE\tAGE\tIN STATE\tDEADLINE IN\tPEER\tREASON\tPEER REASON")
 	for _, r := range rooms {
 		deadline := "-"
 		if r.Deadline != nil {
 			deadline = r.Deadline.AsTime().Sub(now).Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RoomId, r.Nonce, stateName(r.State),
+		fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RoomId, r.Nonce, stateName(r.State),
 			r.Age.AsDuration().Round(time.Millisecond), r.StateAge.AsDuration().Round(time.Millisecond),
-			deadline, dash(r.Peer), dash(r.Reason))
+			deadline, dash(r.Peer), dash(r.Reason), dash(r.PeerReason))
 	}
 	w.Flush()
 	fmt.Fprintf(out, "%d rooms\n", len(rooms))
@@ -169,8 +169,12 @@ func newWatchCommand() *cobra.Command {
 				switch e := ev.Event.(type) {
 				case *pb.WatchEvent_Transition:
 					tr := e.Transition
-					fmt.Fprintf(out, "%s room=%d nonce=%d %s -> %s %s\n", tr.At.AsTime().Format(time.RFC3339Nano),
+					line := fmt.Sprintf("%s room=%d nonce=%d %s -> %s %s", tr.At.AsTime().Format(time.RFC3339Nano),
 						tr.RoomId, tr.Nonce, stateName(tr.From), stateName(tr.To), tr.Reason)
+					if tr.PeerReason != "" {
+						line += " peer_reason=" + tr.PeerReason
+					}
+					fmt.Fprintln(out, line)
 				case *pb.WatchEvent_Missed:
 					fmt.Fprintf(out, "missed %d transitions (slow reader): re-sync with pdctl rooms\n", e.Missed)
 				}

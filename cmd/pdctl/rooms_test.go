@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 )
@@ -38,5 +39,17 @@ func TestStateFlagAcceptsWhatPdctlPrintsTheMetricLabelAndTheGRPCName(t *testing.
 	}
 	if _, err := parseState("waiting"); err == nil || !strings.Contains(err.Error(), "waiting_for_input") {
 		t.Errorf("parseState(waiting) = %v; want an error listing the states", err)
+	}
+}
+
+// The loser of a room-id collision fails as aborted:remote; what the
+// operator needs is the peer's reason (collision), so pdctl rooms shows it.
+func TestRoomsTableShowsThePeerReason(t *testing.T) {
+	var out strings.Builder
+	printRooms(&out, []*pb.RoomInfo{{RoomId: 7, Nonce: 9, State: pb.RoomState_ROOM_STATE_FAILED,
+		Reason: "aborted:remote", PeerReason: "collision"}}, time.Now())
+	lines := strings.Split(out.String(), "\n")
+	if !strings.Contains(lines[0], "PEER REASON") || !strings.Contains(lines[1], "aborted:remote") || !strings.HasSuffix(strings.TrimSpace(lines[1]), "collision") {
+		t.Fatalf("pdctl rooms:\n%s", out.String())
 	}
 }
