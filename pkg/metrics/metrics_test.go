@@ -41,6 +41,9 @@ func allSources(tbl *poll.Table, now *int64) Sources {
 		FramesRejected: func() []Count { return []Count{{[]string{"decode"}, 1}} },
 		Retransmits:    func() float64 { return 2 },
 		Peers:          func() []Count { return []Count{{[]string{"up"}, 1}, {[]string{"lost"}, 0}} },
+		PeerDepartures: func() []Count {
+			return []Count{{[]string{"goodbye"}, 1}, {[]string{"lost"}, 0}, {[]string{"restarted"}, 0}}
+		},
 		WorkerRestarts: func() []Count { return []Count{{[]string{"listener"}, 0}} },
 		TransferBytes:  func() float64 { return 4096 },
 		InsecureMode:   func() float64 { return 0 },
