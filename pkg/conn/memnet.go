@@ -203,14 +203,6 @@ func (n *MemNetwork) send(from, to string, frame []byte, deliver func([]byte) bo
 	}
 }
 
-func (n *MemNetwork) addQueue() *memQueue {
-	q := newMemQueue()
-	n.mu.Lock()
-	n.queues[q] = struct{}{}
-	n.mu.Unlock()
-	return q
-}
-
 func (n *MemNetwork) dropQueue(q *memQueue) {
 	n.mu.Lock()
 	delete(n.queues, q)
@@ -230,10 +222,12 @@ func (h memHost) Listen(_ context.Context, addr string) (Listener, error) {
 		n.mu.Unlock()
 		return nil, fmt.Errorf("conn: mem listen %s: address in use", addr)
 	}
-	l := &memListener{n: n, host: h.name, addr: addr}
+	// Published with its queue in one critical section: a sender that
+	// finds the listener must find it whole.
+	l := &memListener{n: n, host: h.name, addr: addr, q: newMemQueue()}
+	n.queues[l.q] = struct{}{}
 	n.listeners[addr] = l
 	n.mu.Unlock()
-	l.q = n.addQueue()
 	return l, nil
 }
 
@@ -241,10 +235,10 @@ func (h memHost) Dial(_ context.Context, addr string) (Conn, error) {
 	n := h.n
 	n.mu.Lock()
 	n.nextRoute++
-	c := &memConn{n: n, host: h.name, addr: addr, route: Route(fmt.Sprintf("%s#%d", h.name, n.nextRoute))}
+	c := &memConn{n: n, host: h.name, addr: addr, route: Route(fmt.Sprintf("%s#%d", h.name, n.nextRoute)), q: newMemQueue()}
+	n.queues[c.q] = struct{}{}
 	n.conns[c.route] = c
 	n.mu.Unlock()
-	c.q = n.addQueue()
 	return c, nil
 }
 

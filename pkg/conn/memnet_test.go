@@ -131,3 +131,36 @@ func TestSlowSubscriberDropsAndCounts(t *testing.T) {
 	}
 	sub.Close() // idempotent
 }
+
+// A frame sent while the listener is being bound either waits for it or is
+// dropped; it never finds a listener published without its queue (a nil
+// pointer in the supervisor's R6 test, and a data race under -race).
+func TestMemNetworkListenPublishesAReadyListener(t *testing.T) {
+	clk := NewFakeClock(time.Unix(0, 0))
+	net := NewMemNetwork(clk, 1)
+	ctx := context.Background()
+	c, _ := net.Host("d").Dial(ctx, "mem://p")
+	defer c.Close()
+	for range 200 {
+		stop := make(chan struct{})
+		sent := make(chan struct{})
+		go func() {
+			defer close(sent)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					_ = c.Send(ctx, []byte("x"))
+				}
+			}
+		}()
+		ln, err := net.Host("p").Listen(ctx, "mem://p")
+		close(stop)
+		<-sent
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = ln.Close()
+	}
+}
