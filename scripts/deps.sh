@@ -22,8 +22,10 @@ set -euo pipefail
 # under the group of the make target that runs it.
 proto=(protobuf-compiler libprotobuf-dev)
 # prometheus: promtool and the real Prometheus of the alert tests; systemd:
-# systemd-analyze verify/security of deploy/systemd.
-test=(prometheus systemd)
+# systemd-analyze verify/security of deploy/systemd; procps: /bin/kill, which
+# the units' ExecReload names and systemd-analyze verify requires to exist
+# (not in a minimal root).
+test=(prometheus systemd procps)
 bench=(iperf3)
 fresh_check=(debootstrap)
 
