@@ -103,7 +103,7 @@ fresh-check:
 	@scripts/deps.sh fresh-check
 	scripts/fresh-check.sh
 
-ci: lint proto-check tidy-check test
+ci: lint proto-check tidy-check test fresh-check
 
 clean:
 	rm -rf $(BIN)

@@ -74,19 +74,28 @@ clone() {
 inside() {
 	scripts/in-root.sh "$root" /bin/sh -c 'cd "$0" && exec env CI=true "$@"' "$src" "$@"
 }
-# cold fails unless the Go module and build caches are empty, as on a new
-# machine; demo and then test share them, as for someone following the README.
-cold() {
-	local d
+packages() { chroot "$root" dpkg-query -W -f='${Package} ${Version}\n' | sort; }
+# demo runs make demo from empty Go module and build caches, as on a new
+# machine (make test then shares them, as for someone following the README),
+# and fails if it installed any Debian package: the demo needs only Go.
+demo() {
+	local d before after
 	for d in root/go root/.cache; do
 		[[ ! -e $root/$d ]] || { echo "fresh-check: /$d exists in the new root" >&2; return 1; }
 	done
-	inside make demo
+	before=$(packages)
+	inside make demo || return 1
+	after=$(packages)
+	if [[ $before != "$after" ]]; then
+		echo "fresh-check: make demo installed Debian packages:" >&2
+		diff <(echo "$before") <(echo "$after") | grep '^>' >&2
+		return 1
+	fi
 }
 
 step root scripts/debian-root.sh "$root"
 step clone clone
-step "make demo" cold
+step "make demo" demo
 step "make test" inside make test
 printf 'fresh-check: %s\n' "${summary[@]}"
 echo "fresh-check: ok, HEAD ${head:0:12} in a fresh $(. /etc/os-release && echo "$VERSION_CODENAME") root, $((SECONDS - start))s"
