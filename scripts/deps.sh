@@ -18,14 +18,15 @@
 #   all          every group
 set -euo pipefail
 
-# One list per group. A target that starts needing a package adds it here,
-# under the group of the make target that runs it.
+# One list per group, by Debian package name.
 proto=(protobuf-compiler libprotobuf-dev)
 # prometheus: promtool and the real Prometheus of the alert tests; systemd:
 # systemd-analyze verify/security of deploy/systemd; procps: /bin/kill, which
 # the units' ExecReload names and systemd-analyze verify requires to exist
-# (not in a minimal root).
-test=(prometheus systemd procps)
+# (not in a minimal root); iproute2: ip netns for the two-host suite under
+# test/. A suite that needs another tool (systemd-container for nspawn, say)
+# adds its package to the group of the make target that runs it.
+test=(prometheus systemd procps iproute2)
 bench=(iperf3)
 fresh_check=(debootstrap)
 

@@ -98,7 +98,7 @@ func TestDepsInstallsMissingPackageEvenWhenItsCommandIsPresent(t *testing.T) {
 }
 
 func TestDepsCallsNoAptWhenEveryPackageIsInstalled(t *testing.T) {
-	all := []string{"protobuf-compiler", "libprotobuf-dev", "prometheus", "systemd", "procps", "iperf3", "debootstrap"}
+	all := []string{"protobuf-compiler", "libprotobuf-dev", "prometheus", "systemd", "procps", "iproute2", "iperf3", "debootstrap"}
 	s := newStubs(t, "0", all, false)
 	if out, err := s.run(t, "all"); err != nil {
 		t.Fatalf("deps.sh all: %v\n%s", err, out)
@@ -111,7 +111,7 @@ func TestDepsCallsNoAptWhenEveryPackageIsInstalled(t *testing.T) {
 func TestDepsInstallsEachGroupsPackages(t *testing.T) {
 	for group, want := range map[string][]string{
 		"proto":       {"libprotobuf-dev", "protobuf-compiler"},
-		"test":        {"procps", "prometheus", "systemd"},
+		"test":        {"iproute2", "procps", "prometheus", "systemd"},
 		"bench":       {"iperf3"},
 		"fresh-check": {"debootstrap"},
 	} {

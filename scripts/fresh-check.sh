@@ -22,8 +22,8 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 
 head=$(git rev-parse HEAD)
-if [[ -n $(git status --porcelain --untracked-files=no) ]]; then
-	echo "fresh-check: the worktree has uncommitted changes; they are NOT checked (only HEAD ${head:0:12} is)"
+if [[ -n $(git status --porcelain) ]]; then
+	echo "fresh-check: the worktree has uncommitted or untracked changes; they are NOT checked (only HEAD ${head:0:12} is)"
 fi
 
 root=$(mktemp -d "${FRESH_TMP:-/var/tmp}/pdlink-fresh.XXXXXX")
