@@ -1,6 +1,7 @@
 # pdlink: `make demo` and `make test` work on a fresh Debian machine. The demo
-# needs nothing but Go (the generated code is committed); test, proto, bench
-# and fresh-check install their Debian packages first (scripts/deps.sh GROUP).
+# needs nothing but Go (the generated code is committed); test, proto, bench,
+# systemd-check and fresh-check install their Debian packages first
+# (scripts/deps.sh GROUP).
 
 GO          ?= go
 BIN         := bin
@@ -14,7 +15,7 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 10m
 
 export GOFLAGS ?= -mod=readonly
 
-.PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update chaos fresh-check
+.PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update chaos twohost fresh-check
 
 all: build
 
@@ -85,11 +86,25 @@ chaos:
 	@scripts/deps.sh test
 	PDLINK_CHAOS_LONG=1 $(GO) test -count=1 -v -timeout 60m ./test/chaos/
 
+## twohost: prefilld and decoded on two network namespaces over a veth
+## (needs root; make test runs it too, and it skips without root).
+twohost:
+	@scripts/deps.sh test
+	$(GO) test $(GOTEST_FLAGS) -v ./test/twohost/
+
 ## deploy-check: systemd-analyze, kustomize + strict API decoding, promtool,
 ## and a real Prometheus firing and resolving the pin alert.
 deploy-check:
 	@scripts/deps.sh test
 	$(GO) test $(GOTEST_FLAGS) ./deploy/...
+
+## systemd-check: boot the units under a real systemd (systemd-nspawn, a fresh
+## Debian root; needs root) and check READY, reload, restarts, watchdog, stop,
+## and that the engine's KV regions survive (scripts/systemd-check.sh).
+.PHONY: systemd-check
+systemd-check:
+	@scripts/deps.sh systemd-check
+	scripts/systemd-check.sh
 
 ## deploy-update: regenerate deploy/systemd/*.env (from the flags) and
 ## deploy/k8s/base/prometheusrule.yaml (from the rule file).
@@ -103,7 +118,7 @@ fresh-check:
 	@scripts/deps.sh fresh-check
 	scripts/fresh-check.sh
 
-ci: lint proto-check tidy-check test fresh-check
+ci: lint proto-check tidy-check test systemd-check fresh-check
 
 clean:
 	rm -rf $(BIN)

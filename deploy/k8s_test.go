@@ -2,10 +2,13 @@ package deploy
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -84,6 +87,29 @@ func kustomizeBuild(t *testing.T, dir string) []byte {
 	return stdout.Bytes()
 }
 
+// exampleTokenFile is the file the example overlay's secretGenerator reads.
+// It is not shipped: the operator creates it (README), the tests write a
+// fresh random one into a copy of the tree.
+const exampleTokenFile = "k8s/overlays/example/auth-token"
+
+// renderExample builds the example overlay from a copy of deploy/k8s with a
+// freshly generated token file, as an operator's checkout holds it after the
+// README step, and returns the stream.
+func renderExample(t *testing.T) []byte {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "k8s")
+	if err := os.CopyFS(dir, os.DirFS("k8s")); err != nil {
+		t.Fatal(err)
+	}
+	token := make([]byte, 48)
+	_, _ = rand.Read(token)
+	path := filepath.Join(dir, strings.TrimPrefix(exampleTokenFile, "k8s/"))
+	if err := os.WriteFile(path, []byte(base64.StdEncoding.EncodeToString(token)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return kustomizeBuild(t, filepath.Join(dir, "overlays", "example"))
+}
+
 // object is one decoded manifest.
 type object struct {
 	kind, name string
@@ -115,6 +141,8 @@ func decodeStrict(stream []byte) ([]object, error) {
 			into = &appsv1.Deployment{}
 		case "v1 Service":
 			into = &corev1.Service{}
+		case "v1 Secret":
+			into = &corev1.Secret{}
 		case "networking.k8s.io/v1 NetworkPolicy":
 			into = &networkingv1.NetworkPolicy{}
 		case "monitoring.coreos.com/v1 PodMonitor":
@@ -146,7 +174,15 @@ func TestKustomizeBuildsStrictlyValidObjects(t *testing.T) {
 	t.Parallel()
 	for _, dir := range []string{"k8s/base", "k8s/overlays/example"} {
 		t.Run(dir, func(t *testing.T) {
-			objs, err := decodeStrict(kustomizeBuild(t, dir))
+			want := map[string]int{"Deployment": 2, "Service": 2, "NetworkPolicy": 2, "PodMonitor": 1, "PrometheusRule": 1}
+			var stream []byte
+			if dir == "k8s/overlays/example" {
+				stream = renderExample(t)
+				want["Secret"] = 1 // the secretGenerator's pdlink-auth-<hash>
+			} else {
+				stream = kustomizeBuild(t, dir)
+			}
+			objs, err := decodeStrict(stream)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -154,7 +190,6 @@ func TestKustomizeBuildsStrictlyValidObjects(t *testing.T) {
 			for _, o := range objs {
 				kinds[o.kind]++
 			}
-			want := map[string]int{"Deployment": 2, "Service": 2, "NetworkPolicy": 2, "PodMonitor": 1, "PrometheusRule": 1}
 			if !reflect.DeepEqual(kinds, want) {
 				t.Errorf("objects %v, want %v", kinds, want)
 			}
@@ -231,6 +266,12 @@ func mountVolume(c corev1.Container, path string) string {
 func checkPods(t testing.TB, objs []object) {
 	pods := map[string]*corev1.PodTemplateSpec{}
 	daemonPorts := map[string]map[string]int32{} // component -> port name -> number
+	secrets := map[string]*corev1.Secret{}
+	for _, o := range objs {
+		if s, ok := o.obj.(*corev1.Secret); ok {
+			secrets[s.Name] = s
+		}
+	}
 	for _, o := range objs {
 		d, ok := o.obj.(*appsv1.Deployment)
 		if !ok {
@@ -255,12 +296,20 @@ func checkPods(t testing.TB, objs []object) {
 			t.Errorf("%s: overlay images not applied: %s, %s", d.Name, side.Image, engine.Image)
 		}
 		// Every PDLINK_* variable must be a flag: a misspelt one is ignored.
+		// Others (POD_IP) only feed $(VAR) references.
 		flags := flagEnvNames(role)
 		for _, e := range side.Env {
-			if _, ok := flags[e.Name]; !ok {
+			if _, ok := flags[e.Name]; !ok && strings.HasPrefix(e.Name, "PDLINK_") {
 				t.Errorf("%s: %s is not a %s flag", d.Name, e.Name, role)
 			}
 		}
+		// Service links would add <SERVICE>_PORT and the like for every
+		// Service of the namespace: a Service named pdlink-... could set a
+		// flag nobody wrote.
+		if spec.EnableServiceLinks == nil || *spec.EnableServiceLinks {
+			t.Errorf("%s: want enableServiceLinks: false (the daemon's environment is what the manifest says)", d.Name)
+		}
+		checkTokenMount(t, d.Name, spec, side, engine, secrets)
 		// Shared memory and socket directory, in both containers.
 		vols := map[string]corev1.Volume{}
 		for _, v := range spec.Volumes {
@@ -299,6 +348,9 @@ func checkPods(t testing.TB, objs []object) {
 		}
 		if n := portByName(side, peerPort); n == 0 || n != listenPort(t, env(side, peerEnv)) {
 			t.Errorf("%s: port %s=%d does not match %s %q", d.Name, peerPort, n, peerEnv, env(side, peerEnv))
+		}
+		if role == daemon.RoleDecode {
+			checkAdvertise(t, d.Name, side)
 		}
 		daemonPorts[comp] = map[string]int32{"metrics": metricsPort, peerPort: portByName(side, peerPort), "engine": portByName(engine, "engine")}
 		// The grace period covers the engine's preStop, then the daemon's
@@ -416,6 +468,9 @@ func TestPodChecksCatchMistakes(t *testing.T) {
 	for _, f := range []string{"prefill.yaml", "decode.yaml", "services.yaml", "networkpolicy.yaml", "podmonitor.yaml", "prometheusrule.yaml"} {
 		base = append(append(base, readFile(t, "k8s/base/"+f)...), "\n---\n"...)
 	}
+	// What the overlay's secretGenerator adds (without the hash suffix).
+	base = append(base, "apiVersion: v1\nkind: Secret\nmetadata:\n  name: pdlink-auth\ndata:\n  token: "+
+		base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("x"), 44))+"\n"...)
 	images := strings.NewReplacer("image: pdlink\n", "image: registry.example.com/pdlink/pdlink:v1\n",
 		"image: engine-prefill\n", "image: registry.example.com/engines/prefill:v1\n",
 		"image: engine-decode\n", "image: registry.example.com/engines/decode:v1\n")
@@ -440,6 +495,14 @@ func TestPodChecksCatchMistakes(t *testing.T) {
 		{"readiness on /healthz", "path: /readyz", "path: /healthz"},
 		{"shm on disk", "emptyDir:\n            medium: Memory\n            sizeLimit: 64Gi", "emptyDir:\n            sizeLimit: 64Gi"},
 		{"metrics port off the listener", "value: 0.0.0.0:9400", "value: 0.0.0.0:9402"},
+		{"no token file", "            - name: PDLINK_AUTH_TOKEN_FILE\n              value: /etc/pdlink/auth/token\n", ""},
+		{"token mounted writable", "mountPath: /etc/pdlink/auth\n              readOnly: true", "mountPath: /etc/pdlink/auth\n              readOnly: false"},
+		{"token readable by others", "defaultMode: 0440", "defaultMode: 0444"},
+		{"token through a subPath", "mountPath: /etc/pdlink/auth\n", "mountPath: /etc/pdlink/auth\n              subPath: token\n"},
+		{"token Secret missing", "secretName: pdlink-auth\n", "secretName: pdlink-auth-typo\n"},
+		{"wildcard data listen advertised as is", "            - name: PDLINK_DATA_ADVERTISE\n              value: $(POD_IP):9500\n", ""},
+		{"advertise not the pod IP", "fieldPath: status.podIP", "fieldPath: status.hostIP"},
+		{"service links on", "enableServiceLinks: false", "enableServiceLinks: true"},
 	} {
 		bad := bytes.Replace(base, []byte(tc.from), []byte(tc.to), 1)
 		if bytes.Equal(bad, base) {
@@ -448,5 +511,134 @@ func TestPodChecksCatchMistakes(t *testing.T) {
 		if errs := check(bad); len(errs) == 0 {
 			t.Errorf("%s: accepted", tc.name)
 		}
+	}
+}
+
+// checkTokenMount: the daemon reads PDLINK_AUTH_TOKEN_FILE from a key of a
+// Secret in the stream, mounted read-only as a directory (a subPath mount
+// never sees a Secret update), in a mode the daemon accepts (not readable or
+// writable by others: the kubelet makes it root:fsGroup and adds 0440), and
+// the engine does not mount it.
+func checkTokenMount(t testing.TB, name string, spec corev1.PodSpec, side, engine corev1.Container, secrets map[string]*corev1.Secret) {
+	path := env(side, "PDLINK_AUTH_TOKEN_FILE")
+	if path == "" {
+		t.Errorf("%s: %s has no PDLINK_AUTH_TOKEN_FILE: it refuses its non-loopback listeners without a shared secret", name, side.Name)
+		return
+	}
+	var mount *corev1.VolumeMount
+	for i, m := range side.VolumeMounts {
+		if strings.HasPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/") {
+			mount = &side.VolumeMounts[i]
+		}
+	}
+	if mount == nil {
+		t.Errorf("%s: PDLINK_AUTH_TOKEN_FILE %s is on no volume of %s", name, path, side.Name)
+		return
+	}
+	if !mount.ReadOnly || mount.SubPath != "" || mount.SubPathExpr != "" {
+		t.Errorf("%s: the token volume %s must be mounted read-only, as a directory (no subPath)", name, mount.Name)
+	}
+	var vol *corev1.SecretVolumeSource
+	for _, v := range spec.Volumes {
+		if v.Name == mount.Name {
+			vol = v.Secret
+		}
+	}
+	if vol == nil {
+		t.Errorf("%s: the token volume %s is not a Secret", name, mount.Name)
+		return
+	}
+	key := strings.TrimPrefix(path, strings.TrimSuffix(mount.MountPath, "/")+"/")
+	mode := int32(corev1.SecretVolumeSourceDefaultMode)
+	if vol.DefaultMode != nil {
+		mode = *vol.DefaultMode
+	}
+	if len(vol.Items) > 0 {
+		found := false
+		for _, it := range vol.Items {
+			if it.Path == key {
+				key, found = it.Key, true
+				if it.Mode != nil {
+					mode = *it.Mode
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: the token volume %s has no item %s", name, mount.Name, key)
+		}
+	}
+	if mode&0o007 != 0 {
+		t.Errorf("%s: the token file mode %04o is open to other users (the daemon refuses o+w, warns on o+r): want 0440", name, mode)
+	}
+	sec := secrets[vol.SecretName]
+	if sec == nil {
+		t.Errorf("%s: the token Secret %s is not in the build", name, vol.SecretName)
+	} else if _, ok := sec.Data[key]; !ok {
+		if _, ok := sec.StringData[key]; !ok {
+			t.Errorf("%s: Secret %s has no key %s", name, vol.SecretName, key)
+		}
+	}
+	for _, m := range engine.VolumeMounts {
+		if m.Name == mount.Name {
+			t.Errorf("%s: the engine mounts the token volume %s: only the daemon needs the secret", name, m.Name)
+		}
+	}
+}
+
+// checkAdvertise: a decode daemon bound to a wildcard must advertise an
+// address prefill daemons can dial, its pod IP from the downward API;
+// otherwise it sends them the wildcard itself.
+func checkAdvertise(t testing.TB, name string, side corev1.Container) {
+	host, _, _ := net.SplitHostPort(env(side, "PDLINK_DATA_LISTEN"))
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return
+	}
+	adv := env(side, "PDLINK_DATA_ADVERTISE")
+	podIP := ""
+	for _, e := range side.Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP" {
+			podIP = e.Name
+		}
+	}
+	want := fmt.Sprintf("$(%s):%d", podIP, portByName(side, "data"))
+	if podIP == "" || (adv != want && adv != "["+strings.Replace(want, ":", "]:", 1)) {
+		t.Errorf("%s: PDLINK_DATA_LISTEN is a wildcard and PDLINK_DATA_ADVERTISE is %q: want %s, the pod IP from the downward API", name, adv, want)
+	}
+}
+
+// TestExampleTokenFileIsNotShipped: every file the example overlay's
+// secretGenerator reads is ignored by git, so no checkout ships a secret
+// and an operator's token is not committed by accident.
+func TestExampleTokenFileIsNotShipped(t *testing.T) {
+	var k struct {
+		SecretGenerator []struct {
+			Files []string `json:"files"`
+		} `json:"secretGenerator"`
+	}
+	if err := yaml.Unmarshal(readFile(t, "k8s/overlays/example/kustomization.yaml"), &k); err != nil {
+		t.Fatal(err)
+	}
+	ignored := map[string]bool{}
+	for _, l := range strings.Split(string(readFile(t, "k8s/overlays/example/.gitignore")), "\n") {
+		ignored[strings.TrimPrefix(strings.TrimSpace(l), "/")] = true
+	}
+	n := 0
+	for _, g := range k.SecretGenerator {
+		for _, f := range g.Files {
+			_, src, ok := strings.Cut(f, "=")
+			if !ok {
+				src = f
+			}
+			n++
+			if !ignored[src] {
+				t.Errorf("secretGenerator file %s is not in k8s/overlays/example/.gitignore", src)
+			}
+			if "k8s/overlays/example/"+src != exampleTokenFile {
+				t.Errorf("secretGenerator file %s: the tests write %s", src, exampleTokenFile)
+			}
+		}
+	}
+	if n == 0 {
+		t.Error("the example overlay generates no Secret from a file")
 	}
 }

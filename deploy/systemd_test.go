@@ -118,6 +118,12 @@ func TestUnitsKeepTheContract(t *testing.T) {
 				"AmbientCapabilities":   "",
 				"ReadOnlyPaths":         "/dev/shm",
 				"ReadWritePaths":        "/dev/shm/pdlink",
+				// RemoveIPC=yes deletes every file under /dev/shm of the
+				// pdlink user or group when the last pdlink unit stops: the
+				// region directory and the engine's KV regions in it.
+				"RemoveIPC": "no",
+				// /bin/kill is procps, missing from a minimal Debian.
+				"ExecReload": "/bin/sh -c 'kill -HUP ${MAINPID}'",
 			}
 			for k, v := range want {
 				if got := u.one(t, "Service", k); got != v {
@@ -261,5 +267,105 @@ func TestEnvFileVariablesAreFlags(t *testing.T) {
 		if len(unknown) > 0 {
 			t.Errorf("%s names variables %s reads from no flag", path, unknown)
 		}
+	}
+}
+
+// installSteps returns the shell lines of a unit's "# Install" comment.
+func installSteps(unitFile []byte) []string {
+	var steps []string
+	in := false
+	for _, line := range strings.Split(string(unitFile), "\n") {
+		switch {
+		case strings.HasPrefix(line, "# Install"):
+			in = true
+		case in && strings.HasPrefix(line, "#   "):
+			steps = append(steps, strings.TrimPrefix(line, "#   "))
+		case in:
+			return steps
+		}
+	}
+	return steps
+}
+
+// readmeInstallSteps returns the lines of the README's systemd sh block.
+func readmeInstallSteps(readme []byte) []string {
+	_, rest, ok := strings.Cut(string(readme), "### systemd\n```sh\n")
+	if !ok {
+		return nil
+	}
+	block, _, _ := strings.Cut(rest, "```")
+	return strings.Split(strings.TrimSpace(block), "\n")
+}
+
+// missingInstallDirs returns the directories that steps install a file into
+// without creating them first (install -d) and that a systemd host does not
+// already have.
+func missingInstallDirs(steps []string) []string {
+	have := map[string]bool{"/usr/local/bin": true, "/usr/lib/sysusers.d": true,
+		"/usr/lib/tmpfiles.d": true, "/etc/systemd/system": true}
+	var missing []string
+	for _, line := range steps {
+		line, _, _ = strings.Cut(line, "#")
+		for _, cmd := range strings.Split(line, "&&") {
+			args := strings.Fields(cmd)
+			if len(args) == 0 || args[0] != "install" {
+				continue
+			}
+			var operands []string
+			makeDirs := false
+			for i := 1; i < len(args); i++ {
+				switch args[i] {
+				case "-d":
+					makeDirs = true
+				case "-m", "-g", "-o":
+					i++
+				default:
+					operands = append(operands, args[i])
+				}
+			}
+			if makeDirs {
+				for _, d := range operands {
+					have[filepath.Clean(d)] = true
+				}
+				continue
+			}
+			if len(operands) < 2 {
+				continue
+			}
+			dest := operands[len(operands)-1]
+			dir := filepath.Dir(dest)
+			if strings.HasSuffix(dest, "/") {
+				dir = filepath.Clean(dest)
+			}
+			if !have[dir] {
+				missing = append(missing, dir)
+			}
+		}
+	}
+	return missing
+}
+
+// An install that stops at "No such file or directory" halfway leaves a
+// user and a tmpfiles entry but no unit: the unit comments once lacked
+// install -d /etc/pdlink. make systemd-check runs these steps for real.
+func TestInstallStepsCreateTheDirectoriesTheyInstallInto(t *testing.T) {
+	sources := map[string][]string{"README.md": readmeInstallSteps(readFile(t, "../README.md"))}
+	for _, role := range roles {
+		name := "systemd/" + string(role) + ".service"
+		sources[name] = installSteps(readFile(t, name))
+	}
+	for name, steps := range sources {
+		if len(steps) < 5 {
+			t.Errorf("%s: found %d install steps, want the whole sequence: %q", name, len(steps), steps)
+			continue
+		}
+		if m := missingInstallDirs(steps); len(m) > 0 {
+			t.Errorf("%s installs into %v without install -d first", name, m)
+		}
+	}
+	// The check can fail: the unit comments as they were.
+	old := []string{"install -m 0640 -g pdlink decoded.env /etc/pdlink/decoded.env"}
+	if m := missingInstallDirs(old); len(m) != 1 || m[0] != "/etc/pdlink" {
+		t.Errorf("missingInstallDirs(%q) = %v, want [/etc/pdlink]", old, m)
 	}
 }

@@ -14,6 +14,7 @@
 #   proto        make proto, make proto-check
 #   test         make test, make deploy-check, make chaos
 #   bench        make bench (its iperf3 reference)
+#   systemd-check  make systemd-check (systemd-nspawn, a minimal Debian root)
 #   fresh-check  make fresh-check (the minimal Debian root)
 #   all          every group
 set -euo pipefail
@@ -24,10 +25,11 @@ proto=(protobuf-compiler libprotobuf-dev)
 # systemd-analyze verify/security of deploy/systemd; procps: /bin/kill, which
 # the units' ExecReload names and systemd-analyze verify requires to exist
 # (not in a minimal root); iproute2: ip netns for the two-host suite under
-# test/. A suite that needs another tool (systemd-container for nspawn, say)
-# adds its package to the group of the make target that runs it.
+# test/. A suite that needs another tool adds its package to the group of the
+# make target that runs it.
 test=(prometheus systemd procps iproute2)
 bench=(iperf3)
+systemd_check=(systemd-container debootstrap)
 fresh_check=(debootstrap)
 
 groups=("$@")
@@ -38,10 +40,11 @@ for g in "${groups[@]}"; do
 	proto) want+=("${proto[@]}") ;;
 	test) want+=("${test[@]}") ;;
 	bench) want+=("${bench[@]}") ;;
+	systemd-check) want+=("${systemd_check[@]}") ;;
 	fresh-check) want+=("${fresh_check[@]}") ;;
-	all) want+=("${proto[@]}" "${test[@]}" "${bench[@]}" "${fresh_check[@]}") ;;
+	all) want+=("${proto[@]}" "${test[@]}" "${bench[@]}" "${systemd_check[@]}" "${fresh_check[@]}") ;;
 	*)
-		echo "deps: unknown group $g (proto, test, bench, fresh-check, all)" >&2
+		echo "deps: unknown group $g (proto, test, bench, systemd-check, fresh-check, all)" >&2
 		exit 2
 		;;
 	esac

@@ -98,7 +98,7 @@ func TestDepsInstallsMissingPackageEvenWhenItsCommandIsPresent(t *testing.T) {
 }
 
 func TestDepsCallsNoAptWhenEveryPackageIsInstalled(t *testing.T) {
-	all := []string{"protobuf-compiler", "libprotobuf-dev", "prometheus", "systemd", "procps", "iproute2", "iperf3", "debootstrap"}
+	all := []string{"protobuf-compiler", "libprotobuf-dev", "prometheus", "systemd", "procps", "iproute2", "iperf3", "systemd-container", "debootstrap"}
 	s := newStubs(t, "0", all, false)
 	if out, err := s.run(t, "all"); err != nil {
 		t.Fatalf("deps.sh all: %v\n%s", err, out)
@@ -110,10 +110,11 @@ func TestDepsCallsNoAptWhenEveryPackageIsInstalled(t *testing.T) {
 
 func TestDepsInstallsEachGroupsPackages(t *testing.T) {
 	for group, want := range map[string][]string{
-		"proto":       {"libprotobuf-dev", "protobuf-compiler"},
-		"test":        {"iproute2", "procps", "prometheus", "systemd"},
-		"bench":       {"iperf3"},
-		"fresh-check": {"debootstrap"},
+		"proto":         {"libprotobuf-dev", "protobuf-compiler"},
+		"test":          {"iproute2", "procps", "prometheus", "systemd"},
+		"bench":         {"iperf3"},
+		"systemd-check": {"debootstrap", "systemd-container"},
+		"fresh-check":   {"debootstrap"},
 	} {
 		s := newStubs(t, "0", nil, false)
 		if out, err := s.run(t, group); err != nil {
@@ -172,14 +173,16 @@ func TestMakeTargetsInstallOnlyWhatTheyNeed(t *testing.T) {
 		t.Skip("make not installed")
 	}
 	for target, want := range map[string]string{
-		"build":        "",
-		"demo":         "",
-		"test":         "scripts/deps.sh test",
-		"proto":        "scripts/deps.sh proto",
-		"bench":        "scripts/deps.sh bench",
-		"fresh-check":  "scripts/deps.sh fresh-check",
-		"deploy-check": "scripts/deps.sh test",
-		"deps":         "scripts/deps.sh all",
+		"build":         "",
+		"demo":          "",
+		"test":          "scripts/deps.sh test",
+		"proto":         "scripts/deps.sh proto",
+		"bench":         "scripts/deps.sh bench",
+		"fresh-check":   "scripts/deps.sh fresh-check",
+		"deploy-check":  "scripts/deps.sh test",
+		"twohost":       "scripts/deps.sh test",
+		"systemd-check": "scripts/deps.sh systemd-check",
+		"deps":          "scripts/deps.sh all",
 	} {
 		out, err := exec.Command("make", "-C", "..", "-n", target).CombinedOutput()
 		if err != nil {

@@ -17,7 +17,7 @@ import (
 // version is set by the linker (-X main.version=...).
 var version string
 
-func main() {
+func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "pdctl",
 		Short:         "pdlink operator and load tool",
@@ -26,6 +26,12 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newDemoCommand(), newBenchCommand(), newRoomsCommand(), newWatchCommand())
+	daemon.AcceptSingleDashHelp(root)
+	return root
+}
+
+func main() {
+	root := newRootCommand()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := root.ExecuteContext(ctx); err != nil {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
 )
 
 func dial(addr string) (*grpc.ClientConn, error) {
@@ -28,20 +29,17 @@ func dial(addr string) (*grpc.ClientConn, error) {
 	return grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
+// parseState reads --state with the daemons' one parser (poll.ParseState),
+// so what pdctl prints, the metric label and the gRPC name all work.
 func parseState(s string) (pb.RoomState, error) {
 	if s == "" {
 		return pb.RoomState_ROOM_STATE_UNSPECIFIED, nil
 	}
-	key := "ROOM_STATE_" + strings.ToUpper(strings.NewReplacer("-", "_", " ", "_").Replace(s))
-	switch strings.ToLower(s) {
-	case "waitingforinput":
-		key = "ROOM_STATE_WAITING_FOR_INPUT"
+	st, err := poll.ParseState(s)
+	if err != nil {
+		return 0, err
 	}
-	v, ok := pb.RoomState_value[key]
-	if !ok || v == 0 {
-		return 0, fmt.Errorf("unknown state %q (bootstrapping, waiting_for_input, transferring, success, failed)", s)
-	}
-	return pb.RoomState(v), nil
+	return pb.RoomState(pb.RoomState_value["ROOM_STATE_"+strings.ToUpper(poll.SnakeStateName(st))]), nil
 }
 
 func stateName(s pb.RoomState) string {

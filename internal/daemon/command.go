@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -9,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 )
 
@@ -58,7 +60,23 @@ func NewCommand(role Role, version string, short string, setup Setup) *cobra.Com
 	}
 	cmd.SetVersionTemplate("{{.Name}} {{.Version}}\n")
 	cfg.BindFlags(cmd.Flags())
+	AcceptSingleDashHelp(cmd)
 	return cmd
+}
+
+// AcceptSingleDashHelp makes `-help` print the help of cmd and of every
+// subcommand, as `-h` and `--help` do. pflag reads `-help` as the
+// shorthands h, e, l, p and fails on e ("unknown shorthand flag: 'e' in
+// -elp"); that exact failure is turned into a help request.
+func AcceptSingleDashHelp(cmd *cobra.Command) {
+	next := cmd.FlagErrorFunc()
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		var unknown *pflag.NotExistError
+		if errors.As(err, &unknown) && unknown.GetSpecifiedName() == "e" && unknown.GetSpecifiedShortnames() == "elp" {
+			return pflag.ErrHelp
+		}
+		return next(c, err)
+	})
 }
 
 // Main runs a daemon command and exits: 0 after a clean stop, 1 with one

@@ -59,6 +59,18 @@ type Config struct {
 	GRPCTLSKey   string
 	GRPCClientCA string
 
+	// What a gRPC client that is slow, silent or gone may hold (see
+	// connectionLimits): the handshake deadline, the lifetime of a
+	// connection with no stream, the keepalive ping period and ack
+	// deadline, the fastest client ping rate allowed, and the most
+	// connections open at once.
+	GRPCHandshakeTimeout  time.Duration
+	GRPCMaxConnectionIdle time.Duration
+	GRPCKeepaliveTime     time.Duration
+	GRPCKeepaliveTimeout  time.Duration
+	GRPCKeepaliveMinTime  time.Duration
+	GRPCMaxConnections    int
+
 	// BootstrapListen is prefilld's ZeroMQ bind address.
 	BootstrapListen string
 	// DataListen is decoded's TCP listener for KV pages.
@@ -87,6 +99,13 @@ func DefaultConfig(role Role) Config {
 		MaxRooms:            65536,
 		AuthOverlap:         auth.DefaultOverlap,
 		AuthPromoteDelay:    auth.DefaultPromoteDelay,
+
+		GRPCHandshakeTimeout:  10 * time.Second,
+		GRPCMaxConnectionIdle: 5 * time.Minute,
+		GRPCKeepaliveTime:     30 * time.Second,
+		GRPCKeepaliveTimeout:  10 * time.Second,
+		GRPCKeepaliveMinTime:  5 * time.Second,
+		GRPCMaxConnections:    1024,
 	}
 	switch role {
 	case RolePrefill:
@@ -120,6 +139,12 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", c.GRPCTLSCert, "PEM certificate for gRPC on TCP (with --grpc-tls-key)")
 	fs.StringVar(&c.GRPCTLSKey, "grpc-tls-key", c.GRPCTLSKey, "PEM private key for --grpc-tls-cert")
 	fs.StringVar(&c.GRPCClientCA, "grpc-client-ca", c.GRPCClientCA, "PEM CA that gRPC clients' certificates must chain to (mTLS)")
+	fs.DurationVar(&c.GRPCHandshakeTimeout, "grpc-handshake-timeout", c.GRPCHandshakeTimeout, "a gRPC connection that has not finished its TLS and HTTP/2 handshake by then is closed")
+	fs.DurationVar(&c.GRPCMaxConnectionIdle, "grpc-max-connection-idle", c.GRPCMaxConnectionIdle, "a gRPC connection with no open stream for this long is closed (GOAWAY); clients reconnect")
+	fs.DurationVar(&c.GRPCKeepaliveTime, "grpc-keepalive-time", c.GRPCKeepaliveTime, "ping a gRPC connection quiet for this long (at least 1s)")
+	fs.DurationVar(&c.GRPCKeepaliveTimeout, "grpc-keepalive-timeout", c.GRPCKeepaliveTimeout, "close a gRPC connection whose ping is not acked within this")
+	fs.DurationVar(&c.GRPCKeepaliveMinTime, "grpc-keepalive-min-time", c.GRPCKeepaliveMinTime, "clients may ping at most this often; faster gets GOAWAY (too_many_pings)")
+	fs.IntVar(&c.GRPCMaxConnections, "grpc-max-connections", c.GRPCMaxConnections, "most gRPC connections open at once; more are closed on accept")
 	switch c.Role {
 	case RolePrefill:
 		fs.StringVar(&c.BootstrapListen, "bootstrap-listen", c.BootstrapListen, "ZeroMQ bind address for decode daemons: tcp://host:port")
@@ -168,6 +193,25 @@ func (c *Config) Validate() error {
 		if d.v <= 0 {
 			return &FlagError{d.flag, d.v.String(), "must be positive"}
 		}
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+		min  time.Duration
+	}{
+		{"grpc-handshake-timeout", c.GRPCHandshakeTimeout, time.Millisecond},
+		{"grpc-max-connection-idle", c.GRPCMaxConnectionIdle, time.Millisecond},
+		// gRPC raises a keepalive time below 1s to 1s without a word.
+		{"grpc-keepalive-time", c.GRPCKeepaliveTime, time.Second},
+		{"grpc-keepalive-timeout", c.GRPCKeepaliveTimeout, time.Millisecond},
+		{"grpc-keepalive-min-time", c.GRPCKeepaliveMinTime, time.Millisecond},
+	} {
+		if d.v < d.min {
+			return &FlagError{d.flag, d.v.String(), "must be at least " + d.min.String()}
+		}
+	}
+	if c.GRPCMaxConnections < 1 {
+		return &FlagError{"grpc-max-connections", fmt.Sprint(c.GRPCMaxConnections), "must be at least 1"}
 	}
 	if c.DrainTimeout < 0 {
 		return &FlagError{"drain-timeout", c.DrainTimeout.String(), "must not be negative"}

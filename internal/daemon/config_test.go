@@ -76,6 +76,12 @@ func TestBadFlagValuesAreRefusedNamingTheFlag(t *testing.T) {
 		{RolePrefill, "--bootstrap-listen=ipc:///tmp/x", "bootstrap-listen"},
 		{RoleDecode, "--data-listen=:99999", "data-listen"},
 		{RoleDecode, "--data-advertise=nohost", "data-advertise"},
+		{RoleDecode, "--grpc-handshake-timeout=0s", "grpc-handshake-timeout"},
+		{RoleDecode, "--grpc-max-connection-idle=0s", "grpc-max-connection-idle"},
+		{RoleDecode, "--grpc-keepalive-time=500ms", "grpc-keepalive-time"},
+		{RoleDecode, "--grpc-keepalive-timeout=0s", "grpc-keepalive-timeout"},
+		{RoleDecode, "--grpc-keepalive-min-time=-1s", "grpc-keepalive-min-time"},
+		{RoleDecode, "--grpc-max-connections=0", "grpc-max-connections"},
 	}
 	for _, c := range cases {
 		_, err := parse(t, c.role, []string{c.arg}, nil)

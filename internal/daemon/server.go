@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,18 +39,27 @@ type Server struct {
 	// Mux is where the role adds HTTP handlers (such as /debug/rooms) before Run.
 	Mux *http.ServeMux
 
-	health   *health.Server
-	grpcLis  net.Listener
-	httpLis  net.Listener
-	httpSrv  *http.Server
-	notifier *Notifier
+	health    *health.Server
+	grpcLis   net.Listener
+	grpcLimit *limitListener // wraps grpcLis: --grpc-max-connections
+	httpLis   net.Listener
+	httpSrv   *http.Server
+	notifier  *Notifier
 
 	group    Group
 	pending  atomic.Int32  // components that have not called ready yet
 	allReady chan struct{} // closed when pending reaches zero
 	ready    atomic.Bool
-	drain    func(ctx context.Context)
-	unixPath string
+
+	// healthMu orders readiness changes: once draining is set, a component
+	// that turns ready late cannot flip the health service back to SERVING.
+	healthMu    sync.Mutex
+	draining    bool
+	healthNames []string // "" and every served pdlink service, set by Run
+	drain       func(ctx context.Context)
+	unixPath    string
+
+	reloaders []reloader // what SIGHUP re-reads (signals.go)
 }
 
 // NewServer binds the gRPC and HTTP listeners so that a bad or busy address
@@ -82,12 +93,14 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 		return nil, fmt.Errorf("--http-listen %s: %w", cfg.HTTPListen, err)
 	}
 
+	s.grpcLimit = newLimitListener(s.grpcLis, cfg.GRPCMaxConnections)
 	s.Registry = prometheus.NewRegistry()
 	s.Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(cfg.Role, version),
 	)
+	s.Registry.MustRegister(s.grpcLimit.collectors(sideOf(cfg.Role))...)
 
 	opts := []grpc.ServerOption{}
 	if cfg.GRPCTLSCert != "" {
@@ -99,21 +112,10 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 		}
 		opts = append(opts, grpc.Creds(creds))
 	}
-	s.GRPC = grpc.NewServer(append(opts,
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
-			// Schedulers ping idle connections; anything faster than this
-			// is abuse and gets GOAWAY.
-			MinTime:             5 * time.Second,
-			PermitWithoutStream: true,
-		}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{
-			Time:    30 * time.Second,
-			Timeout: 10 * time.Second,
-		}),
-		grpc.MaxRecvMsgSize(16<<20),
-	)...)
+	s.GRPC = grpc.NewServer(append(opts, connectionLimits(cfg)...)...)
 	s.health = health.NewServer()
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	s.healthNames = []string{""}
+	s.setReady(false)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
 	reflection.Register(s.GRPC)
 
@@ -133,7 +135,7 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 
 	s.Add("grpc", func(ready func()) error {
 		ready()
-		return s.GRPC.Serve(s.grpcLis)
+		return s.GRPC.Serve(s.grpcLimit)
 	}, func(error) { s.GRPC.Stop() })
 	s.Add("http", func(ready func()) error {
 		ready()
@@ -147,6 +149,31 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 		_ = s.httpSrv.Shutdown(ctx)
 	})
 	return s, nil
+}
+
+// connectionLimits bound what a client that is slow, silent or gone can
+// hold: the handshake (TLS and HTTP/2 preface) must finish within
+// --grpc-handshake-timeout; a connection with no stream is closed after
+// --grpc-max-connection-idle; a quiet connection is pinged every
+// --grpc-keepalive-time and closed if the ack takes longer than
+// --grpc-keepalive-timeout. A connection with an open stream (a Watch with
+// no traffic) is never idle, and a client may ping every
+// --grpc-keepalive-min-time, with or without a stream; faster is abuse and
+// gets GOAWAY.
+func connectionLimits(cfg Config) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ConnectionTimeout(cfg.GRPCHandshakeTimeout),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             cfg.GRPCKeepaliveMinTime,
+			PermitWithoutStream: true,
+		}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: cfg.GRPCMaxConnectionIdle,
+			Time:              cfg.GRPCKeepaliveTime,
+			Timeout:           cfg.GRPCKeepaliveTimeout,
+		}),
+		grpc.MaxRecvMsgSize(16 << 20),
+	}
 }
 
 func prepareUnixSocket(path string) error {
@@ -209,7 +236,13 @@ func (s *Server) OnDrain(drain func(ctx context.Context)) { s.drain = drain }
 
 // Run serves until ctx is done (SIGTERM) or a component fails. On ctx done
 // it turns not-ready, drains for at most --drain-timeout, and stops.
+// Throughout, SIGHUP runs what OnReload registered.
 func (s *Server) Run(ctx context.Context) error {
+	defer s.handleHangup()()
+	s.healthMu.Lock()
+	s.healthNames = s.servedNames()
+	s.healthMu.Unlock()
+	s.setReady(false)
 	stop := make(chan struct{})
 	s.group.Add(func() error {
 		select {
@@ -217,7 +250,7 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-stop:
 			return nil
 		}
-		s.setReady(false)
+		s.startDrain()
 		_ = s.notifier.Notify("STOPPING=1")
 		s.log.Info("draining", zap.Duration("drain_timeout", s.cfg.DrainTimeout))
 		if s.drain != nil {
@@ -235,7 +268,10 @@ func (s *Server) Run(ctx context.Context) error {
 		defer bg.Done()
 		select {
 		case <-s.allReady:
-			s.setReady(true)
+			if !s.setReady(true) {
+				s.log.Info("components ready after the drain started: staying not serving")
+				return
+			}
 			s.log.Info("serving",
 				zap.String("role", string(s.cfg.Role)),
 				zap.String("version", s.version),
@@ -257,13 +293,46 @@ func (s *Server) Run(ctx context.Context) error {
 	return err
 }
 
-func (s *Server) setReady(v bool) {
+// setReady sets /readyz and the health status of every name in
+// healthNames; it refuses to turn ready once a drain started.
+func (s *Server) setReady(v bool) bool {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	if v && s.draining {
+		return false
+	}
 	s.ready.Store(v)
 	status := healthpb.HealthCheckResponse_NOT_SERVING
 	if v {
 		status = healthpb.HealthCheckResponse_SERVING
 	}
-	s.health.SetServingStatus("", status)
+	for _, name := range s.healthNames {
+		s.health.SetServingStatus(name, status)
+	}
+	return true
+}
+
+// startDrain turns the daemon not ready for good.
+func (s *Server) startDrain() {
+	s.healthMu.Lock()
+	s.draining = true
+	s.healthMu.Unlock()
+	s.setReady(false)
+}
+
+// servedNames is what a health probe may ask for: "" and the full name of
+// every service the role registered (pdlink.v1.PrefillService,
+// pdlink.v1.AdminService...), but not the health and reflection services
+// themselves. Any other name stays NotFound.
+func (s *Server) servedNames() []string {
+	names := []string{""}
+	for name := range s.GRPC.GetServiceInfo() {
+		if !strings.HasPrefix(name, "grpc.") {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	return names
 }
 
 func (s *Server) watchdog(stop <-chan struct{}) {
@@ -293,10 +362,14 @@ func buildInfo(role Role, version string) prometheus.Collector {
 		Name: "pdlink_build_info",
 		Help: "Always 1; labels say which daemon and version runs.",
 	}, []string{"side", "version"})
-	side := "prefill"
-	if role == RoleDecode {
-		side = "decode"
-	}
-	g.WithLabelValues(side, version).Set(1)
+	g.WithLabelValues(sideOf(role), version).Set(1)
 	return g
+}
+
+// sideOf is the side label of a role's metrics.
+func sideOf(role Role) string {
+	if role == RoleDecode {
+		return "decode"
+	}
+	return "prefill"
 }

@@ -31,22 +31,20 @@ type debugHistory struct {
 
 // DebugRooms serves /debug/rooms: every room the daemon holds (live ones
 // and terminal ones not cleared yet) as JSON, oldest first within the page,
-// with ?state= (Bootstrapping, WaitingForInput, Transferring, Success,
-// Failed), ?min_age= (a Go duration) and ?limit= (default 1000).
+// with ?state= (any spelling poll.ParseState reads: waiting_for_input,
+// WaitingForInput, ROOM_STATE_WAITING_FOR_INPUT...), ?min_age= (a Go
+// duration) and ?limit= (default 1000).
 func DebugRooms(a *AdminServer) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		q := req.URL.Query()
 		var f poll.Filter
 		if s := q.Get("state"); s != "" {
-			for _, st := range poll.AllStates() {
-				if st.String() == s {
-					f.State = st
-				}
-			}
-			if f.State == poll.StateNone {
-				http.Error(w, "unknown state "+s, http.StatusBadRequest)
+			st, err := poll.ParseState(s)
+			if err != nil {
+				http.Error(w, "state: "+err.Error(), http.StatusBadRequest)
 				return
 			}
+			f.State = st
 		}
 		if s := q.Get("min_age"); s != "" {
 			d, err := time.ParseDuration(s)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -41,13 +42,65 @@ type DecodeData struct {
 	receiver *transfer.Receiver
 	bytes    atomic.Uint64
 	refused  atomic.Uint64
+
+	// metadata holds each room's SendMetadata until the room is forgotten,
+	// so a retry is answered as the same request and another one refused.
+	mdMu     sync.Mutex
+	metadata map[poll.Key]*sentMetadata
+}
+
+// sentMetadata is what a room's first SendMetadata asked for.
+type sentMetadata struct {
+	tpRank, tpSize uint32
+	dst            []transfer.Run
+	auxIndex       uint32
+	done           chan struct{} // closed once the first call returned
+	err            error         // the first call's error; read after done
+}
+
+// conflict names what differs from the metadata already sent ("" if
+// nothing: the same request).
+func (m *sentMetadata) conflict(o *sentMetadata) string {
+	switch {
+	case m.tpRank != o.tpRank || m.tpSize != o.tpSize:
+		return "rank"
+	case !slices.Equal(m.dst, o.dst):
+		return "dst_pages"
+	case m.auxIndex != o.auxIndex:
+		return "aux_index"
+	}
+	return ""
+}
+
+// claimMetadata records md as key's metadata unless some is recorded
+// already: then it returns that one and false.
+func (d *DecodeData) claimMetadata(key poll.Key, md *sentMetadata) (*sentMetadata, bool) {
+	d.mdMu.Lock()
+	defer d.mdMu.Unlock()
+	if prev := d.metadata[key]; prev != nil {
+		return prev, false
+	}
+	d.metadata[key] = md
+	return md, true
+}
+
+// settleMetadata ends the first call for key: a failed one is forgotten so
+// the scheduler may try again.
+func (d *DecodeData) settleMetadata(key poll.Key, md *sentMetadata, err error) {
+	d.mdMu.Lock()
+	if err != nil && d.metadata[key] == md {
+		delete(d.metadata, key)
+	}
+	md.err = err
+	d.mdMu.Unlock()
+	close(md.done)
 }
 
 var _ conn.DecodeDataPlane = (*DecodeData)(nil)
 
 // NewDecodeData returns the adapter; SetNode must be called before use.
 func NewDecodeData(cfg transfer.ReceiverConfig, log *zap.Logger) *DecodeData {
-	d := &DecodeData{log: log, rcfg: cfg}
+	d := &DecodeData{log: log, rcfg: cfg, metadata: map[poll.Key]*sentMetadata{}}
 	d.slot.onSet = func(r *transfer.Region) error {
 		rx, err := transfer.NewReceiver(r, d.rcfg, decodeEvents{d})
 		if err != nil {
@@ -142,7 +195,12 @@ func (d *DecodeData) Fence(key poll.Key) {
 }
 
 // Forget implements conn.DecodeDataPlane.
-func (d *DecodeData) Forget(key poll.Key) { d.Fence(key) }
+func (d *DecodeData) Forget(key poll.Key) {
+	d.Fence(key)
+	d.mdMu.Lock()
+	delete(d.metadata, key)
+	d.mdMu.Unlock()
+}
 
 type decodeEvents struct{ d *DecodeData }
 
@@ -185,8 +243,8 @@ func (s *DecodeServer) OpenReceiver(_ context.Context, req *pb.OpenReceiverReque
 	if err := validateRoomID("room_id", req.RoomId); err != nil {
 		return nil, err
 	}
-	if err := checkZMQAddr(req.PrefillBootstrapAddr); err != nil {
-		return nil, invalid("prefill_bootstrap_addr", "%v", err)
+	if err := checkBootstrapAddr("prefill_bootstrap_addr", req.PrefillBootstrapAddr); err != nil {
+		return nil, err
 	}
 	if req.ExpectedSenders > poll.MaxParts {
 		return nil, invalid("expected_senders", "at most %d", poll.MaxParts)
@@ -205,8 +263,11 @@ func (s *DecodeServer) OpenReceiver(_ context.Context, req *pb.OpenReceiverReque
 	return &pb.OpenReceiverResponse{Status: statusOf(in)}, nil
 }
 
-// SendMetadata implements DecodeService.
-func (s *DecodeServer) SendMetadata(_ context.Context, req *pb.SendMetadataRequest) (*pb.SendMetadataResponse, error) {
+// SendMetadata implements DecodeService. A retry of the same request (a
+// client timeout) is answered OK with the room's status whatever state the
+// room moved on to, unless it Failed; other metadata for a room that has
+// some is refused with AlreadyExists naming the field that differs.
+func (s *DecodeServer) SendMetadata(ctx context.Context, req *pb.SendMetadataRequest) (*pb.SendMetadataResponse, error) {
 	if err := validateRoomID("room_id", req.RoomId); err != nil {
 		return nil, err
 	}
@@ -217,21 +278,63 @@ func (s *DecodeServer) SendMetadata(_ context.Context, req *pb.SendMetadataReque
 	if region == nil {
 		return nil, status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
 	}
+	if err := s.Data.slot.checkRank("rank", req.Rank); err != nil {
+		return nil, err
+	}
 	l := region.Layout()
-	if _, err := pageRuns("dst_pages", req.DstPages, l.Buffers[0].Pages()); err != nil {
+	dst, err := pageRuns("dst_pages", req.DstPages, l.Buffers[0].Pages())
+	if err != nil {
 		return nil, err
 	}
 	if l.Aux.Rows > 0 && int64(req.AuxIndex) >= l.Aux.Rows {
 		return nil, invalid("aux_index", "row %d of %d", req.AuxIndex, l.Aux.Rows)
 	}
-	mr := conn.MetadataRequest{DstPages: req.DstPages, AuxIndex: req.AuxIndex}
-	if req.Rank != nil {
+	mr := conn.MetadataRequest{DstPages: req.DstPages, AuxIndex: req.AuxIndex, TPSize: 1}
+	if req.Rank != nil && req.Rank.TpSize > 0 {
 		mr.TPRank, mr.TPSize = req.Rank.TpRank, req.Rank.TpSize
 	}
-	if err := s.Node.SendMetadata(poll.RoomID(req.RoomId), mr); err != nil {
+	id := poll.RoomID(req.RoomId)
+	in, err := s.Node.Get(id)
+	if err != nil {
 		return nil, toStatus(err)
 	}
-	in, err := s.Node.Get(poll.RoomID(req.RoomId))
+	if in.State == poll.Failed {
+		return nil, roomEnded(in) // also for a retry: the room takes nothing now
+	}
+	want := &sentMetadata{tpRank: mr.TPRank, tpSize: mr.TPSize, dst: dst, auxIndex: req.AuxIndex, done: make(chan struct{})}
+	md, first := s.Data.claimMetadata(in.Key, want)
+	if !first {
+		if field := md.conflict(want); field != "" {
+			return nil, status.Errorf(codes.AlreadyExists, "room %d already has metadata with another %s: a retry must repeat the first request", id, field)
+		}
+		select { // the same request: answer as the first call does
+		case <-md.done:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		if md.err != nil {
+			return nil, toStatus(md.err)
+		}
+		return s.metadataStatus(id)
+	}
+	// The room may have been cleared (and its id reopened) since Get; a
+	// claim for a key no longer in the table would never be forgotten.
+	if now, err := s.Node.Get(id); err != nil || now.Key != in.Key {
+		s.Data.settleMetadata(in.Key, want, poll.ErrNotFound)
+		return nil, status.Errorf(codes.NotFound, "room %d ended while its metadata was sent", id)
+	}
+	err = s.Node.SendMetadata(id, mr)
+	s.Data.settleMetadata(in.Key, want, err)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return s.metadataStatus(id)
+}
+
+// metadataStatus answers a SendMetadata that took effect (or had already):
+// the room's status, even if it failed since (the call itself did its part).
+func (s *DecodeServer) metadataStatus(id poll.RoomID) (*pb.SendMetadataResponse, error) {
+	in, err := s.Node.Get(id)
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,7 +55,27 @@ type prefillRoom struct {
 	dstPages int64
 	src      []transfer.Run // pages handed over so far, in position order
 	srcPages int64
+	chunks   []sentChunk // the Sends taken, so a retry is recognised
 	started  bool
+}
+
+// sentChunk is one Send a room took: its pages are src[at:at+runs].
+type sentChunk struct {
+	start    int64
+	at, runs int
+	last     bool
+	auxIndex uint32
+}
+
+// repeats reports whether a Send is one the room already took: a client
+// that timed out and retries gets the answer of the first call.
+func (r *prefillRoom) repeats(start int64, src []transfer.Run, last bool, auxIndex uint32) bool {
+	for _, c := range r.chunks {
+		if c.start == start && c.last == last && (!last || c.auxIndex == auxIndex) && slices.Equal(r.src[c.at:c.at+c.runs], src) {
+			return true
+		}
+	}
+	return false
 }
 
 var _ conn.PrefillDataPlane = (*PrefillData)(nil)
@@ -192,7 +213,7 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	if region == nil {
 		return status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
 	}
-	if err := validateRank("rank", req.Rank); err != nil {
+	if err := d.slot.checkRank("rank", req.Rank); err != nil {
 		return err
 	}
 	src, err := pageRuns("pages", req.Pages, region.Layout().Buffers[0].Pages())
@@ -203,7 +224,17 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	r := d.waitBound(ctx, poll.RoomID(req.RoomId))
 	if r == nil {
 		d.mu.Unlock()
-		return status.Error(codes.FailedPrecondition, "room has no metadata from decode yet: poll until WaitingForInput")
+		return d.notSendable(poll.RoomID(req.RoomId), nil)
+	}
+	if d.fenced[r.key] {
+		// Failed: say so before judging the chunk against a room that
+		// will take no more.
+		d.mu.Unlock()
+		return d.notSendable(r.key.Room, poll.ErrTerminal)
+	}
+	if (r.started || int64(req.StartPosition) < r.srcPages) && r.repeats(int64(req.StartPosition), src, req.Last, req.AuxIndex) {
+		d.mu.Unlock()
+		return nil
 	}
 	if r.started {
 		d.mu.Unlock()
@@ -230,6 +261,7 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 		}
 		aux = region.AuxRow(int64(req.AuxIndex))
 	}
+	r.chunks = append(r.chunks, sentChunk{start: r.srcPages, at: len(r.src), runs: len(src), last: req.Last, auxIndex: req.AuxIndex})
 	r.src = append(r.src, src...)
 	r.srcPages += n
 	key, peer := r.key, r.peerAddr
@@ -251,7 +283,7 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	d.mu.Unlock()
 
 	if err := d.node.FirstSend(key.Room); err != nil {
-		return toStatus(err)
+		return d.notSendable(key.Room, err)
 	}
 	if !req.Last {
 		return nil
@@ -262,6 +294,24 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 		return status.Errorf(codes.FailedPrecondition, "transfer refused: %v", err)
 	}
 	return nil
+}
+
+// notSendable says why a room takes no Send, from its state now: NotFound
+// when it is not open here, FailedPrecondition naming the state (and for
+// Failed the reasons) otherwise. err is the owner's refusal, if any.
+func (d *PrefillData) notSendable(id poll.RoomID, err error) error {
+	in, gerr := d.node.Get(id)
+	switch {
+	case gerr != nil:
+		return status.Errorf(codes.NotFound, "room %d is not open here (never opened, or cleared): OpenSender first", id)
+	case in.State == poll.Failed:
+		return roomEnded(in)
+	case in.Visible == poll.Bootstrapping:
+		return status.Errorf(codes.FailedPrecondition, "room %d is Bootstrapping: no metadata from decode yet, poll until WaitingForInput", id)
+	case err != nil:
+		return toStatus(err)
+	}
+	return status.Errorf(codes.FailedPrecondition, "room %d is %v and not bound to decode: poll until it fails or moves on", id, in.Visible)
 }
 
 func (d *PrefillData) done(key poll.Key, bytes int64, err error) {

@@ -54,6 +54,28 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (string, error) {
 	return regionID(layout), nil
 }
 
+// checkRank refuses a rank this daemon holds no region for
+// (InvalidArgument naming field): a request for it could only fail later,
+// on the peer or at a deadline. A nil rank, or tp_size 0, is rank 0 of 1.
+// The caller has checked a region is registered.
+func (s *regionSlot) checkRank(field string, r *pb.Rank) error {
+	if err := validateRank(field, r); err != nil {
+		return err
+	}
+	rank, size := 0, 1
+	if r != nil && r.TpSize > 0 {
+		rank, size = int(r.TpRank), int(r.TpSize)
+	}
+	region := s.get()
+	if region == nil {
+		return status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
+	}
+	if l := region.Layout(); rank != l.TPRank || size != l.TPSize {
+		return invalid(field, "tp_rank %d of tp_size %d: no region registered for it (this daemon serves %s)", rank, size, regionID(l))
+	}
+	return nil
+}
+
 func (s *regionSlot) get() *transfer.Region {
 	s.mu.Lock()
 	defer s.mu.Unlock()

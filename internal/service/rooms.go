@@ -21,7 +21,7 @@ import (
 // RoomOwner is what the services need from a node (conn.PrefillNode and
 // conn.DecodeNode both satisfy it).
 type RoomOwner interface {
-	Poll(ids []poll.RoomID, out []poll.State) []poll.State
+	PollStatus(ids []poll.RoomID, out []poll.Status) []poll.Status
 	Get(id poll.RoomID) (poll.RoomInfo, error)
 	List(f poll.Filter, pageToken string, limit int) ([]poll.RoomInfo, string, error)
 	Clear(ids []poll.RoomID, errs []error)
@@ -79,12 +79,12 @@ func stateFromProto(s pb.RoomState) poll.State {
 	return poll.StateNone
 }
 
-// statusOf is what the scheduler may see of a room: its visible state, and
-// the reason only once Failed is visible (I9).
+// statusOf is what the scheduler may see of a room: its visible state and
+// nonce, and the reasons only once Failed is visible (I9).
 func statusOf(in poll.RoomInfo) *pb.RoomStatus {
 	st := &pb.RoomStatus{RoomId: uint64(in.Key.Room), Nonce: uint64(in.Key.Nonce), Found: true, State: stateToProto(in.Visible)}
 	if in.Visible == poll.Failed {
-		st.Reason = string(in.Reason)
+		st.Reason, st.PeerReason = string(in.Reason), string(in.PeerReason)
 	}
 	return st
 }
@@ -134,17 +134,11 @@ func (r rooms) poll(ids []uint64) ([]*pb.RoomStatus, error) {
 	for i, id := range ids {
 		pids[i] = poll.RoomID(id)
 	}
-	states := r.owner.Poll(pids, make([]poll.State, 0, len(ids)))
+	sts := r.owner.PollStatus(pids, make([]poll.Status, 0, len(ids)))
 	out := make([]*pb.RoomStatus, len(ids))
-	for i, st := range states {
-		s := &pb.RoomStatus{RoomId: ids[i], Found: st != poll.StateNone, State: stateToProto(st)}
-		if st == poll.Failed {
-			// Failed rooms are few; their reason costs one more lookup.
-			if in, err := r.owner.Get(pids[i]); err == nil && in.Visible == poll.Failed {
-				s.Reason, s.Nonce = string(in.Reason), uint64(in.Key.Nonce)
-			}
-		}
-		out[i] = s
+	for i, st := range sts {
+		out[i] = &pb.RoomStatus{RoomId: ids[i], Nonce: uint64(st.Nonce), Found: st.State != poll.StateNone, State: stateToProto(st.State),
+			Reason: string(st.Reason), PeerReason: string(st.PeerReason)}
 	}
 	return out, nil
 }
@@ -213,7 +207,16 @@ func (r rooms) watch(ctx context.Context, f *pb.WatchFilter, subscribed func() e
 	want := map[poll.State]bool{}
 	ids := map[uint64]bool{}
 	if f != nil {
-		for _, s := range f.ToStates {
+		for i, s := range f.ToStates {
+			field := fmt.Sprintf("filter.to_states[%d]", i)
+			if err := validateEnum(field, s); err != nil {
+				return err
+			}
+			if s == pb.RoomState_ROOM_STATE_UNSPECIFIED {
+				// No transition goes to UNSPECIFIED: the stream would
+				// stay silent for ever.
+				return invalid(field, "UNSPECIFIED matches no transition; leave to_states empty to match all")
+			}
 			want[stateFromProto(s)] = true
 		}
 		for _, id := range f.RoomIds {
@@ -249,7 +252,7 @@ func (r rooms) watch(ctx context.Context, f *pb.WatchFilter, subscribed func() e
 			ev := &pb.WatchEvent{Event: &pb.WatchEvent_Transition{Transition: &pb.Transition{
 				RoomId: uint64(tr.Key.Room), Nonce: uint64(tr.Key.Nonce),
 				From: stateToProto(tr.From), To: stateToProto(tr.To),
-				Reason: string(tr.Reason), At: timestamppb.New(tr.At),
+				Reason: string(tr.Reason), PeerReason: string(tr.PeerReason), At: timestamppb.New(tr.At),
 			}}}
 			if err := send(ev); err != nil {
 				return err
@@ -288,7 +291,7 @@ func (a *AdminServer) info(in poll.RoomInfo) *pb.RoomInfo {
 	out := &pb.RoomInfo{
 		RoomId: uint64(in.Key.Room), Nonce: uint64(in.Key.Nonce), Side: a.Side,
 		State: stateToProto(in.State), VisibleState: stateToProto(in.Visible),
-		Reason: string(in.Reason), Peer: a.peerName(in.Peer),
+		Reason: string(in.Reason), PeerReason: string(in.PeerReason), Peer: a.peerName(in.Peer),
 		CreatedAt: timestamppb.New(created), Age: durationpb.New(now.Sub(created)),
 		StateAge: durationpb.New(now.Sub(entered)), HistoryDropped: uint32(in.HistoryDropped),
 	}
@@ -296,11 +299,15 @@ func (a *AdminServer) info(in poll.RoomInfo) *pb.RoomInfo {
 		out.Deadline = timestamppb.New(a.Owner.WallTime(in.Deadline))
 	}
 	for _, h := range in.History {
-		out.History = append(out.History, &pb.Transition{
+		tr := &pb.Transition{
 			RoomId: uint64(in.Key.Room), Nonce: uint64(in.Key.Nonce),
 			From: stateToProto(h.From), To: stateToProto(h.To), Reason: string(h.Reason),
 			At: timestamppb.New(a.Owner.WallTime(h.At)),
-		})
+		}
+		if h.To == poll.Failed {
+			tr.PeerReason = string(in.PeerReason) // a room fails once: this is that move
+		}
+		out.History = append(out.History, tr)
 	}
 	return out
 }
@@ -313,6 +320,9 @@ func (a *AdminServer) ListRooms(_ context.Context, req *pb.ListRoomsRequest) (*p
 	}
 	if limit < 1 || limit > 1000 {
 		return nil, invalid("page_size", "must be 0 or 1..1000")
+	}
+	if err := validateEnum("state", req.State); err != nil {
+		return nil, err
 	}
 	f := poll.Filter{State: stateFromProto(req.State)}
 	if req.MinAge != nil {

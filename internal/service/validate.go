@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -31,6 +34,17 @@ func invalid(field, format string, args ...any) error {
 		st = d
 	}
 	return st.Err()
+}
+
+// validateEnum refuses a value the enum does not define: proto3 keeps
+// unknown numbers (999, -1), which would otherwise read as UNSPECIFIED or
+// as a filter that matches nothing.
+func validateEnum(field string, v protoreflect.Enum) error {
+	d := v.Descriptor()
+	if d.Values().ByNumber(v.Number()) == nil {
+		return invalid(field, "%d is not a %s", v.Number(), d.Name())
+	}
+	return nil
 }
 
 func validateRoomID(field string, id uint64) error {
@@ -137,15 +151,59 @@ func layoutFromProto(field string, l *pb.RegionLayout) (transfer.Layout, error) 
 	return out, nil
 }
 
-func checkZMQAddr(addr string) error {
+// checkBootstrapAddr checks a prefill bootstrap address the way decoded
+// will dial it: tcp://host:port with a host (not the bind-only wildcard *)
+// and a port in 1-65535, nothing else in the URL. An address that cannot be
+// dialed is refused here, not found out at the room's bootstrap deadline.
+func checkBootstrapAddr(field, addr string) error {
+	const want = "want tcp://host:port with a port in 1-65535"
 	u, err := url.Parse(addr)
-	if err != nil || u.Scheme != "tcp" || u.Host == "" || u.Path != "" {
-		return errors.New("want tcp://host:port")
+	if err != nil || u.Scheme != "tcp" || u.Opaque != "" || u.User != nil || u.Path != "" ||
+		u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return invalid(field, "%q: %s", addr, want)
 	}
-	if _, _, err := net.SplitHostPort(u.Host); err != nil {
-		return errors.New("want tcp://host:port")
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		return invalid(field, "%q: %s", addr, want)
+	}
+	if host == "" || host == "*" {
+		return invalid(field, "%q: no host to dial (%s)", addr, want)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return invalid(field, "%q: port %q is not in 1-65535", addr, port)
 	}
 	return nil
+}
+
+// roomEnded answers a call that needs a live room with the room Failed:
+// failedRoom once Failed is visible; before the fence only the visible
+// state, so no answer shows Failed while a worker may still touch the
+// room's pages (I9).
+func roomEnded(in poll.RoomInfo) error {
+	if in.Visible == poll.Failed {
+		return failedRoom(in)
+	}
+	return status.Errorf(codes.FailedPrecondition, "room %d is %v and ending: poll it until it settles", in.Key.Room, in.Visible)
+}
+
+// failedRoom answers a call that needs a live room with the room visibly
+// Failed: FailedPrecondition naming the state and the reasons, with an
+// ErrorInfo (reason ROOM_FAILED, metadata state, reason, peer_reason) a
+// client can read, so the scheduler clears the room instead of retrying.
+func failedRoom(in poll.RoomInfo) error {
+	desc := fmt.Sprintf("room %d is Failed (reason %s", in.Key.Room, in.Reason)
+	if in.PeerReason != poll.ReasonNone {
+		desc += ", peer reason " + string(in.PeerReason)
+	}
+	st := status.New(codes.FailedPrecondition, desc+"): Clear it")
+	md := map[string]string{"state": pb.RoomState_ROOM_STATE_FAILED.String(), "reason": string(in.Reason)}
+	if in.PeerReason != poll.ReasonNone {
+		md["peer_reason"] = string(in.PeerReason)
+	}
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: "ROOM_FAILED", Domain: "pdlink", Metadata: md}); err == nil {
+		st = d
+	}
+	return st.Err()
 }
 
 func isClosed(err error) bool { return errors.Is(err, net.ErrClosed) }

@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"os/signal"
 	"sync"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -72,7 +69,7 @@ func rejectedCounts(c conn.Counters, z zmtp.Stats) []metrics.Count {
 }
 
 // openKeyring loads the shared secret when --auth-token-file is set
-// (nil otherwise) and adds a component that re-reads it on SIGHUP.
+// (nil otherwise) and has SIGHUP re-read it.
 func openKeyring(s *daemon.Server, cfg daemon.Config, log *zap.Logger) (*auth.Keyring, error) {
 	if cfg.AuthTokenFile == "" {
 		return nil, nil
@@ -83,22 +80,8 @@ func openKeyring(s *daemon.Server, cfg daemon.Config, log *zap.Logger) (*auth.Ke
 		return nil, fmt.Errorf("--auth-token-file: %w", err)
 	}
 	log.Info("authentication on", zap.String("token", kr.Fingerprint()))
-	hup := make(chan os.Signal, 1)
-	stop := make(chan struct{})
-	s.Add("token-reload", func(ready func()) error {
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
-		ready()
-		for {
-			select {
-			case <-stop:
-				return nil
-			case <-hup:
-				// Reload logs its outcome; on error the tokens in force stay.
-				_, _ = kr.Reload()
-			}
-		}
-	}, func(error) { close(stop) })
+	// Reload logs its outcome; on error the tokens in force stay.
+	s.OnReload("auth-token", func() { _, _ = kr.Reload() })
 	return kr, nil
 }
 
@@ -289,6 +272,14 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg d
 		Peers: func() []metrics.Count {
 			c := ctr()
 			return []metrics.Count{{Labels: []string{"up"}, Value: float64(c.PeersUp)}, {Labels: []string{"lost"}, Value: float64(c.PeersDown)}}
+		},
+		PeerDepartures: func() []metrics.Count {
+			c := ctr()
+			return []metrics.Count{
+				{Labels: []string{"goodbye"}, Value: float64(c.PeerGoodbyes)},
+				{Labels: []string{"lost"}, Value: float64(c.PeersLost)},
+				{Labels: []string{"restarted"}, Value: float64(c.PeerRestarts)},
+			}
 		},
 		WorkerRestarts: func() []metrics.Count {
 			return []metrics.Count{

@@ -24,10 +24,11 @@ const (
 	FrameStatus
 	FrameHeartbeat
 	FrameAck
+	FrameGoodbye
 	numFrameTypes
 )
 
-var frameNames = [numFrameTypes]string{"register", "metadata", "abort", "abort_ack", "status", "heartbeat", "ack"}
+var frameNames = [numFrameTypes]string{"register", "metadata", "abort", "abort_ack", "status", "heartbeat", "ack", "goodbye"}
 
 func (t FrameType) String() string {
 	if t < numFrameTypes {
@@ -65,6 +66,8 @@ func FrameTypeOf(env *pdlinkv1.Envelope) (FrameType, bool) {
 		return FrameHeartbeat, true
 	case *pdlinkv1.Envelope_Ack:
 		return FrameAck, true
+	case *pdlinkv1.Envelope_Goodbye:
+		return FrameGoodbye, true
 	}
 	return 0, false
 }

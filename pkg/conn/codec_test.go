@@ -53,12 +53,16 @@ func validFrames() map[string]*pdlinkv1.Envelope {
 		"ack": with(hdr(0), func(e *pdlinkv1.Envelope) {
 			e.Body = &pdlinkv1.Envelope_Ack{Ack: &pdlinkv1.Ack{AckedSeq: 9, Result: pdlinkv1.AckResult_ACK_RESULT_ENDED, Reason: "peer_lost"}}
 		}),
+		"goodbye": with(hdr(7), func(e *pdlinkv1.Envelope) { e.Body = &pdlinkv1.Envelope_Goodbye{Goodbye: &pdlinkv1.Goodbye{}} }),
 	}
 }
 
 func TestCodecRoundTripsEveryFrameType(t *testing.T) {
 	c := &Codec{}
+	covered := map[FrameType]bool{}
 	for name, env := range validFrames() {
+		ft, _ := FrameTypeOf(env)
+		covered[ft] = true
 		b, err := c.Encode(env)
 		if err != nil {
 			t.Fatalf("%s: encode: %v", name, err)
@@ -71,6 +75,11 @@ func TestCodecRoundTripsEveryFrameType(t *testing.T) {
 			t.Fatalf("%s: round trip changed the envelope", name)
 		}
 		t.Logf("%-14s %4d bytes", name, len(b))
+	}
+	for _, ft := range AllFrameTypes() {
+		if !covered[ft] || ft.String() == "unknown" {
+			t.Errorf("frame type %d (%s) has no valid example: add it to validFrames", ft, ft)
+		}
 	}
 }
 
@@ -90,6 +99,7 @@ func TestCodecRejectsInvalidFramesByReason(t *testing.T) {
 		{"epoch 0", with(validFrames()["abort"], func(e *pdlinkv1.Envelope) { e.Epoch = 0 }), RejectInvalid},
 		{"no body", hdr(1), RejectInvalid},
 		{"reliable without seq", with(validFrames()["abort"], func(e *pdlinkv1.Envelope) { e.Seq = 0 }), RejectInvalid},
+		{"goodbye without seq", with(validFrames()["goodbye"], func(e *pdlinkv1.Envelope) { e.Seq = 0 }), RejectInvalid},
 		{"heartbeat with seq", with(validFrames()["heartbeat"], func(e *pdlinkv1.Envelope) { e.Seq = 3 }), RejectInvalid},
 		{"room 0", md(func(m *pdlinkv1.Metadata) { m.RoomId = 0 }), RejectInvalid},
 		{"room over 63 bits", md(func(m *pdlinkv1.Metadata) { m.RoomId = 1 << 63 }), RejectInvalid},

@@ -25,6 +25,11 @@ type sideHooks interface {
 	// unknownToPeer: the peer behind dest answered unknown_peer (it forgot
 	// us): register again (decode); nothing to do on prefill.
 	unknownToPeer(dest target)
+	// goodbyeTargets are the peers to tell that this node is leaving.
+	goodbyeTargets() []target
+	// farewell: the peer behind dest acknowledged our GOODBYE; no more
+	// heartbeats to it, and it is not declared lost.
+	farewell(dest target)
 }
 
 // core is what both nodes share: the room table behind one mutex, the
@@ -53,6 +58,9 @@ type core struct {
 	cancel  context.CancelFunc
 	started atomic.Bool
 	closed  atomic.Bool
+	// saidGoodbye: GOODBYE went to the peers (goodbye.go); the node is
+	// leaving and keeps quiet.
+	saidGoodbye atomic.Bool
 
 	limiter logLimiter
 
@@ -167,7 +175,7 @@ func (c *core) perform(effs []poll.Effect) {
 			c.log.Debug("room transition", zap.Uint64("room", uint64(e.Key.Room)), zap.Uint64("nonce", uint64(e.Key.Nonce)),
 				zap.Stringer("from", e.From), zap.Stringer("to", e.To), zap.String("reason", string(e.Reason)))
 			if e.Visible {
-				c.publish(Transition{Key: e.Key, From: e.From, To: e.To, Reason: e.Reason, At: c.wall(e.At)})
+				c.publish(Transition{Key: e.Key, From: e.From, To: e.To, Reason: e.Reason, PeerReason: e.PeerReason, At: c.wall(e.At)})
 			} else {
 				c.subMu.Lock()
 				c.hidden[e.Key] = e.From
@@ -178,7 +186,7 @@ func (c *core) perform(effs []poll.Effect) {
 			from := c.hidden[e.Key]
 			delete(c.hidden, e.Key)
 			c.subMu.Unlock()
-			c.publish(Transition{Key: e.Key, From: from, To: poll.Failed, Reason: e.Reason, At: c.wall(e.At)})
+			c.publish(Transition{Key: e.Key, From: from, To: poll.Failed, Reason: e.Reason, PeerReason: e.PeerReason, At: c.wall(e.At)})
 		case poll.EffReaped, poll.EffRemoved:
 			if e.Kind == poll.EffReaped {
 				c.log.Info("uncleared room reaped", zap.Uint64("room", uint64(e.Key.Room)), zap.Stringer("state", e.Status))

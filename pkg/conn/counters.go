@@ -29,6 +29,7 @@ type counters struct {
 	restarts     atomic.Uint64
 	peerLost     atomic.Uint64
 	peerRestarts atomic.Uint64
+	peerGoodbyes atomic.Uint64
 	dropped      atomic.Uint64 // transitions dropped by slow subscribers
 }
 
@@ -51,6 +52,9 @@ type Counters struct {
 	// missed) and peers seen restarted (new epoch), R10.
 	PeersLost    uint64
 	PeerRestarts uint64
+	// PeerGoodbyes counts peers forgotten because they said goodbye (a
+	// planned stop): they are neither lost nor restarted.
+	PeerGoodbyes uint64
 	// PeersUp and PeersDown are gauges: known peers heard from within the
 	// heartbeat bound, and the others.
 	PeersUp   int
@@ -100,6 +104,7 @@ func (c *counters) snapshot() Counters {
 	s.WorkerRestarts = c.restarts.Load()
 	s.PeersLost = c.peerLost.Load()
 	s.PeerRestarts = c.peerRestarts.Load()
+	s.PeerGoodbyes = c.peerGoodbyes.Load()
 	s.WatchDropped = c.dropped.Load()
 	return s
 }

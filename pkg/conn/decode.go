@@ -39,6 +39,7 @@ type DecodeNode struct {
 	sessions map[string]*prefillSession // by bootstrap address
 	byID     map[poll.PeerID]*prefillSession
 	nextID   poll.PeerID
+	departed map[*prefillSession]int64 // said goodbye: Conn open until then + a heartbeat bound
 }
 
 // prefillSession is the link to one prefill daemon address. Fields after
@@ -55,7 +56,10 @@ type prefillSession struct {
 	lastHeard   int64
 	lastHB      int64
 	up          bool
+	farewell    bool // acknowledged our GOODBYE
 	dd          *dedupe
+
+	cancel context.CancelFunc // stops the receive worker (its prefill said goodbye)
 }
 
 // sessTarget is a session at one PeerID: frames queued for an instance
@@ -109,13 +113,15 @@ func (n *DecodeNode) Start(context.Context) error {
 }
 
 // Close fails every live room with reason shutdown, tells the prefill
-// daemons (one attempt each), and stops the workers and connections.
+// daemons (one attempt each) and says goodbye (one attempt, unless
+// Shutdown did), and stops the workers and connections.
 func (n *DecodeNode) Close() error {
 	if !n.closed.CompareAndSwap(false, true) {
 		return nil
 	}
 	if n.started.Load() {
 		_ = n.step(poll.Event{Kind: poll.EvShutdown})
+		n.sayGoodbye(doneContext())
 	}
 	n.stop()
 	return nil
@@ -129,6 +135,7 @@ func (n *DecodeNode) kill() {
 
 func (n *DecodeNode) stop() {
 	n.stopWorkers()
+	n.closeDeparted(0, true)
 	n.smu.Lock()
 	defer n.smu.Unlock()
 	for _, s := range n.sessions {
@@ -157,11 +164,12 @@ func (n *DecodeNode) session(addr string) (*prefillSession, error) {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
 	n.nextID++
-	s = &prefillSession{n: n, addr: addr, conn: conn, id: n.nextID, lastHeard: n.now(), up: true, dd: newDedupe(n.cfg.DedupeWindow)}
+	sctx, cancel := context.WithCancel(n.ctx)
+	s = &prefillSession{n: n, addr: addr, conn: conn, cancel: cancel, id: n.nextID, lastHeard: n.now(), up: true, dd: newDedupe(n.cfg.DedupeWindow)}
 	n.sessions[addr], n.byID[s.id] = s, s
 	n.smu.Unlock()
 	n.log.Info("prefill session opened", zap.String("addr", addr), zap.Uint32("peer", uint32(s.id)))
-	n.sup.Go("session "+addr, s.run)
+	n.sup.Go("session "+addr, func(context.Context) error { return s.run(sctx) })
 	n.register(s)
 	return s, nil
 }
@@ -171,12 +179,18 @@ func (n *DecodeNode) session(addr string) (*prefillSession, error) {
 // again (with backoff) and registers again.
 func (s *prefillSession) run(ctx context.Context) error {
 	n := s.n
+	if ctx.Err() != nil {
+		return nil // the session was closed (its prefill said goodbye)
+	}
 	n.smu.Lock()
 	conn := s.conn
 	n.smu.Unlock()
 	if conn == nil {
 		c, err := n.cfg.Transport.Dial(ctx, s.addr)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("redial %s: %w", s.addr, err)
 		}
 		n.smu.Lock()
@@ -206,6 +220,9 @@ func (s *prefillSession) run(ctx context.Context) error {
 // register sends REGISTER to the session's prefill unless one is already
 // on its way. It is retried until acknowledged.
 func (n *DecodeNode) register(s *prefillSession) {
+	if n.saidGoodbye.Load() {
+		return // leaving: an unknown_peer answer must not make us a peer again
+	}
 	n.smu.Lock()
 	if s.registering {
 		n.smu.Unlock()

@@ -29,7 +29,9 @@ func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 		return err
 	}
 	if info.State != poll.Bootstrapping && info.State != poll.WaitingForInput {
-		return fmt.Errorf("%w: %v", ErrNotBootstrapping, info.State)
+		// Name the visible state: a room failed but not yet fenced must not
+		// read as Failed to the scheduler (I9).
+		return fmt.Errorf("%w: %v", ErrNotBootstrapping, info.Visible)
 	}
 	n.smu.Lock()
 	s := n.byID[info.Peer]
@@ -166,11 +168,11 @@ func (n *DecodeNode) notify(e poll.Effect) {
 }
 
 // roomsBoundTo lists the live rooms bound to a peer id.
-func (n *DecodeNode) roomsBoundTo(id poll.PeerID) []poll.Key {
+func (c *core) roomsBoundTo(id poll.PeerID) []poll.Key {
 	var keys []poll.Key
 	token := ""
 	for {
-		infos, next, err := n.List(poll.Filter{Peer: id}, token, 1000)
+		infos, next, err := c.List(poll.Filter{Peer: id}, token, 1000)
 		if err != nil {
 			return keys
 		}
@@ -198,11 +200,15 @@ func (n *DecodeNode) forget(k poll.Key) { n.dp.Forget(k) }
 // maintain sends heartbeats on every session (also to a lost prefill, so
 // it is found again) and declares silent ones lost (R10).
 func (n *DecodeNode) maintain(now int64) {
+	n.closeDeparted(now, false)
 	bound := int64(n.cfg.HeartbeatMisses) * int64(n.cfg.HeartbeatInterval)
 	var lost []poll.PeerID
 	var hb []sessTarget
 	n.smu.Lock()
 	for _, s := range n.sessions {
+		if s.farewell {
+			continue // it acknowledged our goodbye: it forgot us, we stay quiet
+		}
 		if s.up && now-s.lastHeard > bound {
 			s.up = false
 			lost = append(lost, s.id)
@@ -313,6 +319,8 @@ func (n *DecodeNode) handle(s *prefillSession, frame []byte) {
 	case FrameAbortAck:
 		n.log.Debug("abort acknowledged", zap.Uint64("room", env.GetAbortAck().GetRoomId()), zap.String("addr", s.addr))
 		a = ackApplied
+	case FrameGoodbye:
+		a = n.handleGoodbye(s, t)
 	default: // REGISTER, METADATA: decode never receives them
 		a = ackRejected(RejectInvalid)
 	}

@@ -57,6 +57,16 @@
 // instance fail with peer_restarted at once, its queued frames are dropped,
 // and decode registers again (R10).
 //
+// A node that stops cleanly (Shutdown at the end of the drain, or Close)
+// sends GOODBYE to its peers once its rooms' notices are acknowledged, and
+// retries it within the drain. A peer that receives it fails what is still
+// bound to the sender (aborted:remote, peer reason shutdown) and forgets it
+// at once: it is counted in PeerGoodbyes, never lost, and a later instance
+// registers as a new peer. Late frames of the departed incarnation are
+// refused (stale_epoch) and a repeated GOODBYE is acknowledged again. If
+// no GOODBYE arrives, the sender is lost after missed heartbeats, as if it
+// had vanished (goodbye.go).
+//
 // ACK results: APPLIED (took effect, or had already: handlers are
 // idempotent), NOT_OPEN (retry until your own deadline), ENDED (reason
 // empty: ended in Success; else the failure reason), REJECTED (reason is a
@@ -100,8 +110,10 @@
 //
 //  1. Build the node with NewPrefillNode/NewDecodeNode (Transport, Logger,
 //     poll limits, timings in Config; a data plane adapter), then Start it
-//     before any other call, and Close it on shutdown (rooms fail with
-//     shutdown and the peers are told once).
+//     before any other call. On shutdown call Shutdown (bounded by the
+//     drain: rooms fail with shutdown, the peers are told until they
+//     acknowledge, then hear GOODBYE), then Close (which alone tells them
+//     once).
 //  2. Map scheduler calls: prefill Open/FirstSend/Abort/Clear/Poll/Get/List;
 //     decode Open (returns the nonce)/SendMetadata/Abort/Clear/Poll/Get/List.
 //     Errors are poll's or this package's sentinels; map them to gRPC codes

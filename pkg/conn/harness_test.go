@@ -217,6 +217,28 @@ func (h *harness) until(limit time.Duration, cond func() bool) (time.Duration, b
 	return limit, cond()
 }
 
+// waitReal polls cond in real time, without moving the fake clock, until
+// it holds or limit passes. Use it for work that runs on a node's own
+// goroutine (a supervisor restart): moving virtual time before that work
+// ran lets deadlines fire on a node that has not caught up yet.
+func (h *harness) waitReal(limit time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return true
+}
+
+// bound reports whether a listener is bound to addr.
+func (n *MemNetwork) bound(addr string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.listeners[addr] != nil
+}
+
 func visible(n interface {
 	Poll([]poll.RoomID, []poll.State) []poll.State
 }, room poll.RoomID) poll.State {

@@ -139,6 +139,16 @@ func TestDeadListenerIsReboundBySupervisor_R6(t *testing.T) {
 	if !h.net.KillListener(prefillAddr) {
 		t.Fatal("no listener to kill")
 	}
+	// The restart runs on the supervisor's goroutine. Wait for it before
+	// moving the clock: frames sent while nothing is bound are lost without
+	// queueing anything, so the network looks idle, and advancing virtual
+	// time then runs the rooms into their deadlines before the supervisor
+	// was even scheduled.
+	if !h.waitReal(5*time.Second, func() bool {
+		return h.pre.Counters().WorkerRestarts == 1 && h.net.bound(prefillAddr)
+	}) {
+		t.Fatalf("listener not bound again: restarts %d, bound %v", h.pre.Counters().WorkerRestarts, h.net.bound(prefillAddr))
+	}
 	h.advance(5 * tTick)
 	h.transfer(key, 1)
 	h.runToEnd(key, 1)

@@ -2,6 +2,7 @@ package conn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -40,6 +41,7 @@ type PrefillNode struct {
 	byID       map[poll.PeerID]*decodePeer
 	byEndpoint map[string]*decodePeer
 	nextID     poll.PeerID
+	departed   map[string]departure // by instance id: said goodbye (goodbye.go)
 }
 
 // decodePeer is one registered decode instance. Fields after n are
@@ -55,6 +57,7 @@ type decodePeer struct {
 	lastHeard int64
 	lastHB    int64
 	up        bool
+	farewell  bool // acknowledged our GOODBYE
 	dd        *dedupe
 }
 
@@ -121,13 +124,15 @@ func (n *PrefillNode) Addr() string {
 }
 
 // Close fails every live room with reason shutdown, tells the peers (one
-// attempt each), and stops the workers and the socket.
+// attempt each) and says goodbye (one attempt, unless Shutdown did), and
+// stops the workers and the socket.
 func (n *PrefillNode) Close() error {
 	if !n.closed.CompareAndSwap(false, true) {
 		return nil
 	}
 	if n.started.Load() {
 		_ = n.step(poll.Event{Kind: poll.EvShutdown})
+		n.sayGoodbye(doneContext())
 	}
 	n.stop()
 	return nil
@@ -214,7 +219,15 @@ func (n *PrefillNode) Open(room poll.RoomID, nonce poll.Nonce, parts int) (poll.
 // FirstSend records the scheduler's Send of a chunk: the first one moves
 // the room to Transferring, later ones count as progress.
 func (n *PrefillNode) FirstSend(room poll.RoomID) error {
-	return n.step(poll.Event{Kind: poll.EvFirstChunk, Key: poll.Key{Room: room}})
+	err := n.step(poll.Event{Kind: poll.EvFirstChunk, Key: poll.Key{Room: room}})
+	if errors.Is(err, poll.ErrTerminal) {
+		// A room failed but not yet fenced is refused without reading as
+		// terminal: the scheduler may free pages once it sees one (I9).
+		if in, gerr := n.Get(room); gerr == nil && !in.Visible.Terminal() {
+			return fmt.Errorf("%w: room %d is %v", poll.ErrIllegalTransition, room, in.Visible)
+		}
+	}
+	return err
 }
 
 // OnProgress is the data plane's callback: bytes of the room moved.
@@ -297,7 +310,11 @@ func (n *PrefillNode) maintain(now int64) {
 	var lost []poll.PeerID
 	var hb []*decodePeer
 	n.pmu.Lock()
+	n.expireDeparturesLocked(now)
 	for inst, p := range n.peers {
+		if p.farewell {
+			continue // it acknowledged our goodbye: it forgot us, we stay quiet
+		}
 		silent := now - p.lastHeard
 		if p.up && silent > bound {
 			p.up = false

@@ -23,6 +23,11 @@ func (n *PrefillNode) handle(route Route, frame []byte) {
 	seq := env.GetSeq()
 	now := n.now()
 	n.pmu.Lock()
+	if n.departedLocked(env) {
+		n.pmu.Unlock()
+		n.answerDeparted(route, env, ft)
+		return
+	}
 	p := n.peers[env.GetSenderInstance()]
 	if p == nil || env.GetEpoch() != p.epoch {
 		n.pmu.Unlock()
@@ -70,6 +75,8 @@ func (n *PrefillNode) handle(route Route, frame []byte) {
 		return
 	case FrameHeartbeat:
 		return
+	case FrameGoodbye:
+		a = n.handleGoodbye(p)
 	}
 	n.finishFrame(p, p.instance, seq, a, func(seq uint64, a ackResult) {
 		n.pmu.Lock()

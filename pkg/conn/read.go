@@ -15,7 +15,9 @@ type Transition struct {
 	Key      poll.Key
 	From, To poll.State
 	Reason   poll.Reason
-	At       time.Time
+	// PeerReason is the peer's reason on a move to Failed it caused.
+	PeerReason poll.Reason
+	At         time.Time
 }
 
 // Subscription receives a node's transitions. It never blocks the node: a
@@ -76,6 +78,14 @@ func (c *core) Poll(ids []poll.RoomID, out []poll.State) []poll.State {
 	return c.t.Poll(ids, out)
 }
 
+// PollStatus is Poll with each room's nonce and, once Failed is visible,
+// its reasons (see poll.Table.PollStatus); it appends to out[:0].
+func (c *core) PollStatus(ids []poll.RoomID, out []poll.Status) []poll.Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t.PollStatus(ids, out)
+}
+
 // Get returns a copy of the room with this id (poll.ErrNotFound if none).
 func (c *core) Get(id poll.RoomID) (poll.RoomInfo, error) {
 	c.mu.Lock()
@@ -110,21 +120,26 @@ func (c *core) Clear(ids []poll.RoomID, errs []error) {
 
 // Shutdown fails every live room with reason shutdown while the sockets
 // still serve, then waits until every frame about a room is acknowledged
-// or abandoned, or ctx ends. The daemon calls it at the end of a drain,
-// before Close, so the peer hears of each room (R8) instead of waiting out
-// its own deadline: Close alone sends each notice once and shuts the
-// socket, and ZeroMQ may drop what was queued.
+// or abandoned, or ctx ends; then it says goodbye to the peers and waits,
+// within the same ctx, for their ACKs, so they forget this node instead of
+// counting it lost (goodbye.go). The daemon calls it at the end of a
+// drain, before Close, so the peer hears of each room (R8) instead of
+// waiting out its own deadline: Close alone sends each notice once and
+// shuts the socket, and ZeroMQ may drop what was queued.
 func (c *core) Shutdown(ctx context.Context) {
 	_ = c.step(poll.Event{Kind: poll.EvShutdown})
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
+wait:
 	for c.out.roomFrames() > 0 {
 		select {
 		case <-ctx.Done():
-			return
+			break wait
 		case <-t.C:
 		}
 	}
+	// Even with the drain spent, one GOODBYE goes out.
+	c.sayGoodbye(ctx)
 }
 
 // WallTime converts a table time (RoomInfo.CreatedAt, Deadline, history)

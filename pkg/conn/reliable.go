@@ -177,6 +177,19 @@ func (o *outbox) len() int {
 	return len(o.items)
 }
 
+// pendingOf returns the number of frames of type ft waiting for an ACK.
+func (o *outbox) pendingOf(ft FrameType) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, p := range o.items {
+		if p.ft == ft {
+			n++
+		}
+	}
+	return n
+}
+
 // roomFrames returns the number of frames about a room (not REGISTER)
 // waiting for an ACK.
 func (o *outbox) roomFrames() int {

@@ -151,6 +151,10 @@ func ValidateEnvelope(env *pdlinkv1.Envelope, lim Limits) error {
 		default:
 			return invalid("ack result %v", a.GetResult())
 		}
+	case FrameGoodbye:
+		// No fields: what it means is all in the envelope (who, which
+		// incarnation, a seq to acknowledge), checked above and by the MAC.
+		return nil
 	}
 	return nil
 }

@@ -27,6 +27,10 @@ type Sources struct {
 	Retransmits func() float64
 	// Peers returns peers by (state), e.g. "up", "lost".
 	Peers func() []Count
+	// PeerDepartures returns peers that went away, by (reason): "goodbye"
+	// (a planned stop the peer announced), "lost" (heartbeats missed),
+	// "restarted" (a new instance took its place).
+	PeerDepartures func() []Count
 	// WorkerRestarts returns supervised goroutine restarts by (worker).
 	WorkerRestarts func() []Count
 	// TransferBytes returns KV bytes moved by this side (sent on prefill,
@@ -61,6 +65,7 @@ type Collector struct {
 	transitions, failures, rejectedEvents, collisions      *prometheus.Desc
 	reaped                                                 *prometheus.Desc
 	frames, framesRejected, retransmits, peers, restarts   *prometheus.Desc
+	peerDepartures                                         *prometheus.Desc
 	transferBytes, insecure                                *prometheus.Desc
 	authRejected, authReloads                              *prometheus.Desc
 }
@@ -91,12 +96,13 @@ func NewCollector(side string, src Sources) *Collector {
 		transitions:    d("room_transitions_total", "Room state transitions; from=\"\" counts opens.", "from", "to"),
 		failures:       d("room_failures_total", "Rooms failed, by reason.", "reason"),
 		rejectedEvents: d("room_events_rejected_total", "Room events refused by the state machine, by reason.", "reason"),
-		collisions:     d("room_collisions_total", "Opens refused because another request holds the room id."),
+		collisions:     d("room_collisions_total", "Room id collisions: opens refused because another request holds the id, peer frames naming another request's room (detected here), rooms the peer failed for a collision (told)."),
 		reaped:         d("rooms_reaped_total", "Terminal rooms removed without Clear, by reason.", "reason"),
 		frames:         d("frames_total", "Control frames, by type and direction.", "type", "dir"),
 		framesRejected: d("frames_rejected_total", "Control frames rejected, by reason.", "reason"),
 		retransmits:    d("frames_retransmitted_total", "Control frames sent again for lack of an ack."),
 		peers:          d("peers", "Peer daemons, by state.", "state"),
+		peerDepartures: d("peer_departures_total", "Peers that went away, by reason: goodbye (a planned stop), lost (heartbeats missed), restarted (a new instance behind the same address).", "reason"),
 		restarts:       d("worker_restarts_total", "Supervised goroutines restarted after a failure, by worker.", "worker"),
 		transferBytes:  d("transfer_bytes_total", "KV bytes moved (sent on prefill, written and verified on decode)."),
 		insecure:       d("insecure_mode", "1 when the daemon is reachable from other hosts without a shared secret (--insecure)."),
@@ -109,7 +115,7 @@ func NewCollector(side string, src Sources) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.rooms, c.oldest, c.overdue, c.deadline, c.tombstones,
 		c.transitions, c.failures, c.rejectedEvents, c.collisions, c.reaped, c.frames, c.framesRejected,
-		c.retransmits, c.peers, c.restarts, c.transferBytes, c.insecure, c.authRejected, c.authReloads} {
+		c.retransmits, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.insecure, c.authRejected, c.authReloads} {
 		ch <- d
 	}
 }
@@ -165,6 +171,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.src.Frames, c.frames, prometheus.CounterValue)
 	emit(c.src.FramesRejected, c.framesRejected, prometheus.CounterValue)
 	emit(c.src.Peers, c.peers, prometheus.GaugeValue)
+	emit(c.src.PeerDepartures, c.peerDepartures, prometheus.CounterValue)
 	emit(c.src.WorkerRestarts, c.restarts, prometheus.CounterValue)
 	emit(c.src.AuthRejected, c.authRejected, prometheus.CounterValue)
 	emit(c.src.AuthReloads, c.authReloads, prometheus.CounterValue)
@@ -249,6 +256,7 @@ func Names() map[string]string {
 		name("frames_rejected_total"):      "counter",
 		name("frames_retransmitted_total"): "counter",
 		name("peers"):                      "gauge",
+		name("peer_departures_total"):      "counter",
 		name("worker_restarts_total"):      "counter",
 		name("transfer_bytes_total"):       "counter",
 		name("insecure_mode"):              "gauge",

@@ -134,3 +134,28 @@ func BenchmarkMemoryPerRoom100k(b *testing.B) {
 	}
 	b.ReportMetric(perRoom, "bytes/room")
 }
+
+// BenchmarkPollStatus1000 is BenchmarkPoll1000 with nonces and reasons, as
+// the scheduler's Poll answers it.
+func BenchmarkPollStatus1000(b *testing.B) {
+	const live = 100_000
+	tab := benchTable(b, live)
+	for i := 0; i < live; i++ {
+		if err := tab.Step(0, open(RoomID(i), Nonce(i+1), testPeer)); err != nil {
+			b.Fatal(err)
+		}
+		tab.Advance()
+	}
+	ids := make([]RoomID, 1000)
+	for i := range ids {
+		ids[i] = RoomID((i * 97) % live)
+	}
+	out := make([]Status, 0, len(ids))
+	b.ReportAllocs()
+	for b.Loop() {
+		out = tab.PollStatus(ids, out)
+	}
+	if out[0].State != Bootstrapping || out[0].Nonce == 0 {
+		b.Fatal(out[0])
+	}
+}

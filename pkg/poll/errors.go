@@ -30,4 +30,6 @@ var (
 	ErrInvalidEvent = errors.New("poll: invalid event")
 	// ErrResourceExhausted: Open beyond Config.MaxRooms.
 	ErrResourceExhausted = errors.New("poll: too many rooms")
+	// ErrUnknownState: ParseState got a name that is not a room state.
+	ErrUnknownState = errors.New("poll: unknown state")
 )

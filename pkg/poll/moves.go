@@ -100,7 +100,7 @@ func (t *Table) apply(now int64, r *room, ev *Event) error {
 	case ev.Kind == EvFenced:
 		if !r.fenced {
 			r.fenced, r.visible = true, Failed
-			t.emit(Effect{Kind: EffPublish, Key: r.key, Peer: r.peer, Status: Failed, Reason: r.reason.reason(), At: now})
+			t.emit(Effect{Kind: EffPublish, Key: r.key, Peer: r.peer, Status: Failed, Reason: r.reason.reason(), PeerReason: r.peerReason.reason(), At: now})
 		}
 		return nil
 	case m.to == Failed:
@@ -109,6 +109,9 @@ func (t *Table) apply(now int64, r *room, ev *Event) error {
 			r.key.Nonce = ev.Key.Nonce
 		}
 		r.peerReason = peer
+		if local == codeCollision || peer == codeCollision {
+			t.ctr.collisions++ // told: the peer (or its ACK) says another request holds the id
+		}
 		t.fail(now, r, local, notifiesPeer(ev.Kind))
 		return nil
 	case ev.Kind == EvMetadata:
@@ -175,7 +178,7 @@ func (t *Table) fail(now int64, r *room, reason reasonCode, notify bool) {
 	r.record(t.cfg.HistoryLen, now, from, Failed, reason)
 	t.ctr.transitions[from][Failed]++
 	t.ctr.failures[reason]++
-	t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: from, To: Failed, Reason: reason.reason(), At: now})
+	t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: from, To: Failed, Reason: reason.reason(), PeerReason: r.peerReason.reason(), At: now})
 	t.emit(Effect{Kind: EffFence, Key: r.key, Peer: r.peer, At: now})
 	if notify && r.peer != NoPeer {
 		t.emit(Effect{Kind: EffNotifyPeer, Key: r.key, Peer: r.peer, Status: Failed, Reason: reason.reason(), At: now})

@@ -22,6 +22,38 @@ func (t *Table) Poll(rooms []RoomID, out []State) []State {
 	return out
 }
 
+// Status is what the scheduler may see of one room (see PollStatus).
+type Status struct {
+	// State is the visible state (I9); StateNone: no room with this id.
+	State State
+	// Nonce is the room's nonce in every state (0 only for an unbound
+	// prefill room or StateNone).
+	Nonce Nonce
+	// Reason and PeerReason are set once Failed is visible.
+	Reason     Reason
+	PeerReason Reason
+}
+
+// PollStatus is Poll with each room's nonce and, once Failed is visible,
+// its reasons: one pass over the table, no allocation when out has the
+// capacity.
+func (t *Table) PollStatus(rooms []RoomID, out []Status) []Status {
+	out = out[:0]
+	for _, id := range rooms {
+		r := t.rooms[id]
+		if r == nil {
+			out = append(out, Status{})
+			continue
+		}
+		st := Status{State: r.visible, Nonce: r.key.Nonce}
+		if r.visible == Failed {
+			st.Reason, st.PeerReason = r.reason.reason(), r.peerReason.reason()
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
 // HistoryEntry is one transition of a room.
 type HistoryEntry struct {
 	At     int64

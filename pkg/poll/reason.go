@@ -88,6 +88,7 @@ var (
 	codePeerLost      = mustCode(ReasonPeerLost)
 	codePeerRestarted = mustCode(ReasonPeerRestarted)
 	codeShutdown      = mustCode(ReasonShutdown)
+	codeCollision     = mustCode(ReasonCollision)
 )
 
 func mustCode(r Reason) reasonCode {

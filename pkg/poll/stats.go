@@ -91,9 +91,13 @@ type Stats struct {
 	Rooms int
 	// Tombstones counts abort and ended tombstones.
 	Tombstones int
-	// Collisions, ReapedUncleared, AbortTombstones, TombstonesEvicted and
+	// Collisions counts room id collisions seen here: opens refused
+	// because another nonce holds the id, peer frames about a held id with
+	// another nonce (detected: the sender is told collision), and rooms
+	// that failed because the peer said collision (told).
+	Collisions uint64
+	// ReapedUncleared, AbortTombstones, TombstonesEvicted and
 	// TombstonesExpired are totals.
-	Collisions        uint64
 	ReapedUncleared   uint64
 	AbortTombstones   uint64
 	TombstonesEvicted uint64

@@ -185,7 +185,7 @@ func (t *Table) open(now int64, ev *Event) error {
 		r.record(t.cfg.HistoryLen, now, StateNone, Failed, r.reason)
 		t.ctr.transitions[StateNone][Failed]++
 		t.ctr.failures[r.reason]++
-		t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: StateNone, To: Failed, Visible: true, Reason: r.reason.reason(), At: now})
+		t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: StateNone, To: Failed, Visible: true, Reason: r.reason.reason(), PeerReason: r.peerReason.reason(), At: now})
 		if r.peer != NoPeer && r.reason != codeAbortedRemote {
 			// A local abort that came before the open: the peer this room
 			// is bound to has not heard of it yet (R4, R8).
@@ -214,6 +214,7 @@ func (t *Table) lookup(now int64, ev *Event) (*room, error) {
 			t.reject(rejNonce)
 			if ev.Peer != NoPeer && !isFailKind(ev.Kind) {
 				// Another request's frame: tell its sender it collided.
+				t.ctr.collisions++
 				t.emit(Effect{Kind: EffNotifyPeer, Key: ev.Key, Peer: ev.Peer, Status: Failed, Reason: ReasonCollision, At: now})
 			}
 			return nil, ErrNonceMismatch

@@ -217,5 +217,8 @@ type Effect struct {
 	Reply   ReplyKind
 	Visible bool
 	Reason  Reason
-	At      int64
+	// PeerReason is the peer's reason on a move to Failed the peer caused
+	// (Reason aborted:remote), on EffTransition and EffPublish.
+	PeerReason Reason
+	At         int64
 }

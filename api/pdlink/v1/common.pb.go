@@ -487,15 +487,24 @@ func (x *RegionLayout) GetAux() *AuxSpec {
 type RoomStatus struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	RoomId uint64                 `protobuf:"varint,1,opt,name=room_id,json=roomId,proto3" json:"room_id,omitempty"`
-	Nonce  uint64                 `protobuf:"varint,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	// nonce is the room's nonce whenever found is true, in every state: on
+	// decode the one OpenReceiver drew; on prefill the one OpenSender named or
+	// decode's METADATA bound, and 0 while a prefill room is still unbound.
+	Nonce uint64 `protobuf:"varint,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
 	// found is false when the daemon holds no room with this id (never opened,
-	// cleared, or reaped); state is then UNSPECIFIED.
+	// cleared, or reaped); state is then UNSPECIFIED and nonce 0.
 	Found bool      `protobuf:"varint,3,opt,name=found,proto3" json:"found,omitempty"`
 	State RoomState `protobuf:"varint,4,opt,name=state,proto3,enum=pdlink.v1.RoomState" json:"state,omitempty"`
 	// reason is set when state is FAILED: one of the closed set
 	// timeout:<state>, aborted:local, aborted:remote, peer_lost, peer_restarted,
 	// collision, transfer_error, checksum, shutdown, invalid.
-	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// peer_reason is set when state is FAILED because the peer daemon failed
+	// the room (reason is then aborted:remote): the reason the peer gave, from
+	// the same closed set (collision: another request holds this room id on
+	// the peer; timeout:waiting_for_input: the peer's scheduler never sent;
+	// ...). Empty when this daemon diagnosed the failure itself.
+	PeerReason    string `protobuf:"bytes,6,opt,name=peer_reason,json=peerReason,proto3" json:"peer_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -565,15 +574,25 @@ func (x *RoomStatus) GetReason() string {
 	return ""
 }
 
+func (x *RoomStatus) GetPeerReason() string {
+	if x != nil {
+		return x.PeerReason
+	}
+	return ""
+}
+
 // Transition is one state change of a room.
 type Transition struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RoomId        uint64                 `protobuf:"varint,1,opt,name=room_id,json=roomId,proto3" json:"room_id,omitempty"`
-	Nonce         uint64                 `protobuf:"varint,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
-	From          RoomState              `protobuf:"varint,3,opt,name=from,proto3,enum=pdlink.v1.RoomState" json:"from,omitempty"`
-	To            RoomState              `protobuf:"varint,4,opt,name=to,proto3,enum=pdlink.v1.RoomState" json:"to,omitempty"`
-	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
-	At            *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=at,proto3" json:"at,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RoomId uint64                 `protobuf:"varint,1,opt,name=room_id,json=roomId,proto3" json:"room_id,omitempty"`
+	Nonce  uint64                 `protobuf:"varint,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	From   RoomState              `protobuf:"varint,3,opt,name=from,proto3,enum=pdlink.v1.RoomState" json:"from,omitempty"`
+	To     RoomState              `protobuf:"varint,4,opt,name=to,proto3,enum=pdlink.v1.RoomState" json:"to,omitempty"`
+	Reason string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	At     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=at,proto3" json:"at,omitempty"`
+	// peer_reason is the peer's reason on a move to FAILED with reason
+	// aborted:remote (see RoomStatus.peer_reason).
+	PeerReason    string `protobuf:"bytes,7,opt,name=peer_reason,json=peerReason,proto3" json:"peer_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -650,6 +669,13 @@ func (x *Transition) GetAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Transition) GetPeerReason() string {
+	if x != nil {
+		return x.PeerReason
+	}
+	return ""
+}
+
 // RoomInfo is the operator's view of a room.
 type RoomInfo struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -671,8 +697,10 @@ type RoomInfo struct {
 	History  []*Transition          `protobuf:"bytes,12,rep,name=history,proto3" json:"history,omitempty"`
 	// history_dropped counts the oldest transitions no longer kept.
 	HistoryDropped uint32 `protobuf:"varint,13,opt,name=history_dropped,json=historyDropped,proto3" json:"history_dropped,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// peer_reason: see RoomStatus.peer_reason.
+	PeerReason    string `protobuf:"bytes,14,opt,name=peer_reason,json=peerReason,proto3" json:"peer_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RoomInfo) Reset() {
@@ -794,6 +822,13 @@ func (x *RoomInfo) GetHistoryDropped() uint32 {
 		return x.HistoryDropped
 	}
 	return 0
+}
+
+func (x *RoomInfo) GetPeerReason() string {
+	if x != nil {
+		return x.PeerReason
+	}
+	return ""
 }
 
 // WatchFilter selects transitions for a Watch stream. Empty fields match all.
@@ -1023,14 +1058,16 @@ const file_pdlink_v1_common_proto_rawDesc = "" +
 	"\fRegionLayout\x12#\n" +
 	"\x04rank\x18\x01 \x01(\v2\x0f.pdlink.v1.RankR\x04rank\x12/\n" +
 	"\abuffers\x18\x02 \x03(\v2\x15.pdlink.v1.BufferSpecR\abuffers\x12$\n" +
-	"\x03aux\x18\x03 \x01(\v2\x12.pdlink.v1.AuxSpecR\x03aux\"\x95\x01\n" +
+	"\x03aux\x18\x03 \x01(\v2\x12.pdlink.v1.AuxSpecR\x03aux\"\xb6\x01\n" +
 	"\n" +
 	"RoomStatus\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\x12\x14\n" +
 	"\x05found\x18\x03 \x01(\bR\x05found\x12*\n" +
 	"\x05state\x18\x04 \x01(\x0e2\x14.pdlink.v1.RoomStateR\x05state\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xcf\x01\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1f\n" +
+	"\vpeer_reason\x18\x06 \x01(\tR\n" +
+	"peerReason\"\xf0\x01\n" +
 	"\n" +
 	"Transition\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12\x14\n" +
@@ -1038,7 +1075,9 @@ const file_pdlink_v1_common_proto_rawDesc = "" +
 	"\x04from\x18\x03 \x01(\x0e2\x14.pdlink.v1.RoomStateR\x04from\x12$\n" +
 	"\x02to\x18\x04 \x01(\x0e2\x14.pdlink.v1.RoomStateR\x02to\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12*\n" +
-	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xa3\x04\n" +
+	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1f\n" +
+	"\vpeer_reason\x18\a \x01(\tR\n" +
+	"peerReason\"\xc4\x04\n" +
 	"\bRoomInfo\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\x12#\n" +
@@ -1054,7 +1093,9 @@ const file_pdlink_v1_common_proto_rawDesc = "" +
 	" \x01(\v2\x19.google.protobuf.DurationR\bstateAge\x126\n" +
 	"\bdeadline\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12/\n" +
 	"\ahistory\x18\f \x03(\v2\x15.pdlink.v1.TransitionR\ahistory\x12'\n" +
-	"\x0fhistory_dropped\x18\r \x01(\rR\x0ehistoryDropped\"[\n" +
+	"\x0fhistory_dropped\x18\r \x01(\rR\x0ehistoryDropped\x12\x1f\n" +
+	"\vpeer_reason\x18\x0e \x01(\tR\n" +
+	"peerReason\"[\n" +
 	"\vWatchFilter\x121\n" +
 	"\tto_states\x18\x01 \x03(\x0e2\x14.pdlink.v1.RoomStateR\btoStates\x12\x19\n" +
 	"\broom_ids\x18\x02 \x03(\x04R\aroomIds\"h\n" +

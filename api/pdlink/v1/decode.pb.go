@@ -119,8 +119,8 @@ func (x *DecodeServiceRegisterRegionResponse) GetRegionId() string {
 }
 
 // Valid when room_id != 0, prefill_bootstrap_addr is a tcp://host:port
-// ZeroMQ endpoint, and expected_senders is 0 (meaning 1) or the prefill
-// engine's tp size.
+// ZeroMQ endpoint (a host, not *, and a port in 1-65535; nothing else), and
+// expected_senders is 0 (meaning 1) or the prefill engine's tp size.
 type OpenReceiverRequest struct {
 	state                protoimpl.MessageState `protogen:"open.v1"`
 	RoomId               uint64                 `protobuf:"varint,1,opt,name=room_id,json=roomId,proto3" json:"room_id,omitempty"`

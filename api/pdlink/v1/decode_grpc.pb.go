@@ -41,6 +41,14 @@ type DecodeServiceClient interface {
 	// id; ResourceExhausted over --max-rooms; Unavailable while draining.
 	OpenReceiver(ctx context.Context, in *OpenReceiverRequest, opts ...grpc.CallOption) (*OpenReceiverResponse, error)
 	// SendMetadata tells prefill where the pages go, once they are allocated.
+	// A retry of the same request (same rank, pages and aux_index) answers OK
+	// with the room's status whatever state the room moved on to, unless it
+	// Failed. Errors: NotFound for a room not open here; InvalidArgument for
+	// a rank with no registered region (field rank) or bad pages;
+	// AlreadyExists for other metadata on a room that has some (the message
+	// names the field); FailedPrecondition for a Failed room, naming its
+	// reasons (ErrorInfo reason ROOM_FAILED, metadata state, reason,
+	// peer_reason).
 	SendMetadata(ctx context.Context, in *SendMetadataRequest, opts ...grpc.CallOption) (*SendMetadataResponse, error)
 	// Poll returns the state of many rooms in one call.
 	Poll(ctx context.Context, in *DecodeServicePollRequest, opts ...grpc.CallOption) (*DecodeServicePollResponse, error)
@@ -152,6 +160,14 @@ type DecodeServiceServer interface {
 	// id; ResourceExhausted over --max-rooms; Unavailable while draining.
 	OpenReceiver(context.Context, *OpenReceiverRequest) (*OpenReceiverResponse, error)
 	// SendMetadata tells prefill where the pages go, once they are allocated.
+	// A retry of the same request (same rank, pages and aux_index) answers OK
+	// with the room's status whatever state the room moved on to, unless it
+	// Failed. Errors: NotFound for a room not open here; InvalidArgument for
+	// a rank with no registered region (field rank) or bad pages;
+	// AlreadyExists for other metadata on a room that has some (the message
+	// names the field); FailedPrecondition for a Failed room, naming its
+	// reasons (ErrorInfo reason ROOM_FAILED, metadata state, reason,
+	// peer_reason).
 	SendMetadata(context.Context, *SendMetadataRequest) (*SendMetadataResponse, error)
 	// Poll returns the state of many rooms in one call.
 	Poll(context.Context, *DecodeServicePollRequest) (*DecodeServicePollResponse, error)

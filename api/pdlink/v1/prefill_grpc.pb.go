@@ -42,7 +42,15 @@ type PrefillServiceClient interface {
 	// Errors: AlreadyExists for a live room with this id; ResourceExhausted
 	// over --max-rooms; Unavailable while draining.
 	OpenSender(ctx context.Context, in *OpenSenderRequest, opts ...grpc.CallOption) (*OpenSenderResponse, error)
-	// Send hands a chunk of source pages to the transfer workers.
+	// Send hands a chunk of source pages to the transfer workers. A retry of
+	// a chunk the room took (same start_position, pages, last and, for the
+	// last chunk, aux_index) answers OK with the room's status, also after
+	// the room moved on, unless it Failed. Errors:
+	// NotFound for a room not open here; InvalidArgument for a rank with no
+	// registered region (field rank) or bad pages; FailedPrecondition for a
+	// room still Bootstrapping (poll until WaitingForInput) or Failed (the
+	// message and an ErrorInfo, reason ROOM_FAILED, name the state, reason
+	// and peer_reason).
 	Send(ctx context.Context, in *SendRequest, opts ...grpc.CallOption) (*SendResponse, error)
 	// Poll returns the state of many rooms in one call.
 	Poll(ctx context.Context, in *PrefillServicePollRequest, opts ...grpc.CallOption) (*PrefillServicePollResponse, error)
@@ -155,7 +163,15 @@ type PrefillServiceServer interface {
 	// Errors: AlreadyExists for a live room with this id; ResourceExhausted
 	// over --max-rooms; Unavailable while draining.
 	OpenSender(context.Context, *OpenSenderRequest) (*OpenSenderResponse, error)
-	// Send hands a chunk of source pages to the transfer workers.
+	// Send hands a chunk of source pages to the transfer workers. A retry of
+	// a chunk the room took (same start_position, pages, last and, for the
+	// last chunk, aux_index) answers OK with the room's status, also after
+	// the room moved on, unless it Failed. Errors:
+	// NotFound for a room not open here; InvalidArgument for a rank with no
+	// registered region (field rank) or bad pages; FailedPrecondition for a
+	// room still Bootstrapping (poll until WaitingForInput) or Failed (the
+	// message and an ErrorInfo, reason ROOM_FAILED, name the state, reason
+	// and peer_reason).
 	Send(context.Context, *SendRequest) (*SendResponse, error)
 	// Poll returns the state of many rooms in one call.
 	Poll(context.Context, *PrefillServicePollRequest) (*PrefillServicePollResponse, error)

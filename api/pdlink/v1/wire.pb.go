@@ -110,6 +110,7 @@ type Envelope struct {
 	//	*Envelope_Status
 	//	*Envelope_Heartbeat
 	//	*Envelope_Ack
+	//	*Envelope_Goodbye
 	Body          isEnvelope_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -250,6 +251,15 @@ func (x *Envelope) GetAck() *Ack {
 	return nil
 }
 
+func (x *Envelope) GetGoodbye() *Goodbye {
+	if x != nil {
+		if x, ok := x.Body.(*Envelope_Goodbye); ok {
+			return x.Goodbye
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Body interface {
 	isEnvelope_Body()
 }
@@ -282,6 +292,10 @@ type Envelope_Ack struct {
 	Ack *Ack `protobuf:"bytes,16,opt,name=ack,proto3,oneof"`
 }
 
+type Envelope_Goodbye struct {
+	Goodbye *Goodbye `protobuf:"bytes,17,opt,name=goodbye,proto3,oneof"`
+}
+
 func (*Envelope_Register) isEnvelope_Body() {}
 
 func (*Envelope_Metadata) isEnvelope_Body() {}
@@ -295,6 +309,8 @@ func (*Envelope_Status) isEnvelope_Body() {}
 func (*Envelope_Heartbeat) isEnvelope_Body() {}
 
 func (*Envelope_Ack) isEnvelope_Body() {}
+
+func (*Envelope_Goodbye) isEnvelope_Body() {}
 
 // Register is decode introducing itself to a prefill daemon. Valid when
 // instance_id is non-empty, data_endpoint is host:port and every layout is
@@ -687,6 +703,52 @@ func (x *Heartbeat) GetLiveRooms() uint32 {
 	return 0
 }
 
+// Goodbye is a daemon that stops cleanly telling a peer it is leaving, after
+// its rooms' notices were acknowledged (or the drain ran out). The receiver
+// fails what is still bound to the sender (aborted:remote, peer reason
+// shutdown), forgets the sender without counting it lost, and acknowledges;
+// a repeat from the same incarnation is acknowledged again and changes
+// nothing. The sender retries until the ACK or the end of its drain; without
+// an ACK the peer is lost after missed heartbeats, as if it had vanished.
+// A later frame from the departed incarnation (a delayed retransmit) is
+// rejected as stale_epoch; a new incarnation registers as a new peer. Valid
+// with seq != 0; it has no fields.
+type Goodbye struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Goodbye) Reset() {
+	*x = Goodbye{}
+	mi := &file_pdlink_v1_wire_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Goodbye) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Goodbye) ProtoMessage() {}
+
+func (x *Goodbye) ProtoReflect() protoreflect.Message {
+	mi := &file_pdlink_v1_wire_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
+func (*Goodbye) Descriptor() ([]byte, []int) {
+	return file_pdlink_v1_wire_proto_rawDescGZIP(), []int{7}
+}
+
 // Ack answers a frame with seq != 0.
 type Ack struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -699,7 +761,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_pdlink_v1_wire_proto_msgTypes[7]
+	mi := &file_pdlink_v1_wire_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -711,7 +773,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_wire_proto_msgTypes[7]
+	mi := &file_pdlink_v1_wire_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -724,7 +786,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_wire_proto_rawDescGZIP(), []int{7}
+	return file_pdlink_v1_wire_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Ack) GetAckedSeq() uint64 {
@@ -752,7 +814,7 @@ var File_pdlink_v1_wire_proto protoreflect.FileDescriptor
 
 const file_pdlink_v1_wire_proto_rawDesc = "" +
 	"\n" +
-	"\x14pdlink/v1/wire.proto\x12\tpdlink.v1\x1a\x16pdlink/v1/common.proto\"\xeb\x03\n" +
+	"\x14pdlink/v1/wire.proto\x12\tpdlink.v1\x1a\x16pdlink/v1/common.proto\"\x9b\x04\n" +
 	"\bEnvelope\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12'\n" +
 	"\x0fsender_instance\x18\x02 \x01(\tR\x0esenderInstance\x12\x14\n" +
@@ -766,7 +828,8 @@ const file_pdlink_v1_wire_proto_rawDesc = "" +
 	"\tabort_ack\x18\r \x01(\v2\x13.pdlink.v1.AbortAckH\x00R\babortAck\x12+\n" +
 	"\x06status\x18\x0e \x01(\v2\x11.pdlink.v1.StatusH\x00R\x06status\x124\n" +
 	"\theartbeat\x18\x0f \x01(\v2\x14.pdlink.v1.HeartbeatH\x00R\theartbeat\x12\"\n" +
-	"\x03ack\x18\x10 \x01(\v2\x0e.pdlink.v1.AckH\x00R\x03ackB\x06\n" +
+	"\x03ack\x18\x10 \x01(\v2\x0e.pdlink.v1.AckH\x00R\x03ack\x12.\n" +
+	"\agoodbye\x18\x11 \x01(\v2\x12.pdlink.v1.GoodbyeH\x00R\agoodbyeB\x06\n" +
 	"\x04body\"\x83\x01\n" +
 	"\bRegister\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
@@ -795,7 +858,8 @@ const file_pdlink_v1_wire_proto_rawDesc = "" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\"*\n" +
 	"\tHeartbeat\x12\x1d\n" +
 	"\n" +
-	"live_rooms\x18\x01 \x01(\rR\tliveRooms\"h\n" +
+	"live_rooms\x18\x01 \x01(\rR\tliveRooms\"\t\n" +
+	"\aGoodbye\"h\n" +
 	"\x03Ack\x12\x1b\n" +
 	"\tacked_seq\x18\x01 \x01(\x04R\backedSeq\x12,\n" +
 	"\x06result\x18\x02 \x01(\x0e2\x14.pdlink.v1.AckResultR\x06result\x12\x16\n" +
@@ -820,7 +884,7 @@ func file_pdlink_v1_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_pdlink_v1_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_pdlink_v1_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_pdlink_v1_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_pdlink_v1_wire_proto_goTypes = []any{
 	(AckResult)(0),       // 0: pdlink.v1.AckResult
 	(*Envelope)(nil),     // 1: pdlink.v1.Envelope
@@ -830,11 +894,12 @@ var file_pdlink_v1_wire_proto_goTypes = []any{
 	(*AbortAck)(nil),     // 5: pdlink.v1.AbortAck
 	(*Status)(nil),       // 6: pdlink.v1.Status
 	(*Heartbeat)(nil),    // 7: pdlink.v1.Heartbeat
-	(*Ack)(nil),          // 8: pdlink.v1.Ack
-	(*RegionLayout)(nil), // 9: pdlink.v1.RegionLayout
-	(*Rank)(nil),         // 10: pdlink.v1.Rank
-	(*PageList)(nil),     // 11: pdlink.v1.PageList
-	(RoomState)(0),       // 12: pdlink.v1.RoomState
+	(*Goodbye)(nil),      // 8: pdlink.v1.Goodbye
+	(*Ack)(nil),          // 9: pdlink.v1.Ack
+	(*RegionLayout)(nil), // 10: pdlink.v1.RegionLayout
+	(*Rank)(nil),         // 11: pdlink.v1.Rank
+	(*PageList)(nil),     // 12: pdlink.v1.PageList
+	(RoomState)(0),       // 13: pdlink.v1.RoomState
 }
 var file_pdlink_v1_wire_proto_depIdxs = []int32{
 	2,  // 0: pdlink.v1.Envelope.register:type_name -> pdlink.v1.Register
@@ -843,18 +908,19 @@ var file_pdlink_v1_wire_proto_depIdxs = []int32{
 	5,  // 3: pdlink.v1.Envelope.abort_ack:type_name -> pdlink.v1.AbortAck
 	6,  // 4: pdlink.v1.Envelope.status:type_name -> pdlink.v1.Status
 	7,  // 5: pdlink.v1.Envelope.heartbeat:type_name -> pdlink.v1.Heartbeat
-	8,  // 6: pdlink.v1.Envelope.ack:type_name -> pdlink.v1.Ack
-	9,  // 7: pdlink.v1.Register.layouts:type_name -> pdlink.v1.RegionLayout
-	10, // 8: pdlink.v1.Metadata.rank:type_name -> pdlink.v1.Rank
-	11, // 9: pdlink.v1.Metadata.dst_pages:type_name -> pdlink.v1.PageList
-	10, // 10: pdlink.v1.Status.rank:type_name -> pdlink.v1.Rank
-	12, // 11: pdlink.v1.Status.state:type_name -> pdlink.v1.RoomState
-	0,  // 12: pdlink.v1.Ack.result:type_name -> pdlink.v1.AckResult
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	9,  // 6: pdlink.v1.Envelope.ack:type_name -> pdlink.v1.Ack
+	8,  // 7: pdlink.v1.Envelope.goodbye:type_name -> pdlink.v1.Goodbye
+	10, // 8: pdlink.v1.Register.layouts:type_name -> pdlink.v1.RegionLayout
+	11, // 9: pdlink.v1.Metadata.rank:type_name -> pdlink.v1.Rank
+	12, // 10: pdlink.v1.Metadata.dst_pages:type_name -> pdlink.v1.PageList
+	11, // 11: pdlink.v1.Status.rank:type_name -> pdlink.v1.Rank
+	13, // 12: pdlink.v1.Status.state:type_name -> pdlink.v1.RoomState
+	0,  // 13: pdlink.v1.Ack.result:type_name -> pdlink.v1.AckResult
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_pdlink_v1_wire_proto_init() }
@@ -871,6 +937,7 @@ func file_pdlink_v1_wire_proto_init() {
 		(*Envelope_Status)(nil),
 		(*Envelope_Heartbeat)(nil),
 		(*Envelope_Ack)(nil),
+		(*Envelope_Goodbye)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -878,7 +945,7 @@ func file_pdlink_v1_wire_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdlink_v1_wire_proto_rawDesc), len(file_pdlink_v1_wire_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
