@@ -1,5 +1,7 @@
-# pdlink: `make demo` and `make test` work on a fresh Debian machine; both
-# install what they need first (scripts/deps.sh).
+# pdlink: `make demo` and `make test` work on a fresh Debian machine. The demo
+# needs nothing but Go (the generated code is committed); test, proto, bench,
+# systemd-check and fresh-check install their Debian packages first
+# (scripts/deps.sh GROUP).
 
 GO          ?= go
 BIN         := bin
@@ -13,12 +15,13 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 10m
 
 export GOFLAGS ?= -mod=readonly
 
-.PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update chaos twohost
+.PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update chaos twohost fresh-check
 
 all: build
 
+## deps: every Debian package any target here uses (what CI installs).
 deps:
-	@scripts/deps.sh
+	@scripts/deps.sh all
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
@@ -29,14 +32,17 @@ SYSTEM_PKGS := ./test/... ./deploy/...
 
 ## test: every package under the race detector, then the real-process suites
 ## (e2e, chaos short version, deploy checks) one package at a time.
-test: deps
+test:
+	@scripts/deps.sh test
 	$(GO) test $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/ -e /deploy)
 	$(GO) test $(GOTEST_FLAGS) -p 1 $(SYSTEM_PKGS)
 
-demo: deps build
+## demo: Go only, no Debian package.
+demo: build
 	$(BIN)/pdctl demo
 
-bench: deps build
+bench: build
+	@scripts/deps.sh bench
 	scripts/bench.sh
 
 ## lint: formatting, vet, staticcheck (pinned) and buf lint (pinned).
@@ -55,7 +61,8 @@ buf-lint:
 	cd api && $(GO) run $(BUF) lint
 
 ## proto: regenerate api/pdlink/v1 with Debian's protoc and the pinned plugins.
-proto: deps
+proto:
+	@scripts/deps.sh proto
 	$(GO) build -o $(BIN)/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
 	cd api && protoc -I . -I /usr/include \
 		--plugin=protoc-gen-go=../$(BIN)/protoc-gen-go \
@@ -75,24 +82,28 @@ tidy-check:
 	git diff --exit-code -- go.mod go.sum
 
 ## chaos: the fault-injection suite, long version (make test runs the short one).
-chaos: deps
+chaos:
+	@scripts/deps.sh test
 	PDLINK_CHAOS_LONG=1 $(GO) test -count=1 -v -timeout 60m ./test/chaos/
 
 ## twohost: prefilld and decoded on two network namespaces over a veth
 ## (needs root; make test runs it too, and it skips without root).
-twohost: deps
+twohost:
+	@scripts/deps.sh test
 	$(GO) test $(GOTEST_FLAGS) -v ./test/twohost/
 
 ## deploy-check: systemd-analyze, kustomize + strict API decoding, promtool,
 ## and a real Prometheus firing and resolving the pin alert.
-deploy-check: deps
+deploy-check:
+	@scripts/deps.sh test
 	$(GO) test $(GOTEST_FLAGS) ./deploy/...
 
 ## systemd-check: boot the units under a real systemd (systemd-nspawn, a fresh
 ## Debian root; needs root) and check READY, reload, restarts, watchdog, stop,
 ## and that the engine's KV regions survive (scripts/systemd-check.sh).
 .PHONY: systemd-check
-systemd-check: deps
+systemd-check:
+	@scripts/deps.sh systemd-check
 	scripts/systemd-check.sh
 
 ## deploy-update: regenerate deploy/systemd/*.env (from the flags) and
@@ -100,7 +111,14 @@ systemd-check: deps
 deploy-update:
 	$(GO) test -count=1 ./deploy -update
 
-ci: lint proto-check tidy-check test
+## fresh-check: make demo and make test in a minimal Debian root of this
+## machine's release, from the committed HEAD, with empty Go caches
+## (FRESH_KEEP=1 keeps the root for debugging).
+fresh-check:
+	@scripts/deps.sh fresh-check
+	scripts/fresh-check.sh
+
+ci: lint proto-check tidy-check test systemd-check fresh-check
 
 clean:
 	rm -rf $(BIN)

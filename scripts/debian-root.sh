@@ -75,4 +75,16 @@ cp -a /usr/share/keyrings/. "$dir"/usr/share/keyrings/
 cp -L /etc/resolv.conf "$dir"/etc/resolv.conf
 mkdir -p "$dir"/etc/ssl/certs
 cp -L /etc/ssl/certs/ca-certificates.crt "$dir"/etc/ssl/certs/ca-certificates.crt
+# debootstrap writes no /etc/hosts, which every installed machine has (the
+# installer writes it): without it "localhost" does not resolve, and tests and
+# tools that listen on or dial localhost fail only in the root.
+if [[ ! -f $dir/etc/hosts ]]; then
+	cat >"$dir"/etc/hosts <<-EOF
+		127.0.0.1	localhost
+		127.0.1.1	$(cat "$dir"/etc/hostname 2>/dev/null || echo debian)
+		::1		localhost ip6-localhost ip6-loopback
+		ff02::1		ip6-allnodes
+		ff02::2		ip6-allrouters
+	EOF
+fi
 echo "debian-root: $dir ready ($release: $include)"

@@ -20,6 +20,10 @@ if [[ -z ${PDLINK_IN_ROOT_NS:-} ]]; then
 		--propagation private "$0" "$dir" "$@"
 fi
 
+# The root itself becomes a mount point, as / is on a machine: tools that
+# change the propagation of / (ip netns exec: mount --make-rslave /) fail
+# with EINVAL on a plain directory.
+mount --bind "$dir" "$dir"
 mount -t proc proc "$dir/proc"
 mount -t sysfs sysfs "$dir/sys"
 mount --rbind /dev "$dir/dev"
