@@ -213,7 +213,9 @@ func (e decodeEvents) Complete(k transfer.Key) { e.d.node.OnPartDone(pkey(k), 0)
 
 func (e decodeEvents) Failed(k transfer.Key, r transfer.Reason, err error) {
 	e.d.log.Warn("room transfer failed", zap.Uint64("room", k.Room), zap.String("reason", string(r)), zap.Error(err))
-	e.d.node.OnFailed(pkey(k), poll.Reason(r))
+	if reason, fails := roomFailure(e.d.log, r); fails {
+		e.d.node.OnFailed(pkey(k), reason)
+	}
 }
 
 // DecodeServer implements DecodeService.
