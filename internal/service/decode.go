@@ -172,10 +172,7 @@ func (d *DecodeData) Expect(md conn.Metadata) error {
 		return fmt.Errorf("no region registered")
 	}
 	l := region.Layout()
-	runs, err := pageRuns("dst_pages", md.DstPages, l.Buffers[0].Pages())
-	if err != nil {
-		return err
-	}
+	runs := runsOf(md.DstPages) // checked by SendMetadata against this region
 	auxRow := int64(md.AuxIndex)
 	if l.Aux.Rows == 0 {
 		auxRow = -1

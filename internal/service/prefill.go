@@ -136,15 +136,14 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md conn.Metadata) {
 	if err == nil {
 		err = d.sender.AddPeer(peer.Addr, pl)
 	}
-	var dst []transfer.Run
-	if err == nil {
-		dst, err = pageRuns("dst_pages", md.DstPages, pl.Buffers[0].Pages())
-	}
 	if err != nil {
 		d.log.Warn("cannot bind room to decode peer", zap.Uint64("room", uint64(md.Key.Room)), zap.String("peer", peer.Addr), zap.Error(err))
 		go d.node.OnFailed(md.Key, poll.ReasonInvalid)
 		return
 	}
+	// The frame check (pkg/conn) vetted the list; whether its pages are inside
+	// decode's buffers is decode's to check, on its edge and on every chunk.
+	dst := runsOf(md.DstPages)
 	d.rooms[md.Key.Room] = &prefillRoom{key: md.Key, peerAddr: peer.Addr, dst: dst, dstPages: transfer.CountPages(dst)}
 	close(d.boundCh)
 	d.boundCh = make(chan struct{})
