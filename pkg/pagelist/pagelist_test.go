@@ -1,7 +1,10 @@
 package pagelist
 
 import (
+	"fmt"
 	"math"
+	"os"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -27,5 +30,23 @@ func TestRunsAndSmallIndicesFitTheByteBound(t *testing.T) {
 	}
 	if n := MaxPages * protowire.SizeVarint(1<<21-1); n > MaxListBytes {
 		t.Errorf("%d indices below 2^21 take %d bytes, over MaxListBytes %d", MaxPages, n, MaxListBytes)
+	}
+}
+
+// TestProtoDocumentsTheseBounds: the PageList comment in common.proto is what scheduler
+// authors read; it must state the bounds this package enforces.
+func TestProtoDocumentsTheseBounds(t *testing.T) {
+	b, err := os.ReadFile("../../api/pdlink/v1/common.proto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("at most %d pages", MaxPages),
+		fmt.Sprintf("at most %d runs", MaxRuns),
+		fmt.Sprintf("at most %d KiB", MaxListBytes>>10),
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("common.proto does not say %q", want)
+		}
 	}
 }
