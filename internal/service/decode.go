@@ -172,10 +172,7 @@ func (d *DecodeData) Expect(md conn.Metadata) error {
 		return fmt.Errorf("no region registered")
 	}
 	l := region.Layout()
-	runs, err := pageRuns("dst_pages", md.DstPages, l.Buffers[0].Pages())
-	if err != nil {
-		return err
-	}
+	runs := runsOf(md.DstPages) // checked by SendMetadata against this region
 	auxRow := int64(md.AuxIndex)
 	if l.Aux.Rows == 0 {
 		auxRow = -1
@@ -213,7 +210,9 @@ func (e decodeEvents) Complete(k transfer.Key) { e.d.node.OnPartDone(pkey(k), 0)
 
 func (e decodeEvents) Failed(k transfer.Key, r transfer.Reason, err error) {
 	e.d.log.Warn("room transfer failed", zap.Uint64("room", k.Room), zap.String("reason", string(r)), zap.Error(err))
-	e.d.node.OnFailed(pkey(k), poll.Reason(r))
+	if reason, fails := roomFailure(e.d.log, r); fails {
+		e.d.node.OnFailed(pkey(k), reason)
+	}
 }
 
 // DecodeServer implements DecodeService.

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -137,15 +136,14 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md conn.Metadata) {
 	if err == nil {
 		err = d.sender.AddPeer(peer.Addr, pl)
 	}
-	var dst []transfer.Run
-	if err == nil {
-		dst, err = pageRuns("dst_pages", md.DstPages, pl.Buffers[0].Pages())
-	}
 	if err != nil {
 		d.log.Warn("cannot bind room to decode peer", zap.Uint64("room", uint64(md.Key.Room)), zap.String("peer", peer.Addr), zap.Error(err))
 		go d.node.OnFailed(md.Key, poll.ReasonInvalid)
 		return
 	}
+	// The frame check (pkg/conn) vetted the list; whether its pages are inside
+	// decode's buffers is decode's to check, on its edge and on every chunk.
+	dst := runsOf(md.DstPages)
 	d.rooms[md.Key.Room] = &prefillRoom{key: md.Key, peerAddr: peer.Addr, dst: dst, dstPages: transfer.CountPages(dst)}
 	close(d.boundCh)
 	d.boundCh = make(chan struct{})
@@ -290,7 +288,9 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	}
 	if err := sender.Send(ctx, sreq); err != nil {
 		d.log.Warn("transfer refused", zap.Uint64("room", uint64(key.Room)), zap.Error(err))
-		d.node.OnFailed(key, reasonOf(err))
+		if reason, fails := roomFailure(d.log, transfer.ReasonOf(err)); fails {
+			d.node.OnFailed(key, reason)
+		}
 		return status.Errorf(codes.FailedPrecondition, "transfer refused: %v", err)
 	}
 	return nil
@@ -315,28 +315,20 @@ func (d *PrefillData) notSendable(id poll.RoomID, err error) error {
 }
 
 func (d *PrefillData) done(key poll.Key, bytes int64, err error) {
-	if transfer.ReasonOf(err) == transfer.ReasonFenced {
-		// Decode ended the room before its bytes were in; its control plane
-		// tells us why (ABORT, retried until acked), and the transfer-idle
-		// deadline covers a notice that never comes. Failing it here would
-		// record a wrong reason.
-		d.log.Debug("decode fenced the room", zap.Uint64("room", uint64(key.Room)))
-		return
-	}
 	if err != nil {
-		d.node.OnFailed(key, reasonOf(err))
+		reason, fails := roomFailure(d.log, transfer.ReasonOf(err))
+		if !fails {
+			// Decode ended the room before its bytes were in (fenced); its
+			// control plane tells us why (ABORT, retried until acked), and
+			// the transfer-idle deadline covers a notice that never comes.
+			d.log.Debug("decode fenced the room", zap.Uint64("room", uint64(key.Room)))
+			return
+		}
+		d.node.OnFailed(key, reason)
 		return
 	}
 	d.bytes.Add(uint64(bytes))
 	d.node.OnProgress(key)
-}
-
-func reasonOf(err error) poll.Reason {
-	var te *transfer.Error
-	if errors.As(err, &te) {
-		return poll.Reason(te.Reason)
-	}
-	return poll.ReasonTransferError
 }
 
 // PrefillServer implements PrefillService.

@@ -13,15 +13,13 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/pagelist"
 	"github.com/pdlink/pdlink/pkg/poll"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // MaxBatch bounds the room ids of one Poll or Clear call.
 const MaxBatch = 65536
-
-// MaxPagesPerCall bounds the pages named in one Send or SendMetadata.
-const MaxPagesPerCall = 1 << 20
 
 // invalid builds an InvalidArgument status naming the field, with a
 // BadRequest detail so clients can read the field programmatically.
@@ -82,17 +80,23 @@ func validateRank(field string, r *pb.Rank) error {
 	return nil
 }
 
-// pageRuns turns a PageList into runs in request order after checking it
-// against a buffer of pages pages: exactly one of indices and runs, every
-// page in range, none twice.
+// pageRuns is the gRPC-in check of a scheduler's page list, the only one on
+// this side: it turns the list into runs in request order after checking it
+// against a buffer of pages pages (exactly one of indices and runs, every
+// page in range, none twice) and against package pagelist's bounds, which
+// the peer's frame check applies too. Past this point the list is trusted
+// (runsOf converts it again without checking).
 func pageRuns(field string, pl *pb.PageList, pages int64) ([]transfer.Run, error) {
 	if pl == nil || (len(pl.Indices) == 0) == (len(pl.Runs) == 0) {
 		return nil, invalid(field, "exactly one of indices and runs must be non-empty")
 	}
 	var runs []transfer.Run
 	if len(pl.Indices) > 0 {
-		if len(pl.Indices) > MaxPagesPerCall {
-			return nil, invalid(field+".indices", "at most %d pages per call", MaxPagesPerCall)
+		if len(pl.Indices) > pagelist.MaxPages {
+			return nil, invalid(field+".indices", "at most %d pages per call", pagelist.MaxPages)
+		}
+		if n := pagelist.IndexBytes(pl.Indices); n > pagelist.MaxListBytes {
+			return nil, invalid(field+".indices", "encode to %d bytes, over the %d one frame carries: send runs", n, pagelist.MaxListBytes)
 		}
 		for i, p := range pl.Indices {
 			if p < 0 || int64(p) >= pages {
@@ -101,6 +105,9 @@ func pageRuns(field string, pl *pb.PageList, pages int64) ([]transfer.Run, error
 		}
 		runs = transfer.RunsFromPages(pl.Indices)
 	} else {
+		if len(pl.Runs) > pagelist.MaxRuns {
+			return nil, invalid(field+".runs", "at most %d runs per call", pagelist.MaxRuns)
+		}
 		var total int64
 		for i, r := range pl.Runs {
 			if r.Start < 0 || r.Count < 1 || int64(r.Start)+int64(r.Count) > pages {
@@ -109,8 +116,8 @@ func pageRuns(field string, pl *pb.PageList, pages int64) ([]transfer.Run, error
 			total += int64(r.Count)
 			runs = append(runs, transfer.Run{Start: r.Start, Count: r.Count})
 		}
-		if total > MaxPagesPerCall {
-			return nil, invalid(field+".runs", "at most %d pages per call", MaxPagesPerCall)
+		if total > pagelist.MaxPages {
+			return nil, invalid(field+".runs", "at most %d pages per call", pagelist.MaxPages)
 		}
 		runs = transfer.Coalesce(runs)
 	}
@@ -118,6 +125,19 @@ func pageRuns(field string, pl *pb.PageList, pages int64) ([]transfer.Run, error
 		return nil, invalid(field, "%s", repeatedPageMessage(err))
 	}
 	return runs, nil
+}
+
+// runsOf converts a page list pageRuns accepted, in request order, without
+// checking it again.
+func runsOf(pl *pb.PageList) []transfer.Run {
+	if len(pl.GetIndices()) > 0 {
+		return transfer.RunsFromPages(pl.GetIndices())
+	}
+	runs := make([]transfer.Run, len(pl.GetRuns()))
+	for i, r := range pl.GetRuns() {
+		runs[i] = transfer.Run{Start: r.GetStart(), Count: r.GetCount()}
+	}
+	return transfer.Coalesce(runs)
 }
 
 func repeatedPageMessage(err error) string {

@@ -278,6 +278,9 @@ func (n *DecodeNode) Open(room poll.RoomID, prefillAddr string, parts int) (poll
 // MetadataRequest is one rank's destination for SendMetadata.
 type MetadataRequest struct {
 	TPRank, TPSize uint32
-	DstPages       *pdlinkv1.PageList
-	AuxIndex       uint32
+	// DstPages must be valid for the region (the daemon's edge checked it
+	// against the region and package pagelist's bounds); it is not checked
+	// again here, and the peer refuses a frame whose list is malformed.
+	DstPages *pdlinkv1.PageList
+	AuxIndex uint32
 }

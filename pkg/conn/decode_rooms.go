@@ -21,9 +21,6 @@ func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 	if err := validateRank(&pdlinkv1.Rank{TpRank: req.TPRank, TpSize: tpSize}); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadArgument, err)
 	}
-	if err := validatePageList(req.DstPages, n.cfg.Limits); err != nil {
-		return fmt.Errorf("%w: %v", ErrBadArgument, err)
-	}
 	info, err := n.Get(room)
 	if err != nil {
 		return err

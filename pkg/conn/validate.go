@@ -9,18 +9,17 @@ import (
 	"strconv"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/pagelist"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
 // Limits bound what one frame may carry (R12). Zero fields take the
 // defaults of DefaultLimits.
 type Limits struct {
-	// MaxFrameBytes bounds one frame (at most MaxFrameSize).
+	// MaxFrameBytes bounds one frame (at most MaxFrameSize). A page list's
+	// bounds are not configurable: they are package pagelist's, the same on
+	// both sides and at the scheduler's edge.
 	MaxFrameBytes int
-	// MaxPages bounds the pages one PageList names (indices, or the total of
-	// its runs); MaxRuns bounds its runs.
-	MaxPages int
-	MaxRuns  int
 	// MaxLayouts and MaxBuffers bound a REGISTER's layouts and each
 	// layout's buffers.
 	MaxLayouts int
@@ -33,8 +32,6 @@ type Limits struct {
 func DefaultLimits() Limits {
 	return Limits{
 		MaxFrameBytes: MaxFrameSize,
-		MaxPages:      1 << 18,
-		MaxRuns:       1 << 16,
 		MaxLayouts:    64,
 		MaxBuffers:    4096,
 		MaxString:     256,
@@ -45,12 +42,6 @@ func (l Limits) withDefaults() Limits {
 	d := DefaultLimits()
 	if l.MaxFrameBytes <= 0 || l.MaxFrameBytes > MaxFrameSize {
 		l.MaxFrameBytes = d.MaxFrameBytes
-	}
-	if l.MaxPages <= 0 {
-		l.MaxPages = d.MaxPages
-	}
-	if l.MaxRuns <= 0 {
-		l.MaxRuns = d.MaxRuns
 	}
 	if l.MaxLayouts <= 0 {
 		l.MaxLayouts = d.MaxLayouts
@@ -105,7 +96,7 @@ func ValidateEnvelope(env *pdlinkv1.Envelope, lim Limits) error {
 		if err := validateRank(m.GetRank()); err != nil {
 			return err
 		}
-		return validatePageList(m.GetDstPages(), lim)
+		return validatePageList(m.GetDstPages())
 	case FrameAbort:
 		a := env.GetAbort()
 		if err := validateKey(a.GetRoomId(), a.GetNonce()); err != nil {
@@ -189,17 +180,22 @@ func validateRank(r *pdlinkv1.Rank) error {
 	return nil
 }
 
-// validatePageList: exactly one of indices and runs, every index >= 0, runs
-// that do not overflow int32, no page twice, bounded sizes.
-func validatePageList(p *pdlinkv1.PageList, lim Limits) error {
+// validatePageList is the frame-in check of a peer's page list (the one
+// METADATA carries): exactly one of indices and runs, every index >= 0, runs
+// that do not overflow int32, no page twice, and package pagelist's bounds,
+// the ones the peer's own edge applied. Whether the pages are inside the
+// peer's buffers is the peer's to check, on its edge and on every chunk.
+func validatePageList(p *pdlinkv1.PageList) error {
 	idx, runs := p.GetIndices(), p.GetRuns()
 	switch {
 	case len(idx) > 0 && len(runs) > 0, len(idx) == 0 && len(runs) == 0:
 		return invalid("page list needs exactly one of indices and runs")
-	case len(idx) > lim.MaxPages:
+	case len(idx) > pagelist.MaxPages:
 		return fmt.Errorf("%w: %d page indices", ErrTooMany, len(idx))
-	case len(runs) > lim.MaxRuns:
+	case len(runs) > pagelist.MaxRuns:
 		return fmt.Errorf("%w: %d page runs", ErrTooMany, len(runs))
+	case pagelist.IndexBytes(idx) > pagelist.MaxListBytes:
+		return fmt.Errorf("%w: page indices encode to %d bytes", ErrTooMany, pagelist.IndexBytes(idx))
 	}
 	if len(idx) > 0 {
 		s := slices.Clone(idx)
@@ -225,7 +221,7 @@ func validatePageList(p *pdlinkv1.PageList, lim Limits) error {
 		total += n
 		spans[i] = span{lo, lo + n}
 	}
-	if total > int64(lim.MaxPages) {
+	if total > pagelist.MaxPages {
 		return fmt.Errorf("%w: %d pages in runs", ErrTooMany, total)
 	}
 	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })

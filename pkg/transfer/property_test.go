@@ -42,8 +42,10 @@ func pageList(t *rapid.T, label string, n int) []int32 {
 
 // TestPropertyRandomPageListsArriveIntact transfers random page lists (consecutive runs,
 // scattered pages, blocks) and checks that every destination byte equals its source page and
-// every other destination byte still holds the sentinel. Lists with a repeated page or a page
-// out of range are refused with a clear error and nothing is written.
+// every other destination byte still holds the sentinel. A source list with a repeated page
+// or a page out of range is refused by Send with a clear error and nothing is written; such a
+// destination list is refused by the receiver on the chunk that names the bad page: the room
+// fails with reason invalid and no byte lands outside the room's destination pages.
 func TestPropertyRandomPageListsArriveIntact(t *testing.T) {
 	l := UniformLayout(propBuffers, propPages, propItemLen, 4, 32)
 	g := newRig(t, l, l, false, SenderConfig{MaxChunkBytes: 4 * propItemLen}, ReceiverConfig{PieceBytes: 4096})
@@ -83,15 +85,11 @@ func TestPropertyRandomPageListsArriveIntact(t *testing.T) {
 		aux := bytes.Repeat([]byte{byte(room)}, 32)
 
 		expErr := g.rcv.Expect(Expectation{Key: k, Dst: SamePages(propBuffers, dstRuns), AuxRow: int64(room % 4)})
-		if wantErr != nil {
-			if onSrc {
-				if expErr != nil {
-					rt.Fatalf("Expect of a valid destination: %v", expErr)
-				}
-				defer g.rcv.Fence(k)
-			} else if !errors.Is(expErr, wantErr) {
-				rt.Fatalf("Expect: got %v, want %v", expErr, wantErr)
-			}
+		if expErr != nil {
+			rt.Fatalf("Expect: %v", expErr) // destination lists are checked by the caller's edge and per chunk
+		}
+		if wantErr != nil && onSrc {
+			defer g.rcv.Fence(k)
 			done := make(chan error, 1)
 			err := g.snd.Send(t.Context(), SendRequest{Peer: g.addr, Key: k, Src: SamePages(propBuffers, srcRuns),
 				Dst: SamePages(propBuffers, dstRuns), Aux: aux, Done: func(err error) { done <- err }})
@@ -103,8 +101,32 @@ func TestPropertyRandomPageListsArriveIntact(t *testing.T) {
 			}
 			return
 		}
-		if expErr != nil {
-			rt.Fatalf("Expect: %v", expErr)
+		if wantErr != nil {
+			// A bad destination list reaches the receiver: the chunk naming the bad page is
+			// refused before a byte of it lands, and the room fails with reason invalid.
+			err := waitDone(t, g.send(t, k, SamePages(propBuffers, srcRuns), SamePages(propBuffers, dstRuns), aux))
+			if ReasonOf(err) != ReasonInvalid {
+				rt.Fatalf("done: got %v, want reason invalid", err)
+			}
+			if r := g.ev.wait(t, k); r != ReasonInvalid {
+				rt.Fatalf("receiver outcome %q, want invalid", r)
+			}
+			g.rcv.Fence(k)
+			inDst := map[int32]bool{}
+			for _, d := range dst {
+				inDst[d] = true
+			}
+			for b := 0; b < propBuffers; b++ {
+				for p := int32(0); p < propPages; p++ {
+					if !inDst[p] && !bytes.Equal(g.dst.Pages(b, Run{p, 1}), bytes.Repeat([]byte{0xAA}, propItemLen)) {
+						rt.Fatalf("buffer %d page %d: written but not a destination", b, p)
+					}
+				}
+			}
+			if aux[0] != 0xAA && bytes.Equal(g.dst.AuxRow(int64(room%4)), aux) {
+				rt.Fatal("aux row written for a failed room")
+			}
+			return
 		}
 		if err := waitDone(t, g.send(t, k, SamePages(propBuffers, srcRuns), SamePages(propBuffers, dstRuns), aux)); err != nil {
 			rt.Fatalf("done: %v", err)

@@ -169,9 +169,12 @@ func (s *Sender) RemovePeer(addr string) {
 	}
 }
 
-// Send validates req against the local region and the peer's layout, pairs and coalesces its
-// page runs and queues it on the peer. It blocks while the peer's in-flight budget is used
-// up, until ctx ends. Nothing is read or sent for a request that fails validation.
+// Send checks req's shape and its source pages against the local region (the pages it will
+// read), pairs and coalesces its page runs and queues it on the peer. It blocks while the
+// peer's in-flight budget is used up, until ctx ends. Nothing is read or sent for a request
+// that fails these checks. The destination pages are the receiver's to check: it refuses a
+// chunk naming a page outside its region or its room's destination before writing a byte,
+// and the room fails with reason invalid.
 func (s *Sender) Send(ctx context.Context, req SendRequest) error {
 	s.mu.Lock()
 	p := s.peers[req.Peer]
@@ -226,9 +229,6 @@ func (s *Sender) plan(req SendRequest, peerLayout Layout) (*job, error) {
 	for i := range req.Src {
 		if err := ValidateRuns(req.Src[i], local.Buffers[i].Pages()); err != nil {
 			return nil, fmt.Errorf("buffer %d source: %w", i, err)
-		}
-		if err := ValidateRuns(req.Dst[i], peerLayout.Buffers[i].Pages()); err != nil {
-			return nil, fmt.Errorf("buffer %d destination: %w", i, err)
 		}
 		segs, err := Pair(req.Src[i], req.Dst[i])
 		if err != nil {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/pdlink/pdlink/pkg/pagelist"
 )
 
 // peer is one decode peer: a queue of rooms, the in-flight byte budget and ConnsPerPeer
@@ -303,7 +305,8 @@ type chunkPlan struct {
 }
 
 // planChunks splits a job's segments into chunks of at most MaxChunkBytes
-// (at least one page each) and maxRunsPerFrame runs.
+// (at least one page each), pagelist.MaxRuns runs and pagelist.MaxPages
+// pages, the bounds the receiver checks each chunk against.
 func (tc *txConn) planChunks(j *job) []chunkPlan {
 	s := tc.p.s
 	cfg := &s.cfg
@@ -313,10 +316,13 @@ func (tc *txConn) planChunks(j *job) []chunkPlan {
 		i, off := 0, int32(0)
 		for i < len(segs) {
 			c := chunkPlan{buf: b, iov: [][]byte{nil}}
-			for i < len(segs) && len(c.runs) < maxRunsPerFrame {
+			for i < len(segs) && len(c.runs) < pagelist.MaxRuns {
 				seg := segs[i]
 				n := int64(seg.Count - off)
 				if room := (cfg.MaxChunkBytes - c.bytes) / itemLen; room < n {
+					n = room
+				}
+				if room := pagelist.MaxPages - c.bytes/itemLen; room < n {
 					n = room
 				}
 				if n <= 0 {

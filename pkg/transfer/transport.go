@@ -31,6 +31,13 @@ const (
 	ReasonFenced Reason = "fenced"
 )
 
+// AllReasons returns the closed set of failure reasons, in a stable order, so that every
+// place that turns them into something else (wire codes, room reasons) can be tested over
+// all of them: a reason added here without a mapping there fails that test.
+func AllReasons() []Reason {
+	return []Reason{ReasonChecksum, ReasonTransferError, ReasonInvalid, ReasonFenced}
+}
+
 type reasonCode uint32
 
 const (

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+
+	"github.com/pdlink/pdlink/pkg/pagelist"
 )
 
 // Data-connection framing. Every frame is a fixed 64-byte little-endian header, then for a
@@ -36,8 +38,9 @@ const (
 	wireMagic   = 0x564B4450
 	wireVersion = 1
 
-	// maxRunsPerFrame bounds the run list a decoder will allocate for.
-	maxRunsPerFrame = 1 << 16
+	// maxRunsPerFrame bounds the run list a decoder will allocate for: a chunk names pages
+	// of one page list, so the list's bound is the chunk's.
+	maxRunsPerFrame = pagelist.MaxRuns
 	// maxFrameMeta bounds small payloads (the aux row).
 	maxFrameMeta = 1 << 20
 	// maxChunkPayload bounds one chunk's payload.
@@ -142,8 +145,8 @@ func DecodeHeader(b []byte) (Header, error) {
 		if h.NumRuns == 0 || h.Pages == 0 {
 			return h, fmt.Errorf("%w: empty chunk", ErrBadFrameType)
 		}
-		if h.NumRuns > maxRunsPerFrame || h.PayloadLen > maxChunkPayload {
-			return h, fmt.Errorf("%w: %d runs, %d bytes", ErrFrameTooLarge, h.NumRuns, h.PayloadLen)
+		if h.NumRuns > maxRunsPerFrame || h.Pages > pagelist.MaxPages || h.PayloadLen > maxChunkPayload {
+			return h, fmt.Errorf("%w: %d runs, %d pages, %d bytes", ErrFrameTooLarge, h.NumRuns, h.Pages, h.PayloadLen)
 		}
 	case FrameDone:
 		if h.NumRuns != 0 {

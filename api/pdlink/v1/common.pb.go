@@ -190,6 +190,10 @@ func (x *PageRun) GetCount() int32 {
 // PageList names pages either one by one or as runs.
 // Valid when exactly one of indices and runs is non-empty, every index is >= 0,
 // no page appears twice, and every page is inside the registered buffer.
+// Bounds (Go package pagelist, the same on both daemons): at most 262144 pages
+// (indices, or the sum of run counts), at most 65536 runs, and indices whose
+// packed encoding is at most 960 KiB (262144 indices below 2^21 fit; larger
+// page numbers in that count do not: send them as runs).
 type PageList struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Indices       []int32                `protobuf:"varint,1,rep,packed,name=indices,proto3" json:"indices,omitempty"`
