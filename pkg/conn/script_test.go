@@ -70,6 +70,33 @@ func TestScript(t *testing.T) {
 	}
 }
 
+// TestScriptFilesRoundTrip: formatting a parsed script with its own
+// expected traces gives the file back, so -update changes nothing but the
+// traces (comments, BUG lines and blank lines survive).
+func TestScriptFilesRoundTrip(t *testing.T) {
+	files, _ := filepath.Glob("testdata/script/*.txt")
+	for _, path := range files {
+		src, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks, trailing, err := parseScript(string(src))
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		want := make([][]string, len(blocks))
+		for i, b := range blocks {
+			want[i] = b.want
+		}
+		if got := formatScript(blocks, want, trailing); got != string(src) {
+			t.Errorf("%s does not survive a parse and a rewrite:\n%s", path, got)
+		}
+	}
+	if _, _, err := parseScript("status\nno separator\n"); err == nil {
+		t.Error("a command without ---- parsed")
+	}
+}
+
 // scriptBlock is one command of a script and its expected trace.
 type scriptBlock struct {
 	prelude []string // comments and blank lines before the command
