@@ -20,6 +20,7 @@ import (
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/internal/proc"
+	"github.com/pdlink/pdlink/internal/sim"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -498,6 +499,176 @@ func drainScenario(t *testing.T, hung string) {
 		if u := s.unseen(); len(u) > 0 {
 			t.Errorf("the %s scheduler never saw a terminal state of %d of its %d rooms before its daemon stopped: %v",
 				s.name, len(u), len(s.rooms), u)
+		}
+	}
+}
+
+// transitionLog is what one Watch stream delivered.
+type transitionLog struct {
+	mu     sync.Mutex
+	byRoom map[uint64][]*pb.Transition
+	missed uint64
+}
+
+func (l *transitionLog) add(ev *pb.WatchEvent) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if tr := ev.GetTransition(); tr != nil {
+		l.byRoom[tr.RoomId] = append(l.byRoom[tr.RoomId], tr)
+	}
+	l.missed += ev.GetMissed()
+}
+
+func (l *transitionLog) saw(room uint64, to pb.RoomState) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, tr := range l.byRoom[room] {
+		if tr.To == to {
+			return true
+		}
+	}
+	return false
+}
+
+// outOfOrder returns, per room, the first transition that does not start
+// where the previous one ended (the first must start from no state), or
+// that follows a terminal state.
+func (l *transitionLog) outOfOrder() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var bad []string
+	for room, trs := range l.byRoom {
+		prev := pb.RoomState_ROOM_STATE_UNSPECIFIED
+		for i, tr := range trs {
+			terminal := prev == pb.RoomState_ROOM_STATE_SUCCESS || prev == pb.RoomState_ROOM_STATE_FAILED
+			if tr.From != prev || terminal {
+				var seq []string
+				for _, x := range trs {
+					seq = append(seq, x.From.String()+"->"+x.To.String())
+				}
+				bad = append(bad, fmt.Sprintf("room %d transition %d: %s", room, i, strings.Join(seq, ", ")))
+				break
+			}
+			prev = tr.To
+		}
+	}
+	return bad
+}
+
+// Watch delivers each room's transitions in order: for every room, each
+// transition starts where the previous one ended and nothing follows a
+// terminal state. The workload makes several goroutines step the same room
+// close together (scheduler calls, control frames, data-plane completions,
+// aborts from both schedulers at every stage) while 8 Watch streams per
+// daemon make publishing contended. Today the effects of a step run after
+// the table's lock is released, on whichever goroutine stepped, so two
+// steps of one room can be published in the other order; the window is
+// microseconds wide (see the report for how often it shows).
+func TestWatchDeliversEachRoomsTransitionsInOrder(t *testing.T) {
+	pre, dec, cfg := pairProcs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	prefill := pb.NewPrefillServiceClient(grpcConn(t, pre.GRPCAddr))
+	decode := pb.NewDecodeServiceClient(grpcConn(t, dec.GRPCAddr))
+	const streams = 8
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stopWatching()
+	var preLogs, decLogs []*transitionLog
+	for range streams {
+		pl := &transitionLog{byRoom: map[uint64][]*pb.Transition{}}
+		pw, err := prefill.Watch(watchCtx, &pb.PrefillServiceWatchRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dl := &transitionLog{byRoom: map[uint64][]*pb.Transition{}}
+		dw, err := decode.Watch(watchCtx, &pb.DecodeServiceWatchRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, hdr := range []func() error{
+			func() error { _, err := pw.Header(); return err },
+			func() error { _, err := dw.Header(); return err },
+		} {
+			if err := hdr(); err != nil { // sent once subscribed
+				t.Fatal(err)
+			}
+		}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for {
+				r, err := pw.Recv()
+				if err != nil {
+					return
+				}
+				pl.add(r.GetEvent())
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for {
+				r, err := dw.Recv()
+				if err != nil {
+					return
+				}
+				dl.add(r.GetEvent())
+			}
+		}()
+		preLogs, decLogs = append(preLogs, pl), append(decLogs, dl)
+	}
+
+	cfg.Requests, cfg.Concurrency = 400, 32
+	cfg.Faults = sim.Faults{AbortPrefill: 0.2, AbortDecode: 0.2}
+	cfg.PinBound = time.Minute
+	rep, err := sim.Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Pinned != 0 || rep.Corrupt != 0 {
+		t.Fatalf("workload: pinned %d corrupt %d: %v", rep.Pinned, rep.Corrupt, rep.Outcomes)
+	}
+	// A last room failed on each side after the workload: once every
+	// stream shows it, every stream has delivered the workload's
+	// transitions (each stream is one ordered channel).
+	const last = 1 << 40
+	if _, err := prefill.OpenSender(ctx, &pb.OpenSenderRequest{RoomId: last}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prefill.Abort(ctx, &pb.PrefillServiceAbortRequest{RoomId: last}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: last, PrefillBootstrapAddr: cfg.Bootstrap}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := decode.Abort(ctx, &pb.DecodeServiceAbortRequest{RoomId: last}); err != nil {
+		t.Fatal(err)
+	}
+	all := append(append([]*transitionLog(nil), preLogs...), decLogs...)
+	if !waitFor(30*time.Second, func() bool {
+		for _, l := range all {
+			if !l.saw(last, pb.RoomState_ROOM_STATE_FAILED) {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatal("a Watch stream never delivered the last room's failure")
+	}
+	for i, l := range all {
+		side := "prefill"
+		if i >= streams {
+			side = "decode"
+		}
+		if l.missed != 0 {
+			t.Fatalf("%s stream %d dropped %d transitions: order cannot be judged", side, i%streams, l.missed)
+		}
+		if len(l.byRoom) < cfg.Requests {
+			t.Fatalf("%s stream %d saw %d rooms of %d", side, i%streams, len(l.byRoom), cfg.Requests)
+		}
+		if bad := l.outOfOrder(); len(bad) > 0 {
+			t.Errorf("%s stream %d delivered %d rooms' transitions out of order, e.g. %s", side, i%streams, len(bad), bad[0])
 		}
 	}
 }
