@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/pdlink/pdlink/internal/proc"
+	"github.com/pdlink/pdlink/internal/sim"
 )
 
 // startTimeout is how long a daemon may take to log "serving" on a loaded
@@ -113,6 +114,25 @@ func (d *Daemon) Restart(t testing.TB) {
 	d.mu.Lock()
 	d.p = p
 	d.mu.Unlock()
+}
+
+// RestartAndRegister restarts the daemon and registers s's regions with
+// the new instance, as an engine does when its daemon comes back.
+func (d *Daemon) RestartAndRegister(ctx context.Context, t testing.TB, s *sim.Sim) {
+	t.Helper()
+	d.Restart(t)
+	if err := s.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// WaitLogged waits (bounded) until the daemon logged a line with message
+// msg, and reports whether it did.
+func (d *Daemon) WaitLogged(msg string, bound time.Duration) bool {
+	_, ok := Eventually(bound, func() bool {
+		return strings.Contains(d.Proc().Logs(), `"msg":"`+msg+`"`)
+	})
+	return ok
 }
 
 // LogProblems logs the daemon's warnings and errors (the last 40).

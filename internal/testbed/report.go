@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -22,6 +23,16 @@ func Layout() sim.Layout {
 func Workload(n, conc int, pinBound time.Duration, seed uint64) sim.Config {
 	return sim.Config{Requests: n, Concurrency: conc, MinTokens: 16, MaxTokens: 128, ChunkPages: 2,
 		Tick: 20 * time.Millisecond, PinBound: pinBound, Seed: seed, CheckPages: true}
+}
+
+// Run runs workload w on s's engines, failing t if it cannot.
+func Run(ctx context.Context, t testing.TB, s *sim.Sim, w sim.Config) *sim.Report {
+	t.Helper()
+	rep, err := s.Run(ctx, w)
+	if err != nil {
+		t.Fatalf("sim: %v", err)
+	}
+	return rep
 }
 
 // CheckReport fails t for what no scenario may end with: a room pinned or

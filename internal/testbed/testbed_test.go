@@ -189,4 +189,7 @@ func TestRestartRunsThePinnedArgumentsAgain(t *testing.T) {
 	if got := d.Proc().HTTPAddr; got != "127.0.0.1:4242" {
 		t.Errorf("restarted daemon serves HTTP on %q, want the pinned 127.0.0.1:4242", got)
 	}
+	if !d.WaitLogged("serving", time.Second) || d.WaitLogged("serv", 100*time.Millisecond) {
+		t.Errorf("WaitLogged matches the message exactly: serving logged, serv not")
+	}
 }

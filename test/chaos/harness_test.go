@@ -197,11 +197,7 @@ func (w *watcher) Max(d *testbed.Daemon, metric, state string) float64 {
 // run runs a workload on the cluster's engines.
 func (c *cluster) run(ctx context.Context, w sim.Config) *sim.Report {
 	c.t.Helper()
-	rep, err := c.sim.Run(ctx, w)
-	if err != nil {
-		c.t.Fatalf("sim: %v", err)
-	}
-	return rep
+	return testbed.Run(ctx, c.t, c.sim, w)
 }
 
 // check asserts what every scenario must end with (testbed.CheckReport

@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -93,25 +92,18 @@ func killMidTransfer(t *testing.T, victimName string) {
 	})
 	// Keep it down past the heartbeat bound, so peers see it lost.
 	time.Sleep(time.Until(killed.Add(c.tm.PeerBound())))
-	victim.Restart(t)
+	victim.RestartAndRegister(ctx, t, c.sim)
 	restarted := time.Since(killed)
-	if err := c.sim.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
 	rep := (<-res).rep
 	if rep == nil {
 		t.FailNow()
 	}
-	if victim == c.pre {
-		// Rooms decode opens before it noticed the restart are failed
-		// as peer_restarted and their prefill side is left to its
-		// deadline (TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed):
-		// let decode notice first.
-		if _, ok := testbed.Eventually(c.tm.RoomBound(), func() bool {
-			return strings.Contains(c.dec.Proc().Logs(), `"msg":"peer restarted"`)
-		}); !ok {
-			t.Errorf("decoded never noticed prefilld's restart")
-		}
+	// Rooms decode opens before it noticed the restart are failed as
+	// peer_restarted and their prefill side is left to its deadline
+	// (TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed): let decode
+	// notice first.
+	if victim == c.pre && !c.dec.WaitLogged("peer restarted", c.tm.RoomBound()) {
+		t.Errorf("decoded never noticed prefilld's restart")
 	}
 	// New rooms after the restart: every one succeeds on both sides.
 	after := c.run(ctx, c.workload(n/3, conc))
@@ -170,10 +162,7 @@ func TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed(t *testing.T) {
 	defer cancel()
 	c.pre.Kill9()
 	time.Sleep(c.tm.PeerBound()) // decoded sees it lost
-	c.pre.Restart(t)
-	if err := c.sim.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c.pre.RestartAndRegister(ctx, t, c.sim)
 	rep := c.run(ctx, c.workload(50, 50))
 	t.Logf("outcomes %v, worst time to terminal %v", rep.Outcomes, rep.WorstTerminal)
 	if n := rep.Outcomes["prefill:timeout:bootstrapping"]; n > 0 {

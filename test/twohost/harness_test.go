@@ -147,11 +147,7 @@ func (c *cluster) daemons() []*testbed.Daemon { return []*testbed.Daemon{c.pre, 
 
 func (c *cluster) run(ctx context.Context, w sim.Config) *sim.Report {
 	c.t.Helper()
-	rep, err := c.sim.Run(ctx, w)
-	if err != nil {
-		c.t.Fatalf("sim: %v", err)
-	}
-	return rep
+	return testbed.Run(ctx, c.t, c.sim, w)
 }
 
 // liveRooms returns the rooms d holds that its scheduler does not see

@@ -407,24 +407,17 @@ func killMidTransfer(t *testing.T, victimName string) {
 		t.Errorf("%s does not count its peer lost %v after the kill", survivor.Name, time.Since(killed))
 	}
 	c.prom.waitQuery(t, `up{job="`+job+`"}`, 1, 10*time.Second, func(s sample) bool { return s.Value == 0 })
-	victim.Restart(t)
+	victim.RestartAndRegister(ctx, t, c.sim)
 	restarted := time.Since(killed)
-	if err := c.sim.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
 	rep := <-r.done
 	if rep == nil {
 		t.FailNow()
 	}
-	if victim == c.pre {
-		// Rooms decode opens before it noticed the restart fail as
-		// peer_restarted (test/chaos TestRoomsOpenedJustAfterPrefill-
-		// RestartAreToldOrServed): let decode notice first.
-		if _, ok := testbed.Eventually(c.tm.RoomBound(), func() bool {
-			return strings.Contains(c.dec.Proc().Logs(), `"msg":"peer restarted"`)
-		}); !ok {
-			t.Errorf("decoded never noticed prefilld's restart")
-		}
+	// Rooms decode opens before it noticed the restart fail as
+	// peer_restarted (test/chaos TestRoomsOpenedJustAfterPrefill-
+	// RestartAreToldOrServed): let decode notice first.
+	if victim == c.pre && !c.dec.WaitLogged("peer restarted", c.tm.RoomBound()) {
+		t.Errorf("decoded never noticed prefilld's restart")
 	}
 	c.prom.waitQuery(t, `up{job=~"pdlink-.*"}`, 2, 10*time.Second, func(s sample) bool { return s.Value == 1 })
 	rep = testbed.Merge(rep, c.freshRoomsSucceed(ctx, n/3, conc, "the restart of "+victim.Name))
