@@ -48,16 +48,8 @@ const (
 //
 // Needs root (network namespaces, the pod's uid) and ip (iproute2).
 func TestExampleOverlayStartsAsRendered(t *testing.T) {
-	ipBin := needPodSandbox(t)
-	leaks := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel, pre, dec := readyExamplePods(t)
 	defer cancel()
-
-	pre, dec := startExamplePods(ctx, t, ipBin)
-	for _, p := range []*examplePod{pre, dec} {
-		waitReady(ctx, t, p)
-	}
 	for _, p := range []*examplePod{pre, dec} {
 		if got := p.metric(ctx, t, "pdlink_insecure_mode"); got != 0 {
 			t.Errorf("%s: pdlink_insecure_mode %v, want 0", p.comp, got)
@@ -98,16 +90,8 @@ func TestExampleOverlayStartsAsRendered(t *testing.T) {
 // moves with verified bytes. The second reload names the new token as next
 // to sign.
 func TestExampleSecretUpdatedInPlaceRotatesOnSIGHUP(t *testing.T) {
-	ipBin := needPodSandbox(t)
-	leaks := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel, pre, dec := readyExamplePods(t)
 	defer cancel()
-
-	pre, dec := startExamplePods(ctx, t, ipBin)
-	for _, p := range []*examplePod{pre, dec} {
-		waitReady(ctx, t, p)
-	}
 	s := newExampleSim(ctx, t, pre, dec)
 	oneRoom(ctx, t, s, 1, pre, dec)
 
@@ -180,6 +164,23 @@ func needPodSandbox(t *testing.T) (ipBin string) {
 		t.Skip("needs root: it runs the daemons as the pod's user in network namespaces of its own (sudo go test ./deploy -run TestExample)")
 	}
 	return tool(t, "ip", "iproute2")
+}
+
+// readyExamplePods starts the example's pods (startExamplePods) where
+// the test can build them, and waits until both answer /readyz. ctx
+// bounds the whole test; goleak checks it left no goroutine behind.
+func readyExamplePods(t *testing.T) (ctx context.Context, cancel context.CancelFunc, pre, dec *examplePod) {
+	t.Helper()
+	ipBin := needPodSandbox(t)
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
+	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel) // should the start fail; the caller cancels first otherwise
+	pre, dec = startExamplePods(ctx, t, ipBin)
+	for _, p := range []*examplePod{pre, dec} {
+		waitReady(ctx, t, p)
+	}
+	return ctx, cancel, pre, dec
 }
 
 // startExamplePods renders the example overlay, lays out both pods and

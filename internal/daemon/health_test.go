@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 )
@@ -18,24 +17,6 @@ import (
 // names from the gRPC server, not from handlers.
 func fakeService(s *Server, name string) {
 	s.GRPC.RegisterService(&grpc.ServiceDesc{ServiceName: name, HandlerType: (*any)(nil)}, struct{}{})
-}
-
-func healthClient(t *testing.T, s *Server) healthpb.HealthClient {
-	t.Helper()
-	conn, err := grpc.NewClient("unix://"+s.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return healthpb.NewHealthClient(conn)
-}
-
-func checkHealth(t *testing.T, hc healthpb.HealthClient, name string) (healthpb.HealthCheckResponse_ServingStatus, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name})
-	return resp.GetStatus(), err
 }
 
 // wantHealth checks "" and every served name answer want.
@@ -60,16 +41,8 @@ func TestHealthByServiceNameFollowsReadinessAndDrain(t *testing.T) {
 	}
 	fakeService(s, svc)
 	fakeService(s, admin)
-	release := make(chan struct{})
-	stop := make(chan struct{})
-	s.Add("slow", func(ready func()) error {
-		<-release
-		ready()
-		<-stop
-		return nil
-	}, func(error) { close(stop) })
-	draining, endDrain := make(chan struct{}), make(chan struct{})
-	s.OnDrain(func(context.Context) { close(draining); <-endDrain })
+	release := addSlowComponent(s)
+	draining, endDrain := holdDrain(s)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -112,14 +85,7 @@ func TestHealthByServiceNameFollowsReadinessAndDrain(t *testing.T) {
 	nextWatched(healthpb.HealthCheckResponse_NOT_SERVING)
 	wantHealth(t, hc, healthpb.HealthCheckResponse_NOT_SERVING, svc, admin)
 	close(endDrain)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return")
-	}
+	runReturnsNil(t, done)
 }
 
 // A component that turns ready only after SIGTERM must not bring the
@@ -132,16 +98,8 @@ func TestComponentReadyDuringDrainKeepsHealthNotServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	fakeService(s, svc)
-	release := make(chan struct{})
-	stop := make(chan struct{})
-	s.Add("slow", func(ready func()) error {
-		<-release
-		ready()
-		<-stop
-		return nil
-	}, func(error) { close(stop) })
-	draining, endDrain := make(chan struct{}), make(chan struct{})
-	s.OnDrain(func(context.Context) { close(draining); <-endDrain })
+	release := addSlowComponent(s)
+	draining, endDrain := holdDrain(s)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -159,12 +117,5 @@ func TestComponentReadyDuringDrainKeepsHealthNotServing(t *testing.T) {
 		t.Error("/readyz ready during the drain")
 	}
 	close(endDrain)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return")
-	}
+	runReturnsNil(t, done)
 }

@@ -74,21 +74,7 @@ func tcpServer(t *testing.T, tweak func(*Config)) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run = %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("Run did not return")
-		}
-	})
-	waitFor(t, s.Ready)
+	runServer(t, s)
 	return s
 }
 
@@ -161,7 +147,7 @@ func TestIdleTCPConnectionsAreClosed(t *testing.T) {
 		}
 	}
 	waitFor(t, func() bool { return s.grpcLimit.open() == 0 })
-	if st := tcpHealth(t, s); st != healthpb.HealthCheckResponse_SERVING {
+	if st := grpcHealth(t, s); st != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health %v after the idle connections", st)
 	}
 }
@@ -178,22 +164,6 @@ func TestSilentTCPClientAfterTheHandshakeIsClosed(t *testing.T) {
 	if !closedWithin(c, 15*time.Second) {
 		t.Fatal("silent client still open 15s after its handshake (keepalive 1s, ack timeout 1s)")
 	}
-}
-
-func tcpHealth(t *testing.T, s *Server) healthpb.HealthCheckResponse_ServingStatus {
-	t.Helper()
-	conn, err := grpc.NewClient("passthrough:///"+s.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.Status
 }
 
 // A Watch stream with no traffic is not idle: it outlives a silent
@@ -339,10 +309,4 @@ func accepted(t *testing.T, c net.Conn) bool {
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	f, err := readH2Frame(c)
 	return err == nil && f.typ == h2Settings
-}
-
-func scrape(t *testing.T, s *Server) string {
-	t.Helper()
-	_, body := get(t, "http://"+s.HTTPAddr().String()+"/metrics")
-	return body
 }

@@ -12,8 +12,6 @@ import (
 
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -38,20 +36,14 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// grpcHealth is the daemon's overall gRPC health ("").
 func grpcHealth(t *testing.T, s *Server) healthpb.HealthCheckResponse_ServingStatus {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+s.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	st, err := checkHealth(t, healthClient(t, s), "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.Status
+	return st
 }
 
 // Readiness must wait for the slowest component, and a drain must run
@@ -62,14 +54,7 @@ func TestReadyOnlyWhenEveryComponentServesAndDrainRunsOnStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release := make(chan struct{})
-	stop := make(chan struct{})
-	s.Add("slow", func(ready func()) error {
-		<-release
-		ready()
-		<-stop
-		return nil
-	}, func(error) { close(stop) })
+	release := addSlowComponent(s)
 	drained := make(chan struct{})
 	s.OnDrain(func(ctx context.Context) {
 		if _, ok := ctx.Deadline(); !ok {

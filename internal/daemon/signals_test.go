@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"syscall"
 	"testing"
 	"time"
@@ -10,25 +9,6 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
-
-// runServer runs s until the test ends and returns a channel that yields
-// Run's result. It waits until s is ready, so SIGHUP is already taken.
-func runServer(t *testing.T, s *Server) <-chan error {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Error("Run did not return after stop")
-		}
-	})
-	waitFor(t, s.Ready)
-	return done
-}
 
 func hangup(t *testing.T) {
 	t.Helper()

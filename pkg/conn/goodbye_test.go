@@ -295,18 +295,7 @@ func TestForgedOrReplayedGoodbyeDoesNotForgetALivePeer(t *testing.T) {
 	h.waitBound(key, time.Second)
 	inst, epoch := h.dec.Instance()
 
-	evil, err := h.net.Host("evil").Dial(context.Background(), prefillAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer evil.Close()
-	send := func(b []byte) {
-		t.Helper()
-		if err := evil.Send(context.Background(), b); err != nil {
-			t.Fatal(err)
-		}
-		h.settle()
-	}
+	evil, send := h.rogue()
 	otherKey := &Codec{Auth: sumAuth{2}}
 	forged, err := otherKey.Encode(goodbyeFrom(inst, epoch, 1<<40))
 	if err != nil {

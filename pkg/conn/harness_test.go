@@ -183,6 +183,25 @@ func (h *harness) close() {
 	}
 }
 
+// rogue dials prefill from a host that is no peer of it; send delivers
+// one raw frame and lets the nodes settle. The connection closes when the
+// test ends, if the test did not close it first.
+func (h *harness) rogue() (evil Conn, send func(b []byte)) {
+	h.t.Helper()
+	evil, err := h.net.Host("evil").Dial(context.Background(), prefillAddr)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { _ = evil.Close() })
+	return evil, func(b []byte) {
+		h.t.Helper()
+		if err := evil.Send(context.Background(), b); err != nil {
+			h.t.Fatal(err)
+		}
+		h.settle()
+	}
+}
+
 // settle waits (in real time, briefly) until no frame is queued or being
 // handled. A receiver that died mid-frame (panic) is let go after a while.
 func (h *harness) settle() {

@@ -34,18 +34,7 @@ func TestHostileFramesRejectedAndCountedListenerSurvives_R12(t *testing.T) {
 	key := h.open(1, 1)
 	h.waitBound(key, time.Second)
 
-	evil, err := h.net.Host("evil").Dial(context.Background(), prefillAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer evil.Close()
-	send := func(b []byte) {
-		t.Helper()
-		if err := evil.Send(context.Background(), b); err != nil {
-			t.Fatal(err)
-		}
-		h.settle()
-	}
+	evil, send := h.rogue()
 	metadata := func(seq uint64, k poll.Key, pages *pdlinkv1.PageList) []byte {
 		env := rogueEnv(seq)
 		env.Body = &pdlinkv1.Envelope_Metadata{Metadata: &pdlinkv1.Metadata{RoomId: uint64(k.Room), Nonce: uint64(k.Nonce), DstPages: pages, ExpectedSenders: 1}}

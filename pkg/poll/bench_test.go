@@ -86,8 +86,10 @@ func BenchmarkStepMutex(b *testing.B) {
 	})
 }
 
-// BenchmarkPoll1000 polls 1000 rooms of a table holding 100k.
-func BenchmarkPoll1000(b *testing.B) {
+// pollBenchTable is a table holding 100k open rooms, and 1000 of their
+// ids spread over it, for the Poll benchmarks.
+func pollBenchTable(b *testing.B) (*Table, []RoomID) {
+	b.Helper()
 	const live = 100_000
 	tab := benchTable(b, live)
 	for i := 0; i < live; i++ {
@@ -100,6 +102,12 @@ func BenchmarkPoll1000(b *testing.B) {
 	for i := range ids {
 		ids[i] = RoomID((i * 97) % live)
 	}
+	return tab, ids
+}
+
+// BenchmarkPoll1000 polls 1000 rooms of a table holding 100k.
+func BenchmarkPoll1000(b *testing.B) {
+	tab, ids := pollBenchTable(b)
 	out := make([]State, 0, len(ids))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -138,18 +146,7 @@ func BenchmarkMemoryPerRoom100k(b *testing.B) {
 // BenchmarkPollStatus1000 is BenchmarkPoll1000 with nonces and reasons, as
 // the scheduler's Poll answers it.
 func BenchmarkPollStatus1000(b *testing.B) {
-	const live = 100_000
-	tab := benchTable(b, live)
-	for i := 0; i < live; i++ {
-		if err := tab.Step(0, open(RoomID(i), Nonce(i+1), testPeer)); err != nil {
-			b.Fatal(err)
-		}
-		tab.Advance()
-	}
-	ids := make([]RoomID, 1000)
-	for i := range ids {
-		ids[i] = RoomID((i * 97) % live)
-	}
+	tab, ids := pollBenchTable(b)
 	out := make([]Status, 0, len(ids))
 	b.ReportAllocs()
 	for b.Loop() {

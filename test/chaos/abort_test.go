@@ -75,8 +75,8 @@ func TestDecodeAbortBeforeOpenIsToldToPrefill(t *testing.T) {
 	if n := rep.Outcomes["prefill:aborted:remote"]; n != w.Requests {
 		t.Errorf("prefill: %d of %d rooms learned decode's abort; outcomes %v", n, w.Requests, rep.Outcomes)
 	}
-	if rep.WorstTerminal >= c.tm.bootstrap {
-		t.Errorf("worst time to terminal %v: prefill waited for its bootstrap deadline (%v)", rep.WorstTerminal, c.tm.bootstrap)
+	if rep.WorstTerminal >= c.tm.Bootstrap {
+		t.Errorf("worst time to terminal %v: prefill waited for its bootstrap deadline (%v)", rep.WorstTerminal, c.tm.Bootstrap)
 	}
 	_ = pb.RoomState_ROOM_STATE_FAILED
 }

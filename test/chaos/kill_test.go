@@ -2,12 +2,12 @@ package chaos
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/pdlink/pdlink/internal/sim"
+	"github.com/pdlink/pdlink/internal/testbed"
 )
 
 // killMidTransfer runs a workload with many rooms in flight, kills victim
@@ -51,83 +51,76 @@ func killMidTransfer(t *testing.T, victimName string) {
 	}
 	// Kill mid-transfer: wait (bounded) until the victim holds enough live
 	// rooms; on a loaded machine the workload can be between waves.
-	if _, ok := eventually(30*time.Second, func() bool {
-		return c.metric(victim, "pdlink_inflight_rooms", nil) >= 10
+	if _, ok := testbed.Eventually(30*time.Second, func() bool {
+		return victim.Metric("pdlink_inflight_rooms", nil) >= 10
 	}); !ok {
 		t.Fatal("the victim never held 10 live rooms")
 	}
 
 	// The survivor's live rooms at the moment of the kill: every one of
 	// them is bound to the victim (or waits for it) and must end.
-	before, err := c.rooms(survivor)
+	before, err := survivor.Rooms()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var held []uint64
 	bound := map[uint64]bool{}
 	for _, r := range before {
-		if live(r.State) {
+		if testbed.Live(r.State) {
 			held = append(held, r.Room)
 			// Prefill rooms in Bootstrapping are not bound to a decode
 			// peer yet: they end by their own deadline.
 			bound[r.Room] = !(victim == c.dec && r.State == "Bootstrapping")
 		}
 	}
-	inflightAtKill := c.metric(victim, "pdlink_inflight_rooms", nil)
+	inflightAtKill := victim.Metric("pdlink_inflight_rooms", nil)
 	killed := time.Now()
-	victim.kill9()
+	victim.Kill9()
 
 	// Watch the survivor until no room bound to the victim is live.
-	tookBound, okBound := eventually(c.tm.roomBound(), func() bool {
-		now, err := c.rooms(survivor)
+	tookBound, okBound := testbed.Eventually(c.tm.RoomBound(), func() bool {
+		now, err := survivor.Rooms()
 		if err != nil {
 			return false
 		}
 		for _, r := range now {
-			if live(r.State) && bound[r.Room] {
+			if testbed.Live(r.State) && bound[r.Room] {
 				return false
 			}
 		}
 		return true
 	})
 	// Keep it down past the heartbeat bound, so peers see it lost.
-	time.Sleep(time.Until(killed.Add(c.tm.peerBound())))
-	victim.restart(t)
+	time.Sleep(time.Until(killed.Add(c.tm.PeerBound())))
+	victim.RestartAndRegister(ctx, t, c.sim)
 	restarted := time.Since(killed)
-	if err := c.sim.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
 	rep := (<-res).rep
 	if rep == nil {
 		t.FailNow()
 	}
-	if victim == c.pre {
-		// Rooms decode opens before it noticed the restart are failed
-		// as peer_restarted and their prefill side is left to its
-		// deadline (TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed):
-		// let decode notice first.
-		if _, ok := eventually(c.tm.roomBound(), func() bool {
-			return strings.Contains(c.dec.proc().Logs(), `"msg":"peer restarted"`)
-		}); !ok {
-			t.Errorf("decoded never noticed prefilld's restart")
-		}
+	// Rooms decode opens before it noticed the restart are failed as
+	// peer_restarted and their prefill side is left to its deadline
+	// (TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed): let decode
+	// notice first.
+	if victim == c.pre && !c.dec.WaitLogged("peer restarted", c.tm.RoomBound()) {
+		t.Errorf("decoded never noticed prefilld's restart")
 	}
 	// New rooms after the restart: every one succeeds on both sides.
 	after := c.run(ctx, c.workload(n/3, conc))
 	if after.Outcomes["decode:success"] != n/3 || after.Outcomes["prefill:success"] != n/3 {
-		t.Errorf("after the restart of %s, not every new room succeeded: %v", victim.name, after.Outcomes)
+		t.Errorf("after the restart of %s, not every new room succeeded: %v", victim.Name, after.Outcomes)
 	}
-	rep = merge(rep, after)
+	rep = testbed.Merge(rep, after)
 	t.Logf("killed %s with %v rooms in flight on it (%d live on %s); restarted after %v; the survivor's rooms bound to it ended %v after the kill",
-		victim.name, inflightAtKill, len(held), survivor.name, restarted.Round(time.Millisecond), tookBound.Round(time.Millisecond))
+		victim.Name, inflightAtKill, len(held), survivor.Name, restarted.Round(time.Millisecond), tookBound.Round(time.Millisecond))
 	if inflightAtKill < 10 {
 		t.Errorf("only %v rooms in flight at the kill: not mid-transfer", inflightAtKill)
 	}
-	if !okBound || tookBound > c.tm.peerBound() {
-		t.Errorf("%s's rooms bound to the killed %s ended after %v (ok %v); heartbeat bound %v", survivor.name, victim.name, tookBound, okBound, c.tm.peerBound())
+	if !okBound || tookBound > c.tm.PeerBound() {
+		t.Errorf("%s's rooms bound to the killed %s ended after %v (ok %v); heartbeat bound %v", survivor.Name, victim.Name, tookBound, okBound, c.tm.PeerBound())
 	}
-	if s := c.metric(victim, "pdlink_room_transitions_total", map[string]string{"to": "Success"}); s <= 0 {
-		t.Errorf("the restarted %s served no room to Success", victim.name)
+	if s := victim.Metric("pdlink_room_transitions_total", map[string]string{"to": "Success"}); s <= 0 {
+		t.Errorf("the restarted %s served no room to Success", victim.Name)
 	}
 	sv := "prefill"
 	if survivor == c.dec {
@@ -136,25 +129,9 @@ func killMidTransfer(t *testing.T, victimName string) {
 	if rep.Outcomes[sv+":peer_lost"]+rep.Outcomes[sv+":peer_restarted"] == 0 {
 		t.Errorf("no %s room failed with peer_lost or peer_restarted: %v", sv, rep.Outcomes)
 	}
-	c.check("kill -9 "+victim.name+" mid-transfer, restart", rep, func(o string) bool {
-		side, what, _ := strings.Cut(o, ":")
-		switch {
-		case what == "success", strings.HasPrefix(what, "unreachable:"), what == "not_found":
-			return true
-		case side == "open_error":
-			return what == "unavailable"
-		case side == sv:
-			// The survivor: rooms bound to the dead instance fail with
-			// peer_lost/peer_restarted; prefill rooms it never bound time
-			// out in Bootstrapping; a room the victim failed on its way
-			// down may be told (aborted:remote).
-			// Prefill's data connection to a dead decoded may fail first
-			// (transfer_error).
-			return what == "peer_lost" || what == "peer_restarted" || what == "timeout:bootstrapping" || what == "aborted:remote" ||
-				(sv == "prefill" && what == "transfer_error")
-		}
-		return false
-	})
+	// Prefill's data connection to a dead decoded may fail first
+	// (transfer_error).
+	c.check("kill -9 "+victim.Name+" mid-transfer, restart", rep, testbed.KillOutcomes(sv, sv == "prefill"))
 }
 
 // kill -9 of decoded with a few hundred rooms in flight: prefill's rooms
@@ -183,12 +160,9 @@ func TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed(t *testing.T) {
 	c := newCluster(t, clusterOpts{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c.pre.kill9()
-	time.Sleep(c.tm.peerBound()) // decoded sees it lost
-	c.pre.restart(t)
-	if err := c.sim.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c.pre.Kill9()
+	time.Sleep(c.tm.PeerBound()) // decoded sees it lost
+	c.pre.RestartAndRegister(ctx, t, c.sim)
 	rep := c.run(ctx, c.workload(50, 50))
 	t.Logf("outcomes %v, worst time to terminal %v", rep.Outcomes, rep.WorstTerminal)
 	if n := rep.Outcomes["prefill:timeout:bootstrapping"]; n > 0 {
@@ -201,7 +175,7 @@ func TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed(t *testing.T) {
 	if ok != 50 || told != 50 {
 		t.Errorf("rooms opened after the restart neither served nor failed on both sides: %v", rep.Outcomes)
 	}
-	if rep.WorstTerminal > c.tm.peerBound()+2*time.Second {
+	if rep.WorstTerminal > c.tm.PeerBound()+2*time.Second {
 		t.Errorf("worst time to terminal %v: a side waited for a deadline", rep.WorstTerminal)
 	}
 }

@@ -4,13 +4,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
 	"text/tabwriter"
 	"time"
+
+	"github.com/pdlink/pdlink/internal/testbed"
 )
 
 var (
@@ -20,21 +21,12 @@ var (
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	dir, err := os.MkdirTemp("", "pdlink-chaos-bin-")
+	dir, err := testbed.BuildDaemons("pdlink-chaos-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	binDir = dir
-	// No -race here on purpose: the race detector makes the daemons about
-	// 15x slower, and the suite's deadlines are seconds.
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/prefilld", "../../cmd/decoded")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building daemons:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
 	start := time.Now()
 	code := m.Run()
 	printSummary(time.Since(start))

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+
+	"github.com/pdlink/pdlink/internal/testbed"
 )
 
 // netFault is a fault a proxy injects on a link for a while, then heals.
@@ -150,7 +152,7 @@ func TestNetworkFaultsBetweenDaemonsNeverPinARoom(t *testing.T) {
 				if after.Outcomes["decode:success"] != n/3 || after.Outcomes["prefill:success"] != n/3 {
 					t.Errorf("after the heal, not every new room succeeded: %v", after.Outcomes)
 				}
-				rep = merge(rep, after)
+				rep = testbed.Merge(rep, after)
 				t.Logf("%s on %s for %v", f.name, link, lasted.Round(time.Millisecond))
 				c.check(fmt.Sprintf("network %s on %s, %v then heal", f.name, link, window), rep, func(o string) bool {
 					side, what, _ := strings.Cut(o, ":")

@@ -34,8 +34,8 @@ func TestRoomIDReuseWhileLiveIsRefusedAndNeverCrosses(t *testing.T) {
 		t.Errorf("not every first request succeeded: %v", rep.Outcomes)
 	}
 	for _, d := range c.daemons() {
-		if v := c.metric(d, "pdlink_room_collisions_total", nil); v <= 0 {
-			t.Logf("%s counted no collision (the refused open may have hit the other side)", d.name)
+		if v := d.Metric("pdlink_room_collisions_total", nil); v <= 0 {
+			t.Logf("%s counted no collision (the refused open may have hit the other side)", d.Name)
 		}
 	}
 	c.check("room id reused while live (second refused)", rep, func(o string) bool {
@@ -147,6 +147,6 @@ func TestAbortForReusedRoomIDIsNotSwallowedByOldTombstone(t *testing.T) {
 		t.Fatal(err)
 	}
 	if st := resp.GetStatus(); st.GetState() != pb.RoomState_ROOM_STATE_FAILED {
-		t.Errorf("prefill's new room is %v, want born Failed by decode's abort (it will wait %v for its bootstrap deadline)", st.GetState(), c.tm.bootstrap)
+		t.Errorf("prefill's new room is %v, want born Failed by decode's abort (it will wait %v for its bootstrap deadline)", st.GetState(), c.tm.Bootstrap)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pdlink/pdlink/internal/sim"
+	"github.com/pdlink/pdlink/internal/testbed"
 )
 
 // stalled runs a workload where a share of the requests stall on one
@@ -32,21 +33,21 @@ func stalled(t *testing.T, name string, f sim.Faults, stuck map[string]string, d
 		t.Errorf("a request that did not stall failed: %s x%d", k, n)
 	}
 	for _, d := range c.daemons() {
-		st, ok := stuck[d.name]
+		st, ok := stuck[d.Name]
 		if !ok {
 			continue
 		}
 		overdue := wt.Max(d, "pdlink_rooms_overdue", st)
 		oldest := wt.Max(d, "pdlink_room_oldest_age_seconds", st)
-		t.Logf("%s while stalled: up to %v rooms overdue in %s, oldest %.2fs (deadline %v)", d.name, overdue, st, oldest, deadline)
+		t.Logf("%s while stalled: up to %v rooms overdue in %s, oldest %.2fs (deadline %v)", d.Name, overdue, st, oldest, deadline)
 		if overdue < 1 {
-			t.Errorf("%s: pdlink_rooms_overdue{state=%q} never rose while rooms were stuck", d.name, st)
+			t.Errorf("%s: pdlink_rooms_overdue{state=%q} never rose while rooms were stuck", d.Name, st)
 		}
 		if oldest < deadline.Seconds()/2 {
-			t.Errorf("%s: pdlink_room_oldest_age_seconds{state=%q} peaked at %.2fs, stuck rooms reach %v", d.name, st, oldest, deadline/2)
+			t.Errorf("%s: pdlink_room_oldest_age_seconds{state=%q} peaked at %.2fs, stuck rooms reach %v", d.Name, st, oldest, deadline/2)
 		}
 		if oldest > (deadline + time.Second).Seconds() {
-			t.Errorf("%s: a %s room was %.2fs old, past its %v deadline", d.name, st, oldest, deadline)
+			t.Errorf("%s: a %s room was %.2fs old, past its %v deadline", d.Name, st, oldest, deadline)
 		}
 	}
 	c.check(name, rep, allowed)
@@ -57,9 +58,9 @@ func stalled(t *testing.T, name string, f sim.Faults, stuck map[string]string, d
 // and the bootstrap deadline fails them on both sides (the first side to
 // time out tells the other).
 func TestStalledDecodeSchedulerRoomsShowInMetricsThenTimeOut(t *testing.T) {
-	tm := shortTimings()
+	tm := testbed.ShortTimings()
 	stalled(t, "stalled decode scheduler (no metadata)", sim.Faults{StallDecode: 0.33},
-		map[string]string{"prefilld": "Bootstrapping", "decoded": "Bootstrapping"}, tm.bootstrap,
+		map[string]string{"prefilld": "Bootstrapping", "decoded": "Bootstrapping"}, tm.Bootstrap,
 		func(o string) bool {
 			_, what, _ := strings.Cut(o, ":")
 			return what == "success" || what == "timeout:bootstrapping" || what == "aborted:remote"
@@ -71,9 +72,9 @@ func TestStalledDecodeSchedulerRoomsShowInMetricsThenTimeOut(t *testing.T) {
 // WaitingForInput; the metrics show them, then prefill's idle deadline
 // fails them and decode is told (or its own deadline fails them).
 func TestStalledPrefillSchedulerRoomsShowInMetricsThenTimeOut(t *testing.T) {
-	tm := shortTimings()
+	tm := testbed.ShortTimings()
 	stalled(t, "stalled prefill scheduler (no last chunk)", sim.Faults{StallPrefill: 0.33},
-		map[string]string{"prefilld": "Transferring", "decoded": "WaitingForInput"}, tm.idle,
+		map[string]string{"prefilld": "Transferring", "decoded": "WaitingForInput"}, tm.Idle,
 		func(o string) bool {
 			_, what, _ := strings.Cut(o, ":")
 			return what == "success" || what == "timeout:transferring" || what == "timeout:waiting_for_input" || what == "aborted:remote"
@@ -97,29 +98,29 @@ func TestUnclearedRoomsAreReapedAfterLingerAndCounted(t *testing.T) {
 	opens := map[string]float64{}
 	reaped := map[string]float64{}
 	for _, d := range c.daemons() {
-		opens[d.name] = c.metric(d, "pdlink_room_transitions_total", map[string]string{"from": ""})
-		reaped[d.name] = c.metric(d, "pdlink_rooms_reaped_total", map[string]string{"reason": "uncleared"})
+		opens[d.Name] = d.Metric("pdlink_room_transitions_total", map[string]string{"from": ""})
+		reaped[d.Name] = d.Metric("pdlink_rooms_reaped_total", map[string]string{"reason": "uncleared"})
 	}
 	rep := c.run(ctx, w)
 	ended := time.Now()
 	for _, d := range c.daemons() {
-		held := c.metric(d, "pdlink_rooms", map[string]string{"state": "Success"}) + c.metric(d, "pdlink_rooms", map[string]string{"state": "Failed"})
+		held := d.Metric("pdlink_rooms", map[string]string{"state": "Success"}) + d.Metric("pdlink_rooms", map[string]string{"state": "Failed"})
 		if held == 0 {
-			t.Errorf("%s: no terminal room held right after the run: the linger did not keep them", d.name)
+			t.Errorf("%s: no terminal room held right after the run: the linger did not keep them", d.Name)
 		}
 	}
-	leaks := c.tablesEmpty(c.tm.linger + 5*time.Second)
+	leaks := testbed.TablesEmpty(c.daemons(), c.tm.Linger+5*time.Second, true)
 	took := time.Since(ended)
 	for _, d := range c.daemons() {
-		o := c.metric(d, "pdlink_room_transitions_total", map[string]string{"from": ""}) - opens[d.name]
-		r := c.metric(d, "pdlink_rooms_reaped_total", map[string]string{"reason": "uncleared"}) - reaped[d.name]
-		t.Logf("%s: %v rooms opened, %v reaped as uncleared", d.name, o, r)
+		o := d.Metric("pdlink_room_transitions_total", map[string]string{"from": ""}) - opens[d.Name]
+		r := d.Metric("pdlink_rooms_reaped_total", map[string]string{"reason": "uncleared"}) - reaped[d.Name]
+		t.Logf("%s: %v rooms opened, %v reaped as uncleared", d.Name, o, r)
 		if o == 0 || r != o {
-			t.Errorf("%s: %v rooms opened but %v reaped as uncleared", d.name, o, r)
+			t.Errorf("%s: %v rooms opened but %v reaped as uncleared", d.Name, o, r)
 		}
 	}
-	if len(leaks) == 0 && took < c.tm.linger-time.Second {
-		t.Errorf("rooms gone %v after the run, before the %v linger", took, c.tm.linger)
+	if len(leaks) == 0 && took < c.tm.Linger-time.Second {
+		t.Errorf("rooms gone %v after the run, before the %v linger", took, c.tm.Linger)
 	}
 	c.check("nobody calls Clear (reaped after linger)", rep, func(o string) bool {
 		_, what, _ := strings.Cut(o, ":")

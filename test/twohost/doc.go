@@ -35,6 +35,6 @@
 // tolerate those bugs' symptoms only where the bug explains them
 // (knownStallBound).
 //
-// TestMain builds the daemons without the race detector (see test/chaos);
+// TestMain builds the daemons without the race detector (testbed.BuildDaemons);
 // the test process itself may run under -race.
 package twohost

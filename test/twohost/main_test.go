@@ -3,11 +3,12 @@ package twohost
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/pdlink/pdlink/internal/testbed"
 )
 
 var binDir string
@@ -29,20 +30,12 @@ func TestMain(m *testing.M) {
 	if removed := removeLeftovers(); len(removed) > 0 {
 		fmt.Fprintf(os.Stderr, "removed namespaces left by runs that died: %v\n", removed)
 	}
-	dir, err := os.MkdirTemp("", "pdlink-twohost-bin-")
+	dir, err := testbed.BuildDaemons("pdlink-twohost-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	binDir = dir
-	// No -race: the daemons' deadlines are seconds (see test/chaos).
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/prefilld", "../../cmd/decoded")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building daemons:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
 	goleak.VerifyTestMain(suite{m})
 }
 

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pdlink/pdlink/internal/testbed"
 )
 
 // prometheus is the Debian prometheus binary running on a test host; its
@@ -81,7 +83,7 @@ func startPrometheus(t *testing.T, h *host, targets map[string]string) *promethe
 		}
 	})
 	p := &prometheus{host: h, base: "http://" + promListen}
-	if _, ok := eventually(30*time.Second, func() bool {
+	if _, ok := testbed.Eventually(30*time.Second, func() bool {
 		resp, err := h.client.Get(p.base + "/-/ready")
 		if err != nil {
 			return false
@@ -147,7 +149,7 @@ func (p *prometheus) waitQuery(t *testing.T, q string, want int, bound time.Dura
 	t.Helper()
 	var last []sample
 	var lastErr error
-	if _, held := eventually(bound, func() bool {
+	if _, held := testbed.Eventually(bound, func() bool {
 		last, lastErr = p.query(q)
 		if lastErr != nil || len(last) != want {
 			return false

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pdlink/pdlink/internal/sim"
+	"github.com/pdlink/pdlink/internal/testbed"
 )
 
 // Without a token neither daemon starts on its host's veth address (its
@@ -23,7 +24,7 @@ import (
 // scrapes both daemons, decoded's across the veth.
 func TestTwoHostsNeedTheTokenThenMoveVerifiedRoomsAndPrometheusScrapesBoth(t *testing.T) {
 	preH, decH := newHosts(t)
-	preArgs, decArgs := daemonArgs(shortTimings, t.TempDir(), "")
+	preArgs, decArgs := daemonArgs(shortTimings(), t.TempDir(), "")
 	for _, d := range []struct {
 		host       *host
 		name, flag string
@@ -60,26 +61,26 @@ func TestTwoHostsNeedTheTokenThenMoveVerifiedRoomsAndPrometheusScrapesBoth(t *te
 
 	// decoded listens on the wildcard and advertises its veth address:
 	// that is where prefilld sends pages.
-	if got := c.dec.proc().LogField("data listener bound", "addr"); !wildcard(got) {
+	if got := c.dec.Proc().LogField("data listener bound", "addr"); !wildcard(got) {
 		t.Errorf("decoded's data listener bound %q, want the wildcard (%s)", got, dataListen)
 	}
-	if got := c.pre.proc().LogField("peer registered", "endpoint"); got != dataAdvertise {
+	if got := c.pre.Proc().LogField("peer registered", "endpoint"); got != dataAdvertise {
 		t.Errorf("decoded registered data endpoint %q with prefilld, want the advertised %q", got, dataAdvertise)
 	}
-	if got := c.pre.proc().LogField("data peer added", "peer"); got != dataAdvertise {
+	if got := c.pre.Proc().LogField("data peer added", "peer"); got != dataAdvertise {
 		t.Errorf("prefilld dials decode's data plane at %q, want the advertised %q", got, dataAdvertise)
 	}
 	for _, d := range c.daemons() {
-		if d.proc().LogField("authentication on", "token") == "" {
-			t.Errorf("%s did not log authentication on", d.name)
+		if d.Proc().LogField("authentication on", "token") == "" {
+			t.Errorf("%s did not log authentication on", d.Name)
 		}
-		if v := c.metric(d, "pdlink_auth_rejected_total", nil); v != 0 {
-			t.Errorf("%s refused %v frames or connections with the shared token", d.name, v)
+		if v := d.Metric("pdlink_auth_rejected_total", nil); v != 0 {
+			t.Errorf("%s refused %v frames or connections with the shared token", d.Name, v)
 		}
 	}
 	// The pages crossed the veth: decode's end received at least the KV
 	// bytes decoded counts.
-	moved := c.metric(c.dec, "pdlink_transfer_bytes_total", nil)
+	moved := c.dec.Metric("pdlink_transfer_bytes_total", nil)
 	if rx := rxBytes(t, decH); moved <= 0 || rx < moved {
 		t.Errorf("decode's veth received %v bytes, decoded moved %v KV bytes", rx, moved)
 	}
@@ -155,31 +156,31 @@ func (c *cluster) startWorkload(ctx context.Context, w sim.Config) workloadRun {
 
 // waitMidTransfer waits (bounded) until a fifth of the rooms ended and
 // d holds at least 10 live rooms.
-func (c *cluster) waitMidTransfer(r workloadRun, d *daemon) {
+func (c *cluster) waitMidTransfer(r workloadRun, d *testbed.Daemon) {
 	c.t.Helper()
 	select {
 	case <-r.midway:
 	case <-time.After(time.Minute):
 		c.t.Fatal("rooms did not start ending")
 	}
-	if _, ok := eventually(30*time.Second, func() bool {
-		return c.metric(d, "pdlink_inflight_rooms", nil) >= 10
+	if _, ok := testbed.Eventually(30*time.Second, func() bool {
+		return d.Metric("pdlink_inflight_rooms", nil) >= 10
 	}); !ok {
-		c.t.Fatalf("%s never held 10 live rooms", d.name)
+		c.t.Fatalf("%s never held 10 live rooms", d.Name)
 	}
 }
 
 // heldRoom is a room whose scheduler still saw it live just after a
 // fault, and how long after the fault it may take to end.
 type heldRoom struct {
-	d     *daemon
+	d     *testbed.Daemon
 	room  uint64
 	state string
 	bound time.Duration
 }
 
 // held lists the rooms d's scheduler sees live, each with its bound.
-func (c *cluster) held(d *daemon, bound func(d *daemon, state string) time.Duration) []heldRoom {
+func (c *cluster) held(d *testbed.Daemon, bound func(d *testbed.Daemon, state string) time.Duration) []heldRoom {
 	var out []heldRoom
 	for room, st := range c.liveRooms(d) {
 		out = append(out, heldRoom{d: d, room: room, state: st, bound: bound(d, st)})
@@ -201,9 +202,9 @@ func (c *cluster) endInBound(rooms []heldRoom, fault time.Time) {
 	// Watch until every room ended or the longest any room may take, so
 	// the log shows how late a late room was.
 	took := map[*heldRoom]time.Duration{}
-	_, _ = eventually(time.Until(fault.Add(c.tm.roomBound())), func() bool {
+	_, _ = testbed.Eventually(time.Until(fault.Add(c.tm.RoomBound())), func() bool {
 		for _, d := range c.daemons() {
-			now, err := c.rooms(d)
+			now, err := d.Rooms()
 			if err != nil {
 				continue
 			}
@@ -217,7 +218,7 @@ func (c *cluster) endInBound(rooms []heldRoom, fault time.Time) {
 				if _, seen := took[r]; seen || r.d != d {
 					continue
 				}
-				if st, ok := visible[r.room]; !ok || !live(st) {
+				if st, ok := visible[r.room]; !ok || !testbed.Live(st) {
 					took[r] = at
 				}
 			}
@@ -232,7 +233,7 @@ func (c *cluster) endInBound(rooms []heldRoom, fault time.Time) {
 	groups := map[string]*group{}
 	for i := range rooms {
 		r := &rooms[i]
-		k := r.d.name + " " + r.state
+		k := r.d.Name + " " + r.state
 		g := groups[k]
 		if g == nil {
 			g = &group{bound: r.bound}
@@ -266,10 +267,10 @@ func (c *cluster) endInBound(rooms []heldRoom, fault time.Time) {
 func (c *cluster) peersUp(since time.Time, bound time.Duration) time.Duration {
 	c.t.Helper()
 	for _, d := range c.daemons() {
-		if _, ok := eventually(bound, func() bool {
-			return c.metric(d, "pdlink_peers", map[string]string{"state": "up"}) >= 1
+		if _, ok := testbed.Eventually(bound, func() bool {
+			return d.Metric("pdlink_peers", map[string]string{"state": "up"}) >= 1
 		}); !ok {
-			c.t.Fatalf("%s does not count its peer up %v after the fault", d.name, time.Since(since))
+			c.t.Fatalf("%s does not count its peer up %v after the fault", d.Name, time.Since(since))
 		}
 	}
 	return time.Since(since)
@@ -291,7 +292,7 @@ func (c *cluster) freshRoomsSucceed(ctx context.Context, n, conc int, after stri
 // cut, and that Prometheus on the prefill host sees decoded's target
 // down; then heals the link and checks that both daemons count their peer
 // up again, Prometheus scrapes decoded again and every new room succeeds.
-func linkCut(t *testing.T, c *cluster, bound func(d *daemon, state string) time.Duration) {
+func linkCut(t *testing.T, c *cluster, bound func(d *testbed.Daemon, state string) time.Duration) {
 	c.prom.waitQuery(t, `up{job=~"pdlink-.*"}`, 2, 30*time.Second, func(s sample) bool { return s.Value == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -312,7 +313,7 @@ func linkCut(t *testing.T, c *cluster, bound func(d *daemon, state string) time.
 	}
 	back := c.peersUp(healed, 30*time.Second)
 	c.prom.waitQuery(t, `up{job=~"pdlink-.*"}`, 2, 10*time.Second, func(s sample) bool { return s.Value == 1 })
-	rep = merge(rep, c.freshRoomsSucceed(ctx, n/3, conc, "the heal"))
+	rep = testbed.Merge(rep, c.freshRoomsSucceed(ctx, n/3, conc, "the heal"))
 	t.Logf("link cut for %v; both peers up %v after the heal", cutFor.Round(time.Millisecond), back.Round(time.Millisecond))
 	if rep.Outcomes["decode:peer_lost"] == 0 {
 		t.Errorf("no decode room failed as peer_lost: the cut hit no room bound across it: %v", rep.Outcomes)
@@ -332,7 +333,7 @@ func linkCut(t *testing.T, c *cluster, bound func(d *daemon, state string) time.
 // workload within its bound, and after the heal every new room succeeds.
 func TestTwoHostsLinkCutEndsEveryRoomInBoundAndHealServesNewRooms(t *testing.T) {
 	c := newCluster(t, clusterOpts{prometheus: true})
-	linkCut(t, c, func(d *daemon, state string) time.Duration {
+	linkCut(t, c, func(d *testbed.Daemon, state string) time.Duration {
 		return max(c.cutBound(d, state), c.knownStallBound(d))
 	})
 }
@@ -347,11 +348,11 @@ const senderWriteTimeout = 5 * time.Second
 // on a silent link ends only at its deadline: prefill's socket write at
 // the sender's write deadline, decode's socket read into the region at
 // the transfer idle deadline.
-func (c *cluster) knownStallBound(d *daemon) time.Duration {
+func (c *cluster) knownStallBound(d *testbed.Daemon) time.Duration {
 	if d == c.pre {
 		return senderWriteTimeout + time.Second
 	}
-	return c.tm.idle + time.Second
+	return c.tm.Idle + time.Second
 }
 
 // BUG: a cut link stalls a daemon's whole room owner until the data-plane
@@ -394,69 +395,46 @@ func killMidTransfer(t *testing.T, victimName string) {
 	r := c.startWorkload(ctx, c.workload(n, conc))
 	c.waitMidTransfer(r, victim)
 
-	inflight := c.metric(victim, "pdlink_inflight_rooms", nil)
+	inflight := victim.Metric("pdlink_inflight_rooms", nil)
 	killed := time.Now()
-	victim.kill9()
+	victim.Kill9()
 	c.endInBound(c.held(survivor, c.killBound), killed)
 	// Down until the survivor counts its peer lost and Prometheus saw the
 	// target down, as an operator would.
-	if _, ok := eventually(c.tm.peerBound(), func() bool {
-		return c.metric(survivor, "pdlink_peers", map[string]string{"state": "lost"}) >= 1
+	if _, ok := testbed.Eventually(c.tm.PeerBound(), func() bool {
+		return survivor.Metric("pdlink_peers", map[string]string{"state": "lost"}) >= 1
 	}); !ok {
-		t.Errorf("%s does not count its peer lost %v after the kill", survivor.name, time.Since(killed))
+		t.Errorf("%s does not count its peer lost %v after the kill", survivor.Name, time.Since(killed))
 	}
 	c.prom.waitQuery(t, `up{job="`+job+`"}`, 1, 10*time.Second, func(s sample) bool { return s.Value == 0 })
-	victim.restart(t)
+	victim.RestartAndRegister(ctx, t, c.sim)
 	restarted := time.Since(killed)
-	if err := c.sim.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
 	rep := <-r.done
 	if rep == nil {
 		t.FailNow()
 	}
-	if victim == c.pre {
-		// Rooms decode opens before it noticed the restart fail as
-		// peer_restarted (test/chaos TestRoomsOpenedJustAfterPrefill-
-		// RestartAreToldOrServed): let decode notice first.
-		if _, ok := eventually(c.tm.roomBound(), func() bool {
-			return strings.Contains(c.dec.proc().Logs(), `"msg":"peer restarted"`)
-		}); !ok {
-			t.Errorf("decoded never noticed prefilld's restart")
-		}
+	// Rooms decode opens before it noticed the restart fail as
+	// peer_restarted (test/chaos TestRoomsOpenedJustAfterPrefill-
+	// RestartAreToldOrServed): let decode notice first.
+	if victim == c.pre && !c.dec.WaitLogged("peer restarted", c.tm.RoomBound()) {
+		t.Errorf("decoded never noticed prefilld's restart")
 	}
 	c.prom.waitQuery(t, `up{job=~"pdlink-.*"}`, 2, 10*time.Second, func(s sample) bool { return s.Value == 1 })
-	rep = merge(rep, c.freshRoomsSucceed(ctx, n/3, conc, "the restart of "+victim.name))
+	rep = testbed.Merge(rep, c.freshRoomsSucceed(ctx, n/3, conc, "the restart of "+victim.Name))
 	// decoded dials a prefill daemon for its first room, so the peers
 	// are up once the new rooms ran.
 	c.peersUp(killed, 10*time.Second)
 	t.Logf("killed %s with %v rooms in flight on it; restarted %v after the kill",
-		victim.name, inflight, restarted.Round(time.Millisecond))
+		victim.Name, inflight, restarted.Round(time.Millisecond))
 	if inflight < 10 {
 		t.Errorf("only %v rooms in flight at the kill: not mid-transfer", inflight)
 	}
 	if rep.Outcomes[sv+":peer_lost"]+rep.Outcomes[sv+":peer_restarted"] == 0 {
 		t.Errorf("no %s room failed with peer_lost or peer_restarted: %v", sv, rep.Outcomes)
 	}
-	c.check(rep, func(o string) bool {
-		side, what, _ := strings.Cut(o, ":")
-		switch {
-		case what == "success", strings.HasPrefix(what, "unreachable:"), what == "not_found":
-			return true
-		case side == "open_error":
-			return what == "unavailable"
-		case side == sv:
-			// The survivor: rooms bound to the dead instance fail with
-			// peer_lost or peer_restarted; prefill rooms it never bound
-			// time out in Bootstrapping; a room the victim failed on its
-			// way down may be told (aborted:remote); a room whose data
-			// connection the kill broke mid-room may fail on it first
-			// (transfer_error), whichever side survived.
-			return what == "peer_lost" || what == "peer_restarted" || what == "timeout:bootstrapping" || what == "aborted:remote" ||
-				what == "transfer_error"
-		}
-		return false
-	})
+	// A room whose data connection the kill broke mid-room may fail on
+	// it first (transfer_error), whichever side survived.
+	c.check(rep, testbed.KillOutcomes(sv, true))
 }
 
 func TestTwoHostsKill9DecodedEndsRoomsInBoundAndRestartServesNewRooms(t *testing.T) {
@@ -471,11 +449,11 @@ func TestTwoHostsKill9PrefilldEndsRoomsInBoundAndRestartServesNewRooms(t *testin
 // may stay live: a room bound to the dead peer ends once the peer is lost
 // (its data connections were reset, so no worker waits); a prefill room
 // still in Bootstrapping is bound to no peer and ends by its own deadline.
-func (c *cluster) killBound(d *daemon, state string) time.Duration {
+func (c *cluster) killBound(d *testbed.Daemon, state string) time.Duration {
 	if d == c.pre && state == "Bootstrapping" {
-		return c.tm.bootstrap + time.Second
+		return c.tm.Bootstrap + time.Second
 	}
-	return c.tm.peerBound()
+	return c.tm.PeerBound()
 }
 
 // cutBound is the same for a cut link, where nothing resets the data
@@ -483,9 +461,9 @@ func (c *cluster) killBound(d *daemon, state string) time.Duration {
 // lost, but its scheduler sees Failed only once the sender stopped reading
 // its pages (I9), and the sender's write into the silent link stops at
 // the transfer idle deadline.
-func (c *cluster) cutBound(d *daemon, state string) time.Duration {
+func (c *cluster) cutBound(d *testbed.Daemon, state string) time.Duration {
 	if d == c.pre && state == "Transferring" {
-		return max(c.tm.idle, c.tm.peerBound()) + time.Second
+		return max(c.tm.Idle, c.tm.PeerBound()) + time.Second
 	}
 	return c.killBound(d, state)
 }
