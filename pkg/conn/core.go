@@ -346,8 +346,8 @@ func (c *core) retransmit(now int64) {
 }
 
 // resendRegistered sends at once the frames that waited for the peer to
-// acknowledge our REGISTER (poll's Rebound rooms, unknown_peer answers),
-// instead of leaving them to their backoff.
+// acknowledge our REGISTER (about rooms poll moved to it, Rebound) instead
+// of leaving them to their backoff.
 func (c *core) resendRegistered(id poll.PeerID) {
 	for _, p := range c.out.registered(id) {
 		if p.want != nil && !p.want() {
@@ -376,9 +376,6 @@ func (c *core) handleAck(from poll.PeerID, a *pdlinkv1.Ack) {
 		return // a duplicate ACK, or for a frame already given up
 	}
 	res := ackResult{result: a.GetResult(), reason: a.GetReason()}
-	if res.unknownPeer() {
-		p.afterRegister = true // p is out of the outbox until requeued
-	}
 	if p.onAck == nil && !res.final() {
 		// unknown_peer: the frame was not applied; register, then retry.
 		c.hooks.unknownToPeer(p.dest)

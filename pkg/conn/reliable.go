@@ -68,8 +68,8 @@ type pending struct {
 	// false to keep retrying (NOT_OPEN). nil: any ACK completes the frame.
 	onAck func(from poll.PeerID, a ackResult) bool
 	// afterRegister: the frame goes again as soon as its peer acknowledges
-	// our REGISTER (besides its backoff): it was answered unknown_peer, or
-	// its room moved to a restarted peer's new instance.
+	// our REGISTER (besides its backoff): its room moved to a restarted
+	// peer's new instance, which knows nothing of us until then.
 	afterRegister bool
 }
 
