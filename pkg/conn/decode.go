@@ -23,6 +23,8 @@ type DecodeConfig struct {
 	LayoutsFunc func() []*pdlinkv1.RegionLayout
 	// DataPlane receives the pages (required).
 	DataPlane DecodeDataPlane
+
+	openHook func() // tests: runs in Open between reading the prefill instance and opening the room
 }
 
 // DecodeNode is decoded's room owner: it keeps one Conn per prefill
@@ -290,6 +292,9 @@ func (n *DecodeNode) Open(room poll.RoomID, prefillAddr string, parts int) (poll
 	id := s.id
 	n.smu.Unlock()
 	nonce := poll.Nonce(randomUint64())
+	if n.dcfg.openHook != nil {
+		n.dcfg.openHook()
+	}
 	if err := n.step(poll.Event{Kind: poll.EvOpen, Key: poll.Key{Room: room, Nonce: nonce}, Peer: id, Parts: uint8(max(parts, 1))}); err != nil {
 		return 0, err
 	}
