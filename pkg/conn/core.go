@@ -187,6 +187,11 @@ func (c *core) perform(effs []poll.Effect) {
 			delete(c.hidden, e.Key)
 			c.subMu.Unlock()
 			c.publish(Transition{Key: e.Key, From: from, To: poll.Failed, Reason: e.Reason, PeerReason: e.PeerReason, At: c.wall(e.At)})
+		case poll.EffRebound:
+			// The room's METADATA, unanswered or refused by the instance
+			// that restarted, goes to the new one once it registered us.
+			c.log.Debug("room moved to the restarted peer's new instance", zap.Uint64("room", uint64(e.Key.Room)), zap.Uint32("peer", uint32(e.Peer)))
+			c.out.awaitRegister(e.Key)
 		case poll.EffReaped, poll.EffRemoved:
 			if e.Kind == poll.EffReaped {
 				c.log.Info("uncleared room reaped", zap.Uint64("room", uint64(e.Key.Room)), zap.Stringer("state", e.Status))
@@ -297,7 +302,7 @@ func (c *core) send(dest target, env *pdlinkv1.Envelope, frame []byte) {
 
 // sendReliable sends env (body set) with a fresh seq and keeps it for
 // retransmission until acknowledged or giveUp (node time).
-func (c *core) sendReliable(dest target, env *pdlinkv1.Envelope, key poll.Key, giveUp int64, want func() bool, onAck func(ackResult) bool) {
+func (c *core) sendReliable(dest target, env *pdlinkv1.Envelope, key poll.Key, giveUp int64, want func() bool, onAck func(poll.PeerID, ackResult) bool) {
 	ft, _ := FrameTypeOf(env)
 	p := &pending{ft: ft, dest: dest, key: key, giveUp: giveUp, want: want, onAck: onAck}
 	now := c.now()
@@ -340,6 +345,23 @@ func (c *core) retransmit(now int64) {
 	}
 }
 
+// resendRegistered sends at once the frames that waited for the peer to
+// acknowledge our REGISTER (about rooms poll moved to it, Rebound) instead
+// of leaving them to their backoff.
+func (c *core) resendRegistered(id poll.PeerID) {
+	for _, p := range c.out.registered(id) {
+		if p.want != nil && !p.want() {
+			c.out.drop(p.seq)
+			continue
+		}
+		c.ctr.retransmits.Add(1)
+		c.ctr.frames[Sent][p.ft].Add(1)
+		if err := p.dest.transmit(p.frame); err != nil {
+			c.ctr.sendErrors.Add(1)
+		}
+	}
+}
+
 // sendAck answers a reliable frame.
 func (c *core) sendAck(dest target, seq uint64, a ackResult) {
 	env := c.envelope(0)
@@ -360,7 +382,7 @@ func (c *core) handleAck(from poll.PeerID, a *pdlinkv1.Ack) {
 		c.out.requeue(c.now(), p)
 		return
 	}
-	if p.onAck != nil && !p.onAck(res) {
+	if p.onAck != nil && !p.onAck(from, res) {
 		if c.now() < p.giveUp {
 			c.out.requeue(c.now(), p)
 		}

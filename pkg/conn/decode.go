@@ -23,6 +23,8 @@ type DecodeConfig struct {
 	LayoutsFunc func() []*pdlinkv1.RegionLayout
 	// DataPlane receives the pages (required).
 	DataPlane DecodeDataPlane
+
+	openHook func() // tests: runs in Open between reading the prefill instance and opening the room
 }
 
 // DecodeNode is decoded's room owner: it keeps one Conn per prefill
@@ -71,10 +73,26 @@ type sessTarget struct {
 
 func (t sessTarget) peerID() poll.PeerID { return t.id }
 
-func (t sessTarget) transmit(frame []byte) error {
+func (t sessTarget) transmit(frame []byte) error { return t.s.transmit(frame) }
+
+// currentInstance is whichever instance of the prefill daemon the session
+// talks to now. A METADATA goes there: when the prefill restarts, its room
+// moves to the new instance (poll.EvPeerReplaced) and the frame follows,
+// even one sent while the restart was being handled.
+type currentInstance struct{ s *prefillSession }
+
+func (t currentInstance) peerID() poll.PeerID {
 	t.s.n.smu.Lock()
-	c := t.s.conn
-	t.s.n.smu.Unlock()
+	defer t.s.n.smu.Unlock()
+	return t.s.id
+}
+
+func (t currentInstance) transmit(frame []byte) error { return t.s.transmit(frame) }
+
+func (s *prefillSession) transmit(frame []byte) error {
+	s.n.smu.Lock()
+	c := s.conn
+	s.n.smu.Unlock()
 	if c == nil {
 		return ErrClosed
 	}
@@ -234,18 +252,23 @@ func (n *DecodeNode) register(s *prefillSession) {
 	env := &pdlinkv1.Envelope{Body: &pdlinkv1.Envelope_Register{Register: &pdlinkv1.Register{
 		InstanceId: n.cfg.Instance, DataEndpoint: n.dcfg.DataEndpoint, Layouts: n.layouts()}}}
 	forever := int64(1) << 62
-	n.sendReliable(t, env, poll.Key{}, forever, nil, func(a ackResult) bool {
+	n.sendReliable(t, env, poll.Key{}, forever, nil, func(_ poll.PeerID, a ackResult) bool {
 		n.smu.Lock()
-		defer n.smu.Unlock()
 		if s.id != t.id {
+			n.smu.Unlock()
 			return true // the prefill restarted meanwhile; a new REGISTER is on its way
 		}
 		s.registering = false
-		if a.result == pdlinkv1.AckResult_ACK_RESULT_APPLIED {
+		applied := a.result == pdlinkv1.AckResult_ACK_RESULT_APPLIED
+		if applied {
 			s.registered = true
+		}
+		n.smu.Unlock()
+		if !applied {
+			n.log.Error("prefill refused registration", zap.String("addr", s.addr), zap.String("reason", a.reason))
 			return true
 		}
-		n.log.Error("prefill refused registration", zap.String("addr", s.addr), zap.String("reason", a.reason))
+		n.resendRegistered(t.id)
 		return true
 	})
 }
@@ -269,8 +292,19 @@ func (n *DecodeNode) Open(room poll.RoomID, prefillAddr string, parts int) (poll
 	id := s.id
 	n.smu.Unlock()
 	nonce := poll.Nonce(randomUint64())
+	if n.dcfg.openHook != nil {
+		n.dcfg.openHook()
+	}
 	if err := n.step(poll.Event{Kind: poll.EvOpen, Key: poll.Key{Room: room, Nonce: nonce}, Peer: id, Parts: uint8(max(parts, 1))}); err != nil {
 		return 0, err
+	}
+	n.smu.Lock()
+	current := s.id
+	n.smu.Unlock()
+	if current != id {
+		// The prefill restarted between reading its id and the open, and
+		// its rooms were moved before this one existed: move it too.
+		_ = n.step(poll.Event{Kind: poll.EvPeerReplaced, Peer: id, NewPeer: current})
 	}
 	return nonce, nil
 }

@@ -44,31 +44,33 @@ func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 		RoomId: uint64(room), Nonce: uint64(info.Key.Nonce), Rank: &pdlinkv1.Rank{TpRank: req.TPRank, TpSize: tpSize},
 		DstPages: req.DstPages, AuxIndex: req.AuxIndex, ExpectedSenders: uint32(md.ExpectedSenders)}}}
 	key := info.Key
-	t := sessTarget{s: s, id: info.Peer}
 	want := func() bool {
 		_, st, ok := n.roomDeadline(key.Room)
 		return ok && st == poll.Bootstrapping
 	}
-	n.sendReliable(t, env, key, info.Deadline, want, func(a ackResult) bool { return n.metadataAcked(t, key, a) })
+	n.sendReliable(currentInstance{s: s}, env, key, info.Deadline, want, func(from poll.PeerID, a ackResult) bool {
+		return n.metadataAcked(s, from, key, a)
+	})
 	return nil
 }
 
-// metadataAcked applies prefill's answer to a METADATA; false retries it.
-func (n *DecodeNode) metadataAcked(t sessTarget, key poll.Key, a ackResult) bool {
+// metadataAcked applies the answer of prefill instance from to a
+// METADATA; false retries it.
+func (n *DecodeNode) metadataAcked(s *prefillSession, from poll.PeerID, key poll.Key, a ackResult) bool {
 	switch a.result {
 	case pdlinkv1.AckResult_ACK_RESULT_APPLIED:
-		_ = n.step(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: t.id})
+		_ = n.step(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: from})
 	case pdlinkv1.AckResult_ACK_RESULT_NOT_OPEN:
 		_, st, ok := n.roomDeadline(key.Room)
 		return !(ok && st == poll.Bootstrapping)
 	case pdlinkv1.AckResult_ACK_RESULT_ENDED:
 		if a.reason != "" {
 			r, _ := poll.ParseReason(a.reason)
-			_ = n.step(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: t.id, Reason: r})
+			_ = n.step(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from, Reason: r})
 		}
 	case pdlinkv1.AckResult_ACK_RESULT_REJECTED:
-		if a.reason == RejectUnknownPeer.String() {
-			n.register(t.s) // prefill forgot us (restart or long loss): register, then retry
+		if a.unknownPeer() {
+			n.register(s) // prefill forgot us (restart or long loss): register, then retry
 			return false
 		}
 		reason := poll.ReasonInvalid
@@ -230,9 +232,11 @@ func (n *DecodeNode) maintain(now int64) {
 }
 
 // handle processes one frame from a prefill session. A frame from a new
-// instance with a higher epoch means the prefill restarted: every room
-// bound to the old one fails with peer_restarted at once (R10), and we
-// register again.
+// instance with a higher epoch means the prefill restarted: we register
+// again, and each room bound to the old instance takes poll's
+// EvPeerReplaced move: one whose METADATA the old instance never applied
+// moves to the new instance and its METADATA goes again once the REGISTER
+// is acknowledged; the others fail with peer_restarted at once (R10).
 func (n *DecodeNode) handle(s *prefillSession, frame []byte) {
 	env, ft, ok := n.decodeFrame(frame, s.addr)
 	if !ok {
@@ -253,8 +257,7 @@ func (n *DecodeNode) handle(s *prefillSession, frame []byte) {
 			n.reject(RejectStaleEpoch, s.addr, nil)
 			return
 		}
-		restarted = s.id
-		delete(n.byID, s.id)
+		restarted = s.id // stays in byID until its rooms moved or failed
 		n.nextID++
 		s.id = n.nextID
 		n.byID[s.id] = s
@@ -277,17 +280,18 @@ func (n *DecodeNode) handle(s *prefillSession, frame []byte) {
 
 	if restarted != poll.NoPeer {
 		n.ctr.peerRestarts.Add(1)
-		n.out.cancelPeer(restarted)
 		n.log.Warn("peer restarted", zap.String("addr", s.addr), zap.Uint32("old_peer", uint32(restarted)), zap.String("instance", env.GetSenderInstance()))
-		// Rooms opened just before we saw the restart may have had their
-		// METADATA applied by the new instance already: fail them here and
-		// tell the new instance too, or its rooms wait out their deadline.
-		orphans := n.roomsBoundTo(restarted)
-		_ = n.step(poll.Event{Kind: poll.EvPeerRestarted, Peer: restarted})
+		// REGISTER first: the notices about the failed rooms (poll tells
+		// the new instance, which may have applied a frame of one before
+		// we saw the restart) follow it on the same connection.
 		n.register(s)
-		for _, k := range orphans {
-			n.sendOutcome(t, poll.Effect{Kind: poll.EffNotifyPeer, Key: k, Peer: t.id, Status: poll.Failed, Reason: poll.ReasonPeerRestarted})
-		}
+		_ = n.step(poll.Event{Kind: poll.EvPeerReplaced, Peer: restarted, NewPeer: t.id})
+		// What is left for the old instance (its REGISTER, notices about
+		// its rooms) dies with it; METADATA follows the session.
+		n.out.cancelPeer(restarted)
+		n.smu.Lock()
+		delete(n.byID, restarted)
+		n.smu.Unlock()
 	}
 	if dup {
 		n.reject(RejectDuplicate, s.addr, nil)

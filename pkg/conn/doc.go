@@ -55,7 +55,11 @@
 // address (decode: same data endpoint in REGISTER; prefill: a new sender on
 // the same Conn) with a higher epoch is a restart: rooms bound to the old
 // instance fail with peer_restarted at once, its queued frames are dropped,
-// and decode registers again (R10).
+// and decode registers again (R10). On decode, a room whose METADATA the
+// old prefill instance never applied (still Bootstrapping) is not failed
+// but moved to the new instance (poll.EvPeerReplaced): a METADATA follows
+// its session's current instance and goes again as soon as the new
+// REGISTER is acknowledged, so the first room after a restart is served.
 //
 // A node that stops cleanly (Shutdown at the end of the drain, or Close)
 // sends GOODBYE to its peers once its rooms' notices are acknowledged, and

@@ -44,7 +44,7 @@ func (c *core) sayGoodbye(ctx context.Context) {
 		env := &pdlinkv1.Envelope{Body: &pdlinkv1.Envelope_Goodbye{Goodbye: &pdlinkv1.Goodbye{}}}
 		// Any answer ends it: unknown_peer means the peer does not count
 		// us either, and must not make us register again.
-		c.sendReliable(t, env, poll.Key{}, giveUp, nil, func(ackResult) bool {
+		c.sendReliable(t, env, poll.Key{}, giveUp, nil, func(poll.PeerID, ackResult) bool {
 			c.hooks.farewell(t)
 			return true
 		})

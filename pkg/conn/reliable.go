@@ -32,9 +32,16 @@ func (a ackResult) final() bool {
 	case pdlinkv1.AckResult_ACK_RESULT_NOT_OPEN:
 		return false
 	case pdlinkv1.AckResult_ACK_RESULT_REJECTED:
-		return a.reason != RejectUnknownPeer.String()
+		return !a.unknownPeer()
 	}
 	return true
+}
+
+// unknownPeer reports whether the peer refused the frame because it does
+// not know us (it restarted or forgot us): it goes again once we are
+// registered.
+func (a ackResult) unknownPeer() bool {
+	return a.result == pdlinkv1.AckResult_ACK_RESULT_REJECTED && a.reason == RejectUnknownPeer.String()
 }
 
 // target is where a reliable frame goes: a peer instance on prefill, a
@@ -57,9 +64,13 @@ type pending struct {
 	// want, if set, is asked before each retransmit; false drops the frame
 	// (its room moved on).
 	want func() bool
-	// onAck handles the ACK; it returns false to keep retrying (NOT_OPEN).
-	// nil: any ACK completes the frame.
-	onAck func(ackResult) bool
+	// onAck handles the ACK from the peer instance it went to; it returns
+	// false to keep retrying (NOT_OPEN). nil: any ACK completes the frame.
+	onAck func(from poll.PeerID, a ackResult) bool
+	// afterRegister: the frame goes again as soon as its peer acknowledges
+	// our REGISTER (besides its backoff): its room moved to a restarted
+	// peer's new instance, which knows nothing of us until then.
+	afterRegister bool
 }
 
 // outbox holds a node's unacknowledged frames and draws their sequence
@@ -146,6 +157,34 @@ func (o *outbox) due(now int64) (resend, expired []*pending) {
 		}
 	}
 	return resend, expired
+}
+
+// awaitRegister marks the frames about key to go again once their peer
+// acknowledged our REGISTER (the room moved to a restarted peer's new
+// instance, which knows none of them yet).
+func (o *outbox) awaitRegister(key poll.Key) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range o.items {
+		if p.key == key {
+			p.afterRegister = true
+		}
+	}
+}
+
+// registered returns the frames to the peer that were waiting for it to
+// acknowledge our REGISTER, to be sent at once, and clears their mark.
+func (o *outbox) registered(id poll.PeerID) []*pending {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []*pending
+	for _, p := range o.items {
+		if p.afterRegister && p.dest.peerID() == id {
+			p.afterRegister = false
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // drop removes a frame (its room no longer wants it).

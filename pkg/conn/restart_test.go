@@ -127,3 +127,90 @@ func TestForgottenPeerRegistersAgain(t *testing.T) {
 		t.Fatal("ABORT was not refused as unknown_peer first")
 	}
 }
+
+// Issue 12, R10: when prefill restarts, every decode room whose METADATA
+// the old instance never applied (still Bootstrapping: METADATA retried
+// against NOT_OPEN, or not sent yet) moves to the new instance and is
+// served once the new scheduler opens it; the room the old instance
+// applied fails with peer_restarted at once, and only it is told to the
+// new instance. No room is left to a deadline.
+func TestPrefillRestartMovesTheRoomsItNeverApplied_R10(t *testing.T) {
+	h := newHarness(t, 14)
+	applied := h.open(1, 1)
+	h.waitBound(applied, time.Second)
+	retried := h.openDecode(2, 1)               // the old prefill never opens it
+	h.advance(500 * time.Millisecond)           // NOT_OPEN retries back off to RetryMax
+	nonce, err := h.dec.Open(3, prefillAddr, 1) // METADATA not sent yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	unsent := poll.Key{Room: 3, Nonce: nonce}
+	h.clk.Advance(time.Millisecond)
+	h.pre.kill()
+	h.startPrefill()
+	for _, r := range []poll.RoomID{2, 3} {
+		if _, err := h.pre.Open(r, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	took, ok := h.until(time.Second, func() bool { return h.decState(1) == poll.Failed })
+	if !ok || took > tHeartbeat+2*tTick {
+		t.Fatalf("the applied room: decode %v after %v, want Failed within a heartbeat", h.decState(1), took)
+	}
+	if r, _ := h.reason(h.dec, 1); r != poll.ReasonPeerRestarted {
+		t.Fatalf("the applied room failed %q, want peer_restarted", r)
+	}
+	if err := h.dec.SendMetadata(3, MetadataRequest{TPSize: 1, DstPages: pagesOf(3), AuxIndex: 4}); err != nil {
+		t.Fatalf("metadata of a moved room: %v", err)
+	}
+	// The retried METADATA goes again when the new REGISTER is
+	// acknowledged, not at the end of its backoff (up to RetryMax).
+	took, ok = h.until(tBoot/2, func() bool { return h.preDP.bound(retried) && h.preDP.bound(unsent) })
+	if !ok {
+		t.Fatalf("moved rooms never bound on the new prefill: decode %v %v, prefill %v %v",
+			h.decState(2), h.decState(3), h.preState(2), h.preState(3))
+	}
+	if took > 2*tTick {
+		t.Fatalf("moved rooms bound %v after decode saw the restart, want at once (REGISTER acknowledged)", took)
+	}
+	for _, k := range []poll.Key{retried, unsent} {
+		h.transfer(k, 1)
+	}
+	h.until(time.Second, func() bool { return h.bothTerminal(2, 3) })
+	h.expect(2, poll.Success, poll.Success)
+	h.expect(3, poll.Success, poll.Success)
+	if h.preDP.bound(applied) || visible(h.pre, 1) != poll.StateNone {
+		t.Fatalf("the new prefill holds the applied room: %v", visible(h.pre, 1))
+	}
+	if s := h.dec.Stats(); s.Rebound != 2 {
+		t.Fatalf("%d rooms moved, want 2", s.Rebound)
+	}
+	h.checkInvariants()
+}
+
+// Issue 12: a room opened while decode handles a prefill restart (Open
+// read the old instance's id, the restart moved the old instance's rooms,
+// then the room was created bound to the old id) moves to the new
+// instance too, instead of waiting for its bootstrap deadline with no
+// session to send its METADATA on.
+func TestRoomOpenedDuringAPrefillRestartMovesToTheNewInstance(t *testing.T) {
+	var h *harness
+	restartOnce := func() {}
+	h = newHarnessWith(t, 15, options{dec: func(c *DecodeConfig) { c.openHook = func() { restartOnce() } }})
+	h.runToEnd(h.open(1, 1), 1) // the session is up and registered
+	restartOnce = func() {
+		restartOnce = func() {}
+		h.clk.Advance(time.Millisecond)
+		h.pre.kill()
+		h.startPrefill()
+		if _, ok := h.until(time.Second, func() bool { return h.dec.Counters().PeerRestarts == 1 }); !ok {
+			t.Fatal("decode never saw the restart")
+		}
+	}
+	k := h.openDecode(2, 1) // the prefill restarts inside this Open
+	if _, err := h.pre.Open(2, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	h.runToEnd(k, 1)
+	h.expect(2, poll.Success, poll.Success)
+}

@@ -36,6 +36,12 @@
 // reason in RoomInfo.PeerReason, so each side's failure metrics count only
 // the causes it diagnosed. EvPeerLost and EvPeerRestarted fail every live
 // room bound to that peer (R10) through a per-peer intrusive index.
+// EvPeerReplaced is decode's form of a prefill restart, naming the new
+// instance too: a room still Bootstrapping (its METADATA never applied by
+// the old instance) moves to the new one (EffRebound) instead of failing,
+// so the first room after a restart is served; the others fail with
+// peer_restarted and the new instance is told (NotifyPeer). Prefill keeps
+// EvPeerRestarted: a decode peer holds every room from its Open.
 //
 // # Room ids, nonces and unknown rooms
 //
@@ -126,7 +132,8 @@
 //     (Metadata, PeerStatus, AbortRemote, Done on prefill) after mapping
 //     wire reasons with ParseReason, data-plane progress on decode, and
 //     peer loss or restart (intern peers so a restarted instance gets a
-//     new PeerID).
+//     new PeerID; decode steps EvPeerReplaced with both ids, prefill
+//     EvPeerRestarted).
 //  3. Call Tick(now) at least every tick interval (or sleep until
 //     NextDeadline); the tick interval adds to every deadline bound.
 //  4. After each Step or Tick batch, take Ready(), call Advance(), and
@@ -135,7 +142,8 @@
 //     room's worker, then Step EvFenced for that room), Transition and
 //     Publish (metrics, Watch streams: only Visible transitions and
 //     Publish go to the scheduler), Reaped and Removed (free the room's
-//     resources in the drivers).
+//     resources in the drivers), Rebound (frames about the room waiting
+//     for an answer go to its new peer once that peer registered us).
 //  5. Answer the scheduler's Poll from PollStatus (Poll when only states
 //     are wanted), GetRoom from Get, ListRooms from List, and metrics from
 //     Stats.

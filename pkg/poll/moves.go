@@ -5,10 +5,11 @@ type move struct {
 	legal  bool
 	to     State // target state (for EvDone: the target once every part is done)
 	remove bool  // EvClear: the room leaves the table
+	rebind bool  // EvPeerReplaced: the room moves to Event.NewPeer
 }
 
 // failKinds fail a live room.
-var failKinds = [...]EventKind{EvPeerStatus, EvAbortLocal, EvAbortRemote, EvTimeout, EvPeerLost, EvPeerRestarted, EvShutdown}
+var failKinds = [...]EventKind{EvPeerStatus, EvAbortLocal, EvAbortRemote, EvTimeout, EvPeerLost, EvPeerRestarted, EvShutdown, EvPeerReplaced}
 
 // moves is THE table of legal moves (I2): moves[state][event]. Every cell
 // not set here is illegal. EvOpen never appears: it applies to absent rooms
@@ -24,6 +25,17 @@ var moves = func() (m [numStates][numEventKinds]move) {
 			m[s][k] = move{legal: true, to: Failed}
 		}
 	}
+	// A prefill restart (decode's EvPeerReplaced). On decode,
+	// Bootstrapping means no APPLIED ack and no byte came from the old
+	// instance: it never applied the METADATA, or did and its state died
+	// with it (the ACK was lost). The new instance either never saw the
+	// room (a METADATA that reached it before it knew us was answered
+	// unknown_peer and created nothing, I3) or applied it after our
+	// REGISTER, and then its APPLIED ack, which follows the restart, binds
+	// the room to it. So the room moves to the new instance and its
+	// METADATA goes again. From WaitingForInput on, the old instance held
+	// the room and that state is lost: Failed (R10).
+	m[Bootstrapping][EvPeerReplaced] = move{legal: true, to: Bootstrapping, rebind: true}
 	m[Failed][EvFenced] = move{legal: true, to: Failed}
 	m[Success][EvClear] = move{legal: true, remove: true}
 	m[Failed][EvClear] = move{legal: true, remove: true} // once fenced
@@ -57,7 +69,7 @@ func failureReason(from State, ev *Event) (local, peer reasonCode) {
 		return codeAbortedRemote, c
 	case EvPeerLost:
 		return codePeerLost, codeNone
-	case EvPeerRestarted:
+	case EvPeerRestarted, EvPeerReplaced:
 		return codePeerRestarted, codeNone
 	case EvShutdown:
 		return codeShutdown, codeNone

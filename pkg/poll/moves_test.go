@@ -47,6 +47,7 @@ type outcome struct {
 }
 
 var (
+	toB   = outcome{to: Bootstrapping}
 	toW   = outcome{to: WaitingForInput}
 	toT   = outcome{to: Transferring}
 	toS   = outcome{to: Success}
@@ -60,32 +61,32 @@ var (
 // kindsUnderTest are every event kind a room can receive. EvTimeout is
 // produced by advancing time past the state's deadline.
 var kindsUnderTest = []EventKind{EvMetadata, EvFirstChunk, EvProgress, EvDone, EvPeerStatus, EvAbortLocal,
-	EvAbortRemote, EvTimeout, EvPeerLost, EvPeerRestarted, EvFenced, EvClear, EvShutdown}
+	EvAbortRemote, EvTimeout, EvPeerLost, EvPeerRestarted, EvFenced, EvClear, EvShutdown, EvPeerReplaced}
 
 // expected is written out by hand, independently of moves.go: a change to
 // the move table that is not mirrored here fails the test.
 var expected = map[start]map[EventKind]outcome{
 	inBootstrapping: {EvMetadata: toW, EvFirstChunk: illeg, EvProgress: illeg, EvDone: illeg,
 		EvPeerStatus: toF, EvAbortLocal: toF, EvAbortRemote: toF, EvTimeout: toF, EvPeerLost: toF,
-		EvPeerRestarted: toF, EvFenced: illeg, EvClear: notT, EvShutdown: toF},
+		EvPeerRestarted: toF, EvFenced: illeg, EvClear: notT, EvShutdown: toF, EvPeerReplaced: toB},
 	inWaiting: {EvMetadata: illeg, EvFirstChunk: toT, EvProgress: illeg, EvDone: illeg,
 		EvPeerStatus: toF, EvAbortLocal: toF, EvAbortRemote: toF, EvTimeout: toF, EvPeerLost: toF,
-		EvPeerRestarted: toF, EvFenced: illeg, EvClear: notT, EvShutdown: toF},
+		EvPeerRestarted: toF, EvFenced: illeg, EvClear: notT, EvShutdown: toF, EvPeerReplaced: toF},
 	inTransferring: {EvMetadata: illeg, EvFirstChunk: toT, EvProgress: toT, EvDone: toS,
 		EvPeerStatus: toF, EvAbortLocal: toF, EvAbortRemote: toF, EvTimeout: toF, EvPeerLost: toF,
-		EvPeerRestarted: toF, EvFenced: illeg, EvClear: notT, EvShutdown: toF},
+		EvPeerRestarted: toF, EvFenced: illeg, EvClear: notT, EvShutdown: toF, EvPeerReplaced: toF},
 	// Peer loss and shutdown only touch live rooms: on a terminal room they
 	// are no-ops (the room keeps its state), not rejections. The linger
 	// deadline reaps a terminal room.
 	inSuccess: {EvMetadata: term, EvFirstChunk: term, EvProgress: term, EvDone: term,
 		EvPeerStatus: term, EvAbortLocal: term, EvAbortRemote: term, EvTimeout: gone, EvPeerLost: toS,
-		EvPeerRestarted: toS, EvFenced: term, EvClear: gone, EvShutdown: toS},
+		EvPeerRestarted: toS, EvFenced: term, EvClear: gone, EvShutdown: toS, EvPeerReplaced: toS},
 	inFailedUnfenced: {EvMetadata: term, EvFirstChunk: term, EvProgress: term, EvDone: term,
 		EvPeerStatus: term, EvAbortLocal: term, EvAbortRemote: term, EvTimeout: gone, EvPeerLost: toF,
-		EvPeerRestarted: toF, EvFenced: toF, EvClear: notT, EvShutdown: toF},
+		EvPeerRestarted: toF, EvFenced: toF, EvClear: notT, EvShutdown: toF, EvPeerReplaced: toF},
 	inFailedFenced: {EvMetadata: term, EvFirstChunk: term, EvProgress: term, EvDone: term,
 		EvPeerStatus: term, EvAbortLocal: term, EvAbortRemote: term, EvTimeout: gone, EvPeerLost: toF,
-		EvPeerRestarted: toF, EvFenced: toF, EvClear: gone, EvShutdown: toF},
+		EvPeerRestarted: toF, EvFenced: toF, EvClear: gone, EvShutdown: toF, EvPeerReplaced: toF},
 }
 
 // eventFor builds a well-formed event of kind k for room 1.
@@ -95,6 +96,8 @@ func eventFor(k EventKind) Event {
 		return ev(k, 1, 42, testPeer)
 	case EvPeerLost, EvPeerRestarted:
 		return Event{Kind: k, Peer: testPeer}
+	case EvPeerReplaced:
+		return Event{Kind: k, Peer: testPeer, NewPeer: otherPeer}
 	case EvShutdown:
 		return Event{Kind: k}
 	}
@@ -185,6 +188,7 @@ func TestFailureReasonsPerEvent(t *testing.T) {
 		{"peer status", Event{Kind: EvPeerStatus, Key: Key{1, 42}, Peer: testPeer, Reason: ReasonChecksum}, ReasonAbortedRemote, ReasonChecksum},
 		{"peer lost", Event{Kind: EvPeerLost, Peer: testPeer}, ReasonPeerLost, ""},
 		{"peer restarted", Event{Kind: EvPeerRestarted, Peer: testPeer}, ReasonPeerRestarted, ""},
+		{"peer replaced", Event{Kind: EvPeerReplaced, Peer: testPeer, NewPeer: otherPeer}, ReasonPeerRestarted, ""},
 		{"shutdown", Event{Kind: EvShutdown}, ReasonShutdown, ""},
 	}
 	for _, tc := range cases {
@@ -215,6 +219,10 @@ func TestMalformedEventsAreRejected(t *testing.T) {
 		"too many parts":         {Kind: EvOpen, Key: Key{Room: 2}, Parts: 65},
 		"room id over 63 bits":   open(1<<63, 1, NoPeer),
 		"peer lost without peer": {Kind: EvPeerLost},
+		"replaced without peer":  {Kind: EvPeerReplaced, NewPeer: otherPeer},
+		"replaced by nobody":     {Kind: EvPeerReplaced, Peer: testPeer},
+		"replaced by itself":     {Kind: EvPeerReplaced, Peer: testPeer, NewPeer: testPeer},
+		"new peer on peer lost":  {Kind: EvPeerLost, Peer: testPeer, NewPeer: otherPeer},
 	}
 	for name, e := range cases {
 		t.Run(name, func(t *testing.T) {

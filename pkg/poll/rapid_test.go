@@ -46,6 +46,7 @@ var (
 var (
 	reachedStates [numStates]int
 	actionsRun    int
+	reboundRooms  int
 	failReasons   = map[Reason]uint64{}
 )
 
@@ -56,9 +57,12 @@ func TestStateMachineInvariants(t *testing.T) {
 		_ = f.Value.Set("300")
 		defer func() { _ = f.Value.Set(f.DefValue) }()
 	}
-	reachedStates, actionsRun = [numStates]int{}, 0
+	reachedStates, actionsRun, reboundRooms = [numStates]int{}, 0, 0
 	defer func() {
-		t.Logf("%d actions; transitions into each state: %v; failures %v", actionsRun, reachedStates, failReasons)
+		t.Logf("%d actions; transitions into each state: %v; failures %v; %d rooms rebound", actionsRun, reachedStates, failReasons, reboundRooms)
+		if reboundRooms == 0 && !t.Failed() {
+			t.Error("no run moved a room to a restarted peer's new instance")
+		}
 		for _, s := range AllStates() {
 			if reachedStates[s] == 0 && !t.Failed() {
 				t.Errorf("no run reached %v", s)
@@ -91,6 +95,12 @@ func TestStateMachineInvariants(t *testing.T) {
 			"peerLost": m.sometimes(func(rt *rapid.T) {
 				m.step(rt, Event{Kind: rapid.SampledFrom([]EventKind{EvPeerLost, EvPeerRestarted}).Draw(rt, "kind"),
 					Peer: rapid.SampledFrom(rapidPeers[1:]).Draw(rt, "peer")})
+			}),
+			"peerReplaced": m.sometimes(func(rt *rapid.T) {
+				// Refused on prefill; on decode old and new swap roles
+				// from run to run, so rooms move back and forth.
+				old := rapid.SampledFrom(rapidPeers[1:]).Draw(rt, "old")
+				m.step(rt, Event{Kind: EvPeerReplaced, Peer: old, NewPeer: 7 + 8 - old})
 			}),
 			"shutdown": func(rt *rapid.T) {
 				if rapid.IntRange(0, 49).Draw(rt, "rare") == 0 {
@@ -321,6 +331,16 @@ func (m *machine) absorb(rt *rapid.T, kind EventKind, err error) {
 			}
 			mr.state, mr.key = e.To, e.Key
 			reachedStates[e.To]++
+		case EffRebound:
+			// Only a room the restarted peer never held moves, unchanged,
+			// to the new instance (issue 12); it is never created (I3).
+			if kind != EvPeerReplaced || err != nil || mr == nil || mr.state != Bootstrapping || e.Status != Bootstrapping {
+				rt.Fatalf("rebound by %v (%v) of %+v: %v", kind, err, mr, formatEffect(e))
+			}
+			if r := m.tab.rooms[e.Key.Room]; r == nil || r.peer != e.Peer {
+				rt.Fatalf("rebound to %d but the table says %+v", e.Peer, r)
+			}
+			reboundRooms++
 		case EffPublish:
 			if mr == nil || mr.state != Failed || mr.fenced {
 				rt.Fatalf("publish of %+v", mr)

@@ -1,6 +1,7 @@
 package poll
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -251,6 +252,89 @@ func TestPeerRestartFailsItsRooms_R10(t *testing.T) {
 	h.must(Event{Kind: EvPeerLost, Peer: otherPeer})
 	if r := h.reason(4); r != ReasonPeerLost {
 		t.Fatalf("reason %q", r)
+	}
+}
+
+// R10, issue 12: a prefill restart seen by decode (EvPeerReplaced). A room
+// the old instance never applied (Bootstrapping) moves to the new instance
+// and is served by it; the rooms it applied fail with peer_restarted at
+// once and only those are told to the new instance; terminal rooms and
+// rooms of other peers are untouched.
+func TestPeerReplacedMovesRoomsTheOldInstanceNeverApplied_R10(t *testing.T) {
+	const newPeer = PeerID(9)
+	h := newHarness(t, Decode)
+	h.must(open(1, 101, testPeer)) // Bootstrapping: METADATA not applied
+	h.must(open(2, 102, testPeer))
+	h.must(ev(EvMetadata, 2, 102, testPeer)) // WaitingForInput: applied
+	h.must(open(3, 103, testPeer))
+	h.must(ev(EvMetadata, 3, 103, testPeer))
+	h.must(local(EvFirstChunk, 3)) // Transferring
+	h.must(open(4, 104, testPeer))
+	h.must(ev(EvMetadata, 4, 104, testPeer))
+	h.must(local(EvFirstChunk, 4))
+	h.must(local(EvDone, 4)) // Success
+	h.must(open(5, 105, otherPeer))
+	h.take()
+
+	h.must(Event{Kind: EvPeerReplaced, Peer: testPeer, NewPeer: newPeer})
+	effs := h.take()
+	for i, want := range []State{Bootstrapping, Failed, Failed, Success, Bootstrapping} {
+		h.expectState(RoomID(i+1), want)
+	}
+	for _, id := range []RoomID{2, 3} {
+		if r := h.reason(id); r != ReasonPeerRestarted {
+			t.Fatalf("room %d reason %q, want peer_restarted", id, r)
+		}
+	}
+	var rebound, told []RoomID
+	for _, e := range effs {
+		switch e.Kind {
+		case EffRebound:
+			if e.Peer != newPeer || e.Status != Bootstrapping {
+				t.Fatalf("rebound to peer %d in %v: %s", e.Peer, e.Status, formatEffect(e))
+			}
+			rebound = append(rebound, e.Key.Room)
+		case EffNotifyPeer:
+			if e.Peer != newPeer || e.Status != Failed || e.Reason != ReasonPeerRestarted {
+				t.Fatalf("notice %s, want Failed(peer_restarted) to the new instance", formatEffect(e))
+			}
+			told = append(told, e.Key.Room)
+		}
+	}
+	if fmt.Sprint(rebound) != "[1]" {
+		t.Fatalf("rebound rooms %v, want [1]:\n%s", rebound, formatEffects(effs))
+	}
+	if len(told) != 2 || told[0]+told[1] != 5 {
+		t.Fatalf("new instance told about rooms %v, want 2 and 3:\n%s", told, formatEffects(effs))
+	}
+	if info, _ := h.tab.Get(1); info.Peer != newPeer {
+		t.Fatalf("room 1 bound to peer %d, want %d", info.Peer, newPeer)
+	}
+	if s := h.tab.Stats(h.now); s.Rebound != 1 || s.Failures(ReasonPeerRestarted) != 2 {
+		t.Fatalf("rebound %d, peer_restarted failures %d", s.Rebound, s.Failures(ReasonPeerRestarted))
+	}
+	if err := h.tab.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The moved room belongs to the new instance: its ACK applies, the dead
+	// one's is refused, and the new instance's loss fails it.
+	h.expectErr(ev(EvMetadata, 1, 101, testPeer), ErrPeerMismatch)
+	h.must(ev(EvMetadata, 1, 101, newPeer))
+	h.expectState(1, WaitingForInput)
+	h.must(Event{Kind: EvPeerLost, Peer: newPeer})
+	h.expectState(1, Failed)
+	h.expectState(5, Bootstrapping)
+}
+
+// Prefill keeps EvPeerRestarted: a decode peer holds every prefill room
+// from its own Open, so no prefill room may move to a new decode instance.
+func TestPeerReplacedIsRefusedOnPrefill(t *testing.T) {
+	h := newHarness(t, Prefill)
+	h.must(open(1, 0, testPeer))
+	h.expectErr(Event{Kind: EvPeerReplaced, Peer: testPeer, NewPeer: otherPeer}, ErrInvalidEvent)
+	if info, _ := h.tab.Get(1); info.Peer != testPeer || info.State != Bootstrapping {
+		t.Fatalf("room 1 %v peer %d", info.State, info.Peer)
 	}
 }
 

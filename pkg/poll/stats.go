@@ -78,6 +78,7 @@ type counters struct {
 	collisions   uint64
 	reaped       uint64
 	abortTombs   uint64
+	rebound      uint64
 	tombsEvicted uint64
 	tombsExpired uint64
 }
@@ -102,6 +103,9 @@ type Stats struct {
 	AbortTombstones   uint64
 	TombstonesEvicted uint64
 	TombstonesExpired uint64
+	// Rebound counts rooms moved to a restarted peer's new instance
+	// (EvPeerReplaced) instead of failing.
+	Rebound uint64
 
 	count     [numStates]int
 	oldest    [numStates]time.Duration
@@ -159,6 +163,7 @@ func (t *Table) Stats(now int64) Stats {
 		AbortTombstones:   t.ctr.abortTombs,
 		TombstonesEvicted: t.ctr.tombsEvicted,
 		TombstonesExpired: t.ctr.tombsExpired,
+		Rebound:           t.ctr.rebound,
 		ctr:               t.ctr,
 	}
 	for _, st := range stateOfClass {

@@ -87,6 +87,9 @@ func (t *Table) Step(now int64, ev Event) error {
 	case EvPeerLost, EvPeerRestarted:
 		t.failPeer(now, &ev)
 		return nil
+	case EvPeerReplaced:
+		t.replacePeer(now, &ev)
+		return nil
 	case EvShutdown:
 		t.shutdown(now, &ev)
 		return nil
@@ -145,7 +148,14 @@ func (t *Table) validate(ev *Event) error {
 		ok = known && c != codeUncleared &&
 			(ev.Kind == EvAbortLocal || ev.Kind == EvAbortRemote || ev.Kind == EvPeerStatus)
 	}
-	if ok && (ev.Kind == EvPeerLost || ev.Kind == EvPeerRestarted) && ev.Peer == NoPeer {
+	if ok && (ev.Kind == EvPeerLost || ev.Kind == EvPeerRestarted || ev.Kind == EvPeerReplaced) && ev.Peer == NoPeer {
+		ok = false
+	}
+	if ok && ev.Kind == EvPeerReplaced {
+		// Only decode's Bootstrapping says the peer holds nothing for the
+		// room; on prefill the decode peer holds every room from its Open.
+		ok = t.cfg.Side == Decode && ev.NewPeer != NoPeer && ev.NewPeer != ev.Peer
+	} else if ok && ev.NewPeer != NoPeer {
 		ok = false
 	}
 	if !ok {
@@ -306,6 +316,27 @@ func (t *Table) failPeer(now int64, ev *Event) {
 	}
 	for r := t.peers[ev.Peer]; r != nil; r = t.peers[ev.Peer] {
 		t.fail(now, r, reason, false) // unlinks r
+	}
+}
+
+// replacePeer applies EvPeerReplaced to every live room bound to the old
+// instance (R10): the move table moves a room the old instance held
+// nothing for to the new instance, and fails the others with
+// peer_restarted. The new instance is told about those: it may have
+// applied a frame about one (and sent bytes) before this side saw the
+// restart.
+func (t *Table) replacePeer(now int64, ev *Event) {
+	for r := t.peers[ev.Peer]; r != nil; r = t.peers[ev.Peer] {
+		if moves[r.state][EvPeerReplaced].rebind {
+			t.unlinkPeer(r)
+			r.peer = ev.NewPeer
+			t.linkPeer(r)
+			t.ctr.rebound++
+			t.emit(Effect{Kind: EffRebound, Key: r.key, Peer: r.peer, Status: r.state, At: now})
+			continue
+		}
+		t.fail(now, r, codePeerRestarted, false) // unlinks r
+		t.emit(Effect{Kind: EffNotifyPeer, Key: r.key, Peer: ev.NewPeer, Status: Failed, Reason: ReasonPeerRestarted, At: now})
 	}
 }
 

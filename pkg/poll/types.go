@@ -104,12 +104,19 @@ const (
 	EvClear
 	// EvShutdown fails every live room with reason shutdown.
 	EvShutdown
+	// EvPeerReplaced (decode only): the prefill daemon behind Event.Peer
+	// restarted as Event.NewPeer. Each live room bound to the old instance
+	// takes its move: one whose METADATA the old instance never applied
+	// (Bootstrapping) moves to NewPeer (EffRebound), since no prefill
+	// instance holds state for it; the others fail with peer_restarted and
+	// NewPeer is told.
+	EvPeerReplaced
 
 	numEventKinds = iota
 )
 
 var eventNames = [numEventKinds]string{"none", "open", "metadata", "first_chunk", "progress", "done",
-	"peer_status", "abort_local", "abort_remote", "timeout", "peer_lost", "peer_restarted", "fenced", "clear", "shutdown"}
+	"peer_status", "abort_local", "abort_remote", "timeout", "peer_lost", "peer_restarted", "fenced", "clear", "shutdown", "peer_replaced"}
 
 func (k EventKind) String() string {
 	if int(k) < len(eventNames) {
@@ -136,8 +143,12 @@ type Event struct {
 	Key Key
 	// Peer: for EvOpen the peer the room is bound to (decode: its prefill
 	// daemon; prefill: usually NoPeer); for a frame event the sender; for
-	// EvPeerLost/EvPeerRestarted the peer concerned; NoPeer if local.
+	// EvPeerLost/EvPeerRestarted/EvPeerReplaced the peer concerned;
+	// NoPeer if local.
 	Peer PeerID
+	// NewPeer: for EvPeerReplaced, the restarted peer's new instance
+	// (neither NoPeer nor Peer); NoPeer on every other event.
+	NewPeer PeerID
 	// Reason: for aborts and EvPeerStatus.
 	Reason Reason
 	// Parts: expected parts (1..64) on EvOpen or EvMetadata; 0 = unset.
@@ -171,9 +182,13 @@ const (
 	EffReaped
 	// EffRemoved: the scheduler cleared the room.
 	EffRemoved
+	// EffRebound: the room moved to Peer, the new instance of a peer that
+	// restarted (EvPeerReplaced); its state (Status) is unchanged. The
+	// frames about it still waiting for an answer now go to Peer.
+	EffRebound
 )
 
-var effectNames = [...]string{"none", "notify_peer", "reply_unknown", "fence", "transition", "publish", "reaped", "removed"}
+var effectNames = [...]string{"none", "notify_peer", "reply_unknown", "fence", "transition", "publish", "reaped", "removed", "rebound"}
 
 func (k EffectKind) String() string {
 	if int(k) < len(effectNames) {

@@ -255,10 +255,10 @@ func (p *ownerPair) serveRoom(ctx context.Context, room uint64, tag byte) error 
 
 // After prefilld is killed -9 and restarted on the same ports, the first
 // room a scheduler opens is served: both sides Success, bytes in place.
-// Today decode binds it to the dead instance and fails it with
-// peer_restarted when the new instance answers (prefill: aborted:remote).
+// Decode opens it bound to the dead instance; when the new instance
+// answers, the room (no instance applied its METADATA) moves to it
+// instead of failing peer_restarted (prefill: aborted:remote).
 func TestFirstRoomAfterPrefillRestartSucceeds(t *testing.T) {
-	knownBug(t, "the first room after prefilld restarted on the same ports fails (decode peer_restarted, prefill aborted:remote)")
 	for _, waitLoss := range []bool{false, true} {
 		name := "restarted at once"
 		if waitLoss {
