@@ -2,7 +2,6 @@ package conn
 
 import (
 	"context"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -53,16 +52,9 @@ func (c *core) sayGoodbye(ctx context.Context) {
 	if len(targets) == 0 {
 		return
 	}
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
-	for c.out.pendingOf(FrameGoodbye) > 0 {
-		select {
-		case <-ctx.Done():
-			c.log.Warn("goodbye not acknowledged by every peer, they will count us lost",
-				zap.Int("unacknowledged", c.out.pendingOf(FrameGoodbye)))
-			return
-		case <-t.C:
-		}
+	if !c.out.waitUntil(ctx, func() bool { return c.out.pendingOf(FrameGoodbye) == 0 }) {
+		c.log.Warn("goodbye not acknowledged by every peer, they will count us lost",
+			zap.Int("unacknowledged", c.out.pendingOf(FrameGoodbye)))
 	}
 }
 

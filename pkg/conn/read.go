@@ -128,16 +128,7 @@ func (c *core) Clear(ids []poll.RoomID, errs []error) {
 // shuts the socket, and ZeroMQ may drop what was queued.
 func (c *core) Shutdown(ctx context.Context) {
 	_ = c.step(poll.Event{Kind: poll.EvShutdown})
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
-wait:
-	for c.out.roomFrames() > 0 {
-		select {
-		case <-ctx.Done():
-			break wait
-		case <-t.C:
-		}
-	}
+	c.out.waitUntil(ctx, func() bool { return c.out.roomFrames() == 0 })
 	// Even with the drain spent, one GOODBYE goes out.
 	c.sayGoodbye(ctx)
 }

@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"context"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -84,10 +85,40 @@ type outbox struct {
 	seq   uint64
 	items map[uint64]*pending
 	rng   *rand.Rand
+	// removed is closed (and replaced) whenever a frame leaves the outbox,
+	// so Shutdown waits for the acks it needs instead of polling on a
+	// clock a test may be driving.
+	removed chan struct{}
 }
 
 func newOutbox(base, maxBackoff time.Duration, seed uint64) *outbox {
-	return &outbox{base: base, max: maxBackoff, items: make(map[uint64]*pending), rng: rand.New(rand.NewPCG(seed, seed+1))}
+	return &outbox{base: base, max: maxBackoff, items: make(map[uint64]*pending), rng: rand.New(rand.NewPCG(seed, seed+1)), removed: make(chan struct{})}
+}
+
+// deleteLocked removes the frame seq and wakes the waiters of waitUntil.
+func (o *outbox) deleteLocked(seq uint64) {
+	delete(o.items, seq)
+	close(o.removed)
+	o.removed = make(chan struct{})
+}
+
+// waitUntil returns true once done holds, re-checking it each time a frame
+// leaves the outbox, or done's value when ctx ends first. done must not
+// hold o.mu.
+func (o *outbox) waitUntil(ctx context.Context, done func() bool) bool {
+	for {
+		o.mu.Lock()
+		removed := o.removed
+		o.mu.Unlock()
+		if done() {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return done()
+		case <-removed:
+		}
+	}
 }
 
 // nextSeq draws a fresh seq for a frame about to be encoded.
@@ -127,7 +158,7 @@ func (o *outbox) take(seq uint64, from poll.PeerID) *pending {
 	if p == nil || p.dest.peerID() != from {
 		return nil
 	}
-	delete(o.items, seq)
+	o.deleteLocked(seq)
 	return p
 }
 
@@ -148,7 +179,7 @@ func (o *outbox) due(now int64) (resend, expired []*pending) {
 	for seq, p := range o.items {
 		switch {
 		case now >= p.giveUp:
-			delete(o.items, seq)
+			o.deleteLocked(seq)
 			expired = append(expired, p)
 		case now >= p.next:
 			p.attempt++
@@ -191,7 +222,7 @@ func (o *outbox) registered(id poll.PeerID) []*pending {
 func (o *outbox) drop(seq uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	delete(o.items, seq)
+	o.deleteLocked(seq)
 }
 
 // cancelPeer drops every frame to the peer (it restarted: the new instance
@@ -202,7 +233,7 @@ func (o *outbox) cancelPeer(id poll.PeerID) int {
 	n := 0
 	for seq, p := range o.items {
 		if p.dest.peerID() == id {
-			delete(o.items, seq)
+			o.deleteLocked(seq)
 			n++
 		}
 	}
