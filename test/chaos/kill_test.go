@@ -151,11 +151,12 @@ func TestKillPrefilldMidTransferFailsBoundRoomsWithinHeartbeatBound(t *testing.T
 }
 
 // Rooms the decode scheduler opens right after prefilld restarted, before
-// decoded noticed the new instance, are bound to the old one: decoded
-// fails them with peer_restarted when it notices, though their METADATA
-// may already have reached the new instance. It must tell the new
-// instance, or the prefill rooms of the same requests wait out their
-// bootstrap deadline: served, or failed on both sides at once (R8, R10).
+// decoded noticed the new instance, are bound to the old one. The old
+// instance never applied them, so decoded moves them to the new instance
+// when it notices (poll.EvPeerReplaced) and they are served; a room the
+// old instance did apply fails peer_restarted and the new instance is told,
+// or the prefill room of the same request would wait out its bootstrap
+// deadline. Either way: served, or failed on both sides at once (R8, R10).
 func TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed(t *testing.T) {
 	c := newCluster(t, clusterOpts{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
