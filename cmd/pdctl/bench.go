@@ -85,6 +85,7 @@ func newBenchCommand() *cobra.Command {
 	f.IntVar(&cfg.Concurrency, "concurrency", 8, "requests in flight")
 	f.IntVar(&cfg.Layout.Layers, "layers", cfg.Layout.Layers, "model layers (K and V buffer each)")
 	f.Int64Var(&cfg.Layout.Pages, "pages", cfg.Layout.Pages, "KV pages per buffer in each engine's region")
+	f.Int64Var(&cfg.Layout.BytesPerToken, "bytes-per-token", cfg.Layout.BytesPerToken, "KV bytes per token across all buffers (small values make small rooms)")
 	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the engines' region files go")
 	f.BoolVar(&cfg.NoVerify, "no-verify", true, "skip filling and checking page contents (bytes still move)")
 	return cmd
@@ -208,8 +209,17 @@ func iperf3GBps(ctx context.Context) (float64, error) {
 		_ = srv.Process.Kill()
 		return 0, fmt.Errorf("iperf3 client: %v", err)
 	}
+	return iperf3Rate(out)
+}
+
+// iperf3Rate reads the receiver's rate in GB/s from iperf3 -J output. A
+// run that moved nothing (iperf3 may report its error inside the JSON) is
+// no reference: a zero rate would make the ratio +Inf, which JSON cannot
+// encode.
+func iperf3Rate(out []byte) (float64, error) {
 	var r struct {
-		End struct {
+		Error string `json:"error"`
+		End   struct {
 			SumReceived struct {
 				BitsPerSecond float64 `json:"bits_per_second"`
 			} `json:"sum_received"`
@@ -218,5 +228,8 @@ func iperf3GBps(ctx context.Context) (float64, error) {
 	if err := json.Unmarshal(out, &r); err != nil {
 		return 0, err
 	}
-	return r.End.SumReceived.BitsPerSecond / 8 / 1e9, nil
+	if bps := r.End.SumReceived.BitsPerSecond; r.Error == "" && bps > 0 {
+		return bps / 8 / 1e9, nil
+	}
+	return 0, fmt.Errorf("iperf3 measured nothing (error %q)", r.Error)
 }

@@ -38,7 +38,7 @@ type pair struct {
 	decDone   chan error
 }
 
-func testDaemonConfig(t *testing.T, role daemon.Role) daemon.Config {
+func testDaemonConfig(t testing.TB, role daemon.Role) daemon.Config {
 	cfg := daemon.DefaultConfig(role)
 	cfg.GRPCListen = "unix://" + filepath.Join(t.TempDir(), string(role)+".sock")
 	cfg.HTTPListen = "127.0.0.1:0"
@@ -56,7 +56,7 @@ func testDaemonConfig(t *testing.T, role daemon.Role) daemon.Config {
 	return cfg
 }
 
-func startDaemon(t *testing.T, cfg daemon.Config, setup daemon.Setup, log *zap.Logger) (*daemon.Server, context.CancelFunc, chan error) {
+func startDaemon(t testing.TB, cfg daemon.Config, setup daemon.Setup, log *zap.Logger) (*daemon.Server, context.CancelFunc, chan error) {
 	t.Helper()
 	s, err := daemon.NewServer(cfg, log, "test")
 	if err != nil {
@@ -78,7 +78,7 @@ func startDaemon(t *testing.T, cfg daemon.Config, setup daemon.Setup, log *zap.L
 	return s, cancel, done
 }
 
-func client(t *testing.T, s *daemon.Server) *grpc.ClientConn {
+func client(t testing.TB, s *daemon.Server) *grpc.ClientConn {
 	t.Helper()
 	c, err := grpc.NewClient("unix://"+s.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -92,7 +92,7 @@ func client(t *testing.T, s *daemon.Server) *grpc.ClientConn {
 // from its node, read back through the test hook below.
 func startPair(t *testing.T) *pair { return startPairWith(t, nil) }
 
-func startPairWith(t *testing.T, tweak func(pre, dec *daemon.Config)) *pair {
+func startPairWith(t testing.TB, tweak func(pre, dec *daemon.Config)) *pair {
 	t.Helper()
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	p := &pair{preCfg: testDaemonConfig(t, daemon.RolePrefill)}
@@ -117,7 +117,7 @@ func startPairWith(t *testing.T, tweak func(pre, dec *daemon.Config)) *pair {
 	return p
 }
 
-func (p *pair) stop(t *testing.T) {
+func (p *pair) stop(t testing.TB) {
 	for _, s := range []struct {
 		cancel context.CancelFunc
 		done   chan error
@@ -161,7 +161,7 @@ func metric(t *testing.T, base, prefix string) string {
 	return ""
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return ctx

@@ -15,7 +15,7 @@ type region struct {
 	mem    *transfer.Region
 }
 
-func newRegion(t *testing.T) region {
+func newRegion(t testing.TB) region {
 	t.Helper()
 	l := transfer.UniformLayout(4, 64, 4096, 8, 64)
 	path, err := transfer.CreateRegionFile(t.TempDir(), l)
@@ -39,7 +39,7 @@ func layoutPB(l transfer.Layout) *pb.RegionLayout {
 	return out
 }
 
-func registerRegions(t *testing.T, p *pair) (pre, dec region) {
+func registerRegions(t testing.TB, p *pair) (pre, dec region) {
 	t.Helper()
 	pre, dec = newRegion(t), newRegion(t)
 	if _, err := p.prefill.RegisterRegion(ctxT(t), &pb.PrefillServiceRegisterRegionRequest{RegionPath: pre.path, Layout: layoutPB(pre.layout)}); err != nil {
