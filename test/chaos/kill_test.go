@@ -74,6 +74,7 @@ func killMidTransfer(t *testing.T, victimName string) {
 		}
 	}
 	inflightAtKill := victim.Metric("pdlink_inflight_rooms", nil)
+	lostBefore := survivor.Metric("pdlink_peer_departures_total", lostPeer)
 	killed := time.Now()
 	victim.Kill9()
 
@@ -90,18 +91,17 @@ func killMidTransfer(t *testing.T, victimName string) {
 		}
 		return true
 	})
-	// Keep it down past the heartbeat bound, so peers see it lost.
-	time.Sleep(time.Until(killed.Add(c.tm.PeerBound())))
+	// Keep it down until the survivor counted it lost.
+	waitLost(t, survivor, lostBefore, c.tm)
 	victim.RestartAndRegister(ctx, t, c.sim)
 	restarted := time.Since(killed)
 	rep := (<-res).rep
 	if rep == nil {
 		t.FailNow()
 	}
-	// Rooms decode opens before it noticed the restart are failed as
-	// peer_restarted and their prefill side is left to its deadline
-	// (TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed): let decode
-	// notice first.
+	// Let decode notice the new instance before the new rooms, so this
+	// scenario measures a settled restart (rooms opened before it noticed
+	// are TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed's).
 	if victim == c.pre && !c.dec.WaitLogged("peer restarted", c.tm.RoomBound()) {
 		t.Errorf("decoded never noticed prefilld's restart")
 	}
@@ -161,8 +161,9 @@ func TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed(t *testing.T) {
 	c := newCluster(t, clusterOpts{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	lostBefore := c.dec.Metric("pdlink_peer_departures_total", lostPeer)
 	c.pre.Kill9()
-	time.Sleep(c.tm.PeerBound()) // decoded sees it lost
+	waitLost(t, c.dec, lostBefore, c.tm)
 	c.pre.RestartAndRegister(ctx, t, c.sim)
 	rep := c.run(ctx, c.workload(50, 50))
 	t.Logf("outcomes %v, worst time to terminal %v", rep.Outcomes, rep.WorstTerminal)
@@ -178,5 +179,18 @@ func TestRoomsOpenedJustAfterPrefillRestartAreToldOrServed(t *testing.T) {
 	}
 	if rep.WorstTerminal > c.tm.PeerBound()+2*time.Second {
 		t.Errorf("worst time to terminal %v: a side waited for a deadline", rep.WorstTerminal)
+	}
+}
+
+var lostPeer = map[string]string{"reason": "lost"}
+
+// waitLost waits until d counted one more peer lost than before (its
+// heartbeats missed), failing after the heartbeat bound and some slack.
+func waitLost(t *testing.T, d *testbed.Daemon, before float64, tm testbed.Timings) {
+	t.Helper()
+	if _, ok := testbed.Eventually(tm.PeerBound()+5*time.Second, func() bool {
+		return d.Metric("pdlink_peer_departures_total", lostPeer) > before
+	}); !ok {
+		t.Fatalf("%s never counted its peer lost", d.Name)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pdlink/pdlink/internal/proc"
 	"github.com/pdlink/pdlink/internal/sim"
+	"github.com/pdlink/pdlink/internal/testbed"
 )
 
 // peerGauges reads a daemon's pdlink_peers{state="up"|"lost"}; waitPeers
@@ -18,16 +19,12 @@ func peerGauges(t *testing.T, p *proc.Process, side string) (peers func() (float
 	peers = func() (float64, float64) { return metric(t, p.HTTPAddr, up), metric(t, p.HTTPAddr, lost) }
 	waitPeers = func(wantUp, wantLost float64, bound time.Duration) {
 		t.Helper()
-		deadline := time.Now().Add(bound)
-		for {
-			u, l := peers()
-			if u == wantUp && l == wantLost {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s peers up %v lost %v after %v, want up %v lost %v\n%s", p.Name, u, l, bound, wantUp, wantLost, p.Logs())
-			}
-			time.Sleep(20 * time.Millisecond)
+		var u, l float64
+		if _, ok := testbed.Eventually(bound, func() bool {
+			u, l = peers()
+			return u == wantUp && l == wantLost
+		}); !ok {
+			t.Fatalf("%s peers up %v lost %v after %v, want up %v lost %v\n%s", p.Name, u, l, bound, wantUp, wantLost, p.Logs())
 		}
 	}
 	return peers, waitPeers

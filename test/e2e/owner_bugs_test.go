@@ -21,6 +21,7 @@ import (
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/internal/proc"
 	"github.com/pdlink/pdlink/internal/sim"
+	"github.com/pdlink/pdlink/internal/testbed"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -54,7 +55,7 @@ func TestBlockedSendReturnsWhenItsRoomFails(t *testing.T) {
 	if _, err := p.prefill.Send(ctx, &pb.SendRequest{RoomId: rooms[0], Pages: &pb.PageList{Indices: pages}, Last: true}); err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(10*time.Second, stall.Stalled) {
+	if _, ok := testbed.Eventually(10*time.Second, stall.Stalled); !ok {
 		t.Fatal("room A's transfer never reached the data port")
 	}
 
@@ -100,7 +101,7 @@ func TestBlockedSendReturnsWhenItsRoomFails(t *testing.T) {
 	// queued later), then the one whose write of A is blocked, which
 	// fails at once. Redials are refused.
 	idle := stall.CutIdle()
-	if !waitFor(10*time.Second, func() bool { return strings.Count(p.pre.Logs(), `"msg":"data connection lost"`) >= idle }) {
+	if _, ok := testbed.Eventually(10*time.Second, func() bool { return strings.Count(p.pre.Logs(), `"msg":"data connection lost"`) >= idle }); !ok {
 		t.Fatalf("prefilld did not notice its %d idle data connections reset", idle)
 	}
 	stall.Cut()
@@ -141,7 +142,7 @@ func TestControlFramesFlowWhileADataWriteStalls(t *testing.T) {
 	}
 	// 64 MiB cannot fit in the socket buffers: with 1 MiB taken, the
 	// writer is blocked in a write of room A.
-	if !waitFor(10*time.Second, stall.Stalled) {
+	if _, ok := testbed.Eventually(10*time.Second, stall.Stalled); !ok {
 		t.Fatal("room A's transfer never reached the data port")
 	}
 	if _, err := p.decode.Abort(ctx, &pb.DecodeServiceAbortRequest{RoomId: a}); err != nil {
@@ -277,7 +278,7 @@ func TestFirstRoomAfterPrefillRestartSucceeds(t *testing.T) {
 					t.Fatal(err)
 				}
 				lost := `pdlink_peers{side="decode",state="lost"}`
-				if !waitFor(10*time.Second, func() bool { return metric(t, p.dec.HTTPAddr, lost) == 1 }) {
+				if _, ok := testbed.Eventually(10*time.Second, func() bool { return metric(t, p.dec.HTTPAddr, lost) == 1 }); !ok {
 					t.Fatalf("decoded never counted the killed prefilld lost")
 				}
 			}
@@ -646,14 +647,14 @@ func TestWatchDeliversEachRoomsTransitionsInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := append(append([]*transitionLog(nil), preLogs...), decLogs...)
-	if !waitFor(30*time.Second, func() bool {
+	if _, ok := testbed.Eventually(30*time.Second, func() bool {
 		for _, l := range all {
 			if !l.saw(last, pb.RoomState_ROOM_STATE_FAILED) {
 				return false
 			}
 		}
 		return true
-	}) {
+	}); !ok {
 		t.Fatal("a Watch stream never delivered the last room's failure")
 	}
 	for i, l := range all {

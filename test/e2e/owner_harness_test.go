@@ -314,15 +314,3 @@ func (s *stallListener) reset(which func(*stalledConn) bool) int {
 	}
 	return len(cut)
 }
-
-// waitFor polls cond every 5 ms until it holds or bound passes.
-func waitFor(bound time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
-}
