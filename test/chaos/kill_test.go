@@ -2,16 +2,14 @@ package chaos
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/pdlink/pdlink/internal/sim"
 	"github.com/pdlink/pdlink/internal/testbed"
 )
 
 // killMidTransfer runs a workload with many rooms in flight, kills victim
-// with SIGKILL once a fifth of the rooms ended, and restarts it on the same
+// with SIGKILL once n/5 rooms ended, and restarts it on the same
 // addresses a little later. It checks that the survivor failed every live
 // room it held at the kill within the heartbeat bound, and that the
 // restarted daemon serves new rooms to Success.
@@ -25,27 +23,12 @@ func killMidTransfer(t *testing.T, victimName string) {
 	if *long {
 		n, conc = 3000, 200
 	}
-	w := c.workload(n, conc)
-	killAt := make(chan struct{})
-	var once sync.Once
-	w.Progress = func(done, _ int) {
-		if done >= n/5 {
-			once.Do(func() { close(killAt) })
-		}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	type result struct{ rep *sim.Report }
-	res := make(chan result, 1)
-	go func() {
-		rep, err := c.sim.Run(ctx, w)
-		if err != nil {
-			t.Errorf("sim: %v", err)
-		}
-		res <- result{rep}
-	}()
+	// The workload runs until the kill, so rooms are in flight at it.
+	bg := testbed.StartBackground(ctx, t, c.sim, c.workload(0, conc), n/5)
 	select {
-	case <-killAt:
+	case <-bg.Warm:
 	case <-time.After(2 * time.Minute):
 		t.Fatal("rooms did not start ending")
 	}
@@ -77,6 +60,7 @@ func killMidTransfer(t *testing.T, victimName string) {
 	lostBefore := survivor.Metric("pdlink_peer_departures_total", lostPeer)
 	killed := time.Now()
 	victim.Kill9()
+	bg.Stop()
 
 	// Watch the survivor until no room bound to the victim is live.
 	tookBound, okBound := testbed.Eventually(c.tm.RoomBound(), func() bool {
@@ -95,7 +79,7 @@ func killMidTransfer(t *testing.T, victimName string) {
 	waitLost(t, survivor, lostBefore, c.tm)
 	victim.RestartAndRegister(ctx, t, c.sim)
 	restarted := time.Since(killed)
-	rep := (<-res).rep
+	rep := bg.Report()
 	if rep == nil {
 		t.FailNow()
 	}

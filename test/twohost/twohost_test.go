@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -129,37 +128,14 @@ func rxBytes(t *testing.T, h *host) float64 {
 	return links[0].Stats64.Rx.Bytes
 }
 
-// workloadRun is a workload running in the background.
-type workloadRun struct {
-	midway <-chan struct{} // closed once a fifth of the rooms ended
-	done   <-chan *sim.Report
-}
-
-func (c *cluster) startWorkload(ctx context.Context, w sim.Config) workloadRun {
-	midway := make(chan struct{})
-	var once sync.Once
-	w.Progress = func(done, total int) {
-		if done >= total/5 {
-			once.Do(func() { close(midway) })
-		}
-	}
-	done := make(chan *sim.Report, 1)
-	go func() {
-		rep, err := c.sim.Run(ctx, w)
-		if err != nil {
-			c.t.Errorf("sim: %v", err)
-		}
-		done <- rep
-	}()
-	return workloadRun{midway: midway, done: done}
-}
-
-// waitMidTransfer waits (bounded) until a fifth of the rooms ended and
-// d holds at least 10 live rooms.
-func (c *cluster) waitMidTransfer(r workloadRun, d *testbed.Daemon) {
+// startMidTransfer starts a background workload of conc rooms at a time
+// and waits (bounded) until 40 rooms ended and d holds at least 10 live
+// rooms. The workload runs until the test stops it after its fault.
+func (c *cluster) startMidTransfer(ctx context.Context, conc int, d *testbed.Daemon) *testbed.Background {
 	c.t.Helper()
+	b := testbed.StartBackground(ctx, c.t, c.sim, c.workload(0, conc), 40)
 	select {
-	case <-r.midway:
+	case <-b.Warm:
 	case <-time.After(time.Minute):
 		c.t.Fatal("rooms did not start ending")
 	}
@@ -168,6 +144,7 @@ func (c *cluster) waitMidTransfer(r workloadRun, d *testbed.Daemon) {
 	}); !ok {
 		c.t.Fatalf("%s never held 10 live rooms", d.Name)
 	}
+	return b
 }
 
 // heldRoom is a room whose scheduler still saw it live just after a
@@ -296,24 +273,24 @@ func linkCut(t *testing.T, c *cluster, bound func(d *testbed.Daemon, state strin
 	c.prom.waitQuery(t, `up{job=~"pdlink-.*"}`, 2, 30*time.Second, func(s sample) bool { return s.Value == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	const n, conc = 200, 60
-	r := c.startWorkload(ctx, c.workload(n, conc))
-	c.waitMidTransfer(r, c.dec)
+	const fresh, conc = 66, 60
+	r := c.startMidTransfer(ctx, conc, c.dec)
 
 	cut := time.Now()
 	c.preH.setLink(t, "down")
+	r.Stop()
 	c.endInBound(append(c.held(c.pre, bound), c.held(c.dec, bound)...), cut)
 	c.prom.waitQuery(t, `up{job="pdlink-decode"}`, 1, 10*time.Second, func(s sample) bool { return s.Value == 0 })
 	c.preH.setLink(t, "up")
 	healed := time.Now()
 	cutFor := healed.Sub(cut)
-	rep := <-r.done
+	rep := r.Report()
 	if rep == nil {
 		t.FailNow()
 	}
 	back := c.peersUp(healed, 30*time.Second)
 	c.prom.waitQuery(t, `up{job=~"pdlink-.*"}`, 2, 10*time.Second, func(s sample) bool { return s.Value == 1 })
-	rep = testbed.Merge(rep, c.freshRoomsSucceed(ctx, n/3, conc, "the heal"))
+	rep = testbed.Merge(rep, c.freshRoomsSucceed(ctx, fresh, conc, "the heal"))
 	t.Logf("link cut for %v; both peers up %v after the heal", cutFor.Round(time.Millisecond), back.Round(time.Millisecond))
 	if rep.Outcomes["decode:peer_lost"] == 0 {
 		t.Errorf("no decode room failed as peer_lost: the cut hit no room bound across it: %v", rep.Outcomes)
@@ -391,13 +368,13 @@ func killMidTransfer(t *testing.T, victimName string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	const n, conc = 200, 60
-	r := c.startWorkload(ctx, c.workload(n, conc))
-	c.waitMidTransfer(r, victim)
+	const fresh, conc = 66, 60
+	r := c.startMidTransfer(ctx, conc, victim)
 
 	inflight := victim.Metric("pdlink_inflight_rooms", nil)
 	killed := time.Now()
 	victim.Kill9()
+	r.Stop()
 	c.endInBound(c.held(survivor, c.killBound), killed)
 	// Down until the survivor counts its peer lost and Prometheus saw the
 	// target down, as an operator would.
@@ -409,7 +386,7 @@ func killMidTransfer(t *testing.T, victimName string) {
 	c.prom.waitQuery(t, `up{job="`+job+`"}`, 1, 10*time.Second, func(s sample) bool { return s.Value == 0 })
 	victim.RestartAndRegister(ctx, t, c.sim)
 	restarted := time.Since(killed)
-	rep := <-r.done
+	rep := r.Report()
 	if rep == nil {
 		t.FailNow()
 	}
@@ -420,7 +397,7 @@ func killMidTransfer(t *testing.T, victimName string) {
 		t.Errorf("decoded never noticed prefilld's restart")
 	}
 	c.prom.waitQuery(t, `up{job=~"pdlink-.*"}`, 2, 10*time.Second, func(s sample) bool { return s.Value == 1 })
-	rep = testbed.Merge(rep, c.freshRoomsSucceed(ctx, n/3, conc, "the restart of "+victim.Name))
+	rep = testbed.Merge(rep, c.freshRoomsSucceed(ctx, fresh, conc, "the restart of "+victim.Name))
 	// decoded dials a prefill daemon for its first room, so the peers
 	// are up once the new rooms ran.
 	c.peersUp(killed, 10*time.Second)
