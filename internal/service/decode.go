@@ -27,6 +27,7 @@ type DecodeNode interface {
 	OnProgress(key poll.Key)
 	OnPartDone(key poll.Key, part int)
 	OnFailed(key poll.Key, reason poll.Reason)
+	Fenced(key poll.Key)
 }
 
 // DecodeData adapts a transfer.Receiver to the decode node's data plane.
@@ -40,6 +41,7 @@ type DecodeData struct {
 	slot     regionSlot
 	mu       sync.Mutex
 	receiver *transfer.Receiver
+	fences   fenceRunner
 	bytes    atomic.Uint64
 	refused  atomic.Uint64
 
@@ -154,6 +156,7 @@ func (d *DecodeData) Close() {
 	if rx != nil {
 		rx.Close()
 	}
+	d.fences.wait()
 	d.slot.close()
 }
 
@@ -180,20 +183,26 @@ func (d *DecodeData) Expect(md conn.Metadata) error {
 	return rx.Expect(transfer.Expectation{Key: tkey(md.Key), Dst: transfer.SamePages(len(l.Buffers), runs), AuxRow: auxRow})
 }
 
-// Fence implements conn.DecodeDataPlane: no byte lands in the room's pages
-// after it returns (R7).
-func (d *DecodeData) Fence(key poll.Key) {
+// Fence implements conn.DecodeDataPlane without waiting: a room with no
+// metadata sent has nothing expected and is fenced at once; otherwise the
+// receiver's blocking Fence runs on a goroutine of its own, which tells
+// the node Fenced once no byte lands in the room's pages any more (R7).
+func (d *DecodeData) Fence(key poll.Key) bool {
 	d.mu.Lock()
 	rx := d.receiver
 	d.mu.Unlock()
-	if rx != nil {
-		rx.Fence(tkey(key))
+	d.mdMu.Lock()
+	expected := d.metadata[key] != nil
+	d.mdMu.Unlock()
+	if rx == nil || !expected {
+		return true
 	}
+	return d.fences.start(key, func() { rx.Fence(tkey(key)) }, d.node.Fenced)
 }
 
 // Forget implements conn.DecodeDataPlane.
 func (d *DecodeData) Forget(key poll.Key) {
-	d.Fence(key)
+	d.Fence(key) // a room reaped unfenced: stop its writes all the same
 	d.mdMu.Lock()
 	delete(d.metadata, key)
 	d.mdMu.Unlock()
@@ -358,8 +367,8 @@ func (s *DecodeServer) Watch(req *pb.DecodeServiceWatchRequest, stream pb.Decode
 }
 
 // Abort implements DecodeService.
-func (s *DecodeServer) Abort(_ context.Context, req *pb.DecodeServiceAbortRequest) (*pb.DecodeServiceAbortResponse, error) {
-	st, err := s.rooms().abort(req.RoomId)
+func (s *DecodeServer) Abort(ctx context.Context, req *pb.DecodeServiceAbortRequest) (*pb.DecodeServiceAbortResponse, error) {
+	st, err := s.rooms().abort(ctx, req.RoomId)
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,7 @@ type PrefillNode interface {
 	FirstSend(room poll.RoomID) error
 	OnProgress(key poll.Key)
 	OnFailed(key poll.Key, reason poll.Reason)
+	Fenced(key poll.Key)
 }
 
 // PrefillData adapts a transfer.Sender to the prefill node's data plane.
@@ -41,6 +42,7 @@ type PrefillData struct {
 	sender *transfer.Sender
 	rooms  map[poll.RoomID]*prefillRoom
 	fenced map[poll.Key]bool // sticky until Forget (a late Bind is ignored)
+	fences fenceRunner
 	// boundCh is closed (and replaced) at every Bind, waking Sends that
 	// wait for their room's binding.
 	boundCh chan struct{}
@@ -109,6 +111,7 @@ func (d *PrefillData) Close() {
 	if s != nil {
 		s.Close()
 	}
+	d.fences.wait()
 	d.slot.close()
 }
 
@@ -181,21 +184,26 @@ func (d *PrefillData) waitBound(ctx context.Context, id poll.RoomID) *prefillRoo
 	}
 }
 
-// Fence implements conn.PrefillDataPlane: no source page of the room is
-// read after it returns.
-func (d *PrefillData) Fence(key poll.Key) {
+// Fence implements conn.PrefillDataPlane without waiting: a room no
+// transfer holds (its last Send not taken) is fenced at once; otherwise
+// the sender's blocking Fence runs on a goroutine of its own, which tells
+// the node Fenced once no source page of the room is read any more.
+func (d *PrefillData) Fence(key poll.Key) bool {
 	d.mu.Lock()
 	d.fenced[key] = true
 	s := d.sender
+	r := d.rooms[key.Room]
+	held := s != nil && r != nil && r.key == key && r.started
 	d.mu.Unlock()
-	if s != nil {
-		s.Fence(transfer.Key{Room: uint64(key.Room), Nonce: uint64(key.Nonce)})
+	if !held {
+		return true
 	}
+	return d.fences.start(key, func() { s.Fence(tkey(key)) }, d.node.Fenced)
 }
 
 // Forget implements conn.PrefillDataPlane.
 func (d *PrefillData) Forget(key poll.Key) {
-	d.Fence(key)
+	d.Fence(key) // a room reaped unfenced: stop its transfer all the same
 	d.mu.Lock()
 	delete(d.fenced, key)
 	if r := d.rooms[key.Room]; r != nil && (r.key == key || key.Nonce == 0) {
@@ -401,8 +409,8 @@ func (s *PrefillServer) Watch(req *pb.PrefillServiceWatchRequest, stream pb.Pref
 }
 
 // Abort implements PrefillService.
-func (s *PrefillServer) Abort(_ context.Context, req *pb.PrefillServiceAbortRequest) (*pb.PrefillServiceAbortResponse, error) {
-	st, err := s.rooms().abort(req.RoomId)
+func (s *PrefillServer) Abort(ctx context.Context, req *pb.PrefillServiceAbortRequest) (*pb.PrefillServiceAbortResponse, error) {
+	st, err := s.rooms().abort(ctx, req.RoomId)
 	if err != nil {
 		return nil, err
 	}
