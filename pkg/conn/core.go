@@ -52,7 +52,9 @@ type core struct {
 	hidden map[poll.Key]poll.State // Failed rooms not yet visible: their visible "from"
 	// parked are the Abort calls waiting for their room's Failed to become
 	// visible (its fence done), or for the room to go.
-	parked map[poll.Key][]chan struct{}
+	parked map[poll.Key][]*parkedCall
+	// parkedCalls counts the parked calls waiting now (not yet woken).
+	parkedCalls atomic.Int64
 
 	subMu sync.Mutex // taken inside mu (publish), never the other way round
 	subs  map[*Subscription]struct{}
@@ -103,7 +105,7 @@ func newCore(cfg Config, side poll.Side) (*core, error) {
 		t:           t,
 		subs:        make(map[*Subscription]struct{}),
 		hidden:      make(map[poll.Key]poll.State),
-		parked:      make(map[poll.Key][]chan struct{}),
+		parked:      make(map[poll.Key][]*parkedCall),
 		fences:      make(map[poll.Key]*fenceState),
 		halted:      make(chan struct{}),
 		frameHook:   cfg.frameHook,

@@ -131,6 +131,14 @@ func (c *core) afterFence(k poll.Key, fn func()) {
 	fn()
 }
 
+// parkedCall is an Abort waiting for its room's Failed to become visible.
+// Its fields are guarded by the table lock.
+type parkedCall struct {
+	woken   chan struct{}
+	done    bool // woken closed
+	counted bool // in parkedCalls
+}
+
 // abort fails a room locally and parks the caller until the room's Failed
 // state is visible (its fence done), the room left the table, the node
 // stopped or ctx ended (then ctx's error: the abort stands and the room's
@@ -139,48 +147,69 @@ func (c *core) afterFence(k poll.Key, fn func()) {
 func (c *core) abort(ctx context.Context, room poll.RoomID, reason poll.Reason) error {
 	c.mu.Lock()
 	err := c.t.Step(c.now(), poll.Event{Kind: poll.EvAbortLocal, Key: poll.Key{Room: room}, Reason: reason})
-	var visible chan struct{}
+	var p *parkedCall
+	var key poll.Key
 	if err == nil {
 		if in, gerr := c.t.Get(room); gerr == nil && in.State == poll.Failed && !in.Fenced {
 			// Parked before the effects run: the fence may be done
 			// (and Failed published) before perform returns.
-			visible = make(chan struct{})
-			c.parked[in.Key] = append(c.parked[in.Key], visible)
-			defer c.unpark(in.Key, visible)
+			p, key = &parkedCall{woken: make(chan struct{})}, in.Key
+			c.parked[key] = append(c.parked[key], p)
 		}
 	}
 	effs := c.takeLocked()
 	c.mu.Unlock()
 	c.perform(effs)
-	if visible == nil {
+	if p == nil {
 		return err
 	}
+	c.mu.Lock()
+	if !p.done {
+		p.counted = true
+		c.parkedCalls.Add(1)
+	}
+	c.mu.Unlock()
 	select {
-	case <-visible:
+	case <-p.woken:
 		return nil
 	case <-ctx.Done():
+		c.unpark(key, p)
 		return ctx.Err()
 	case <-c.halted:
+		c.unpark(key, p)
 		return ErrClosedNode
 	}
 }
 
 // unparkLocked wakes every call parked on k.
 func (c *core) unparkLocked(k poll.Key) {
-	for _, ch := range c.parked[k] {
-		close(ch)
+	for _, p := range c.parked[k] {
+		p.done = true
+		if p.counted {
+			p.counted = false
+			c.parkedCalls.Add(-1)
+		}
+		close(p.woken)
 	}
 	delete(c.parked, k)
 }
 
-// unpark removes one parked call that stopped waiting (ctx ended, node
-// stopped); one already woken is gone from the list.
-func (c *core) unpark(k poll.Key, ch chan struct{}) {
+// unpark removes a parked call that stopped waiting (ctx ended, node
+// stopped) unless it was woken meanwhile.
+func (c *core) unpark(k poll.Key, p *parkedCall) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if p.done {
+		return
+	}
+	p.done = true
+	if p.counted {
+		p.counted = false
+		c.parkedCalls.Add(-1)
+	}
 	list := c.parked[k]
 	for i, x := range list {
-		if x == ch {
+		if x == p {
 			list = append(list[:i], list[i+1:]...)
 			break
 		}

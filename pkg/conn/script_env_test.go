@@ -368,22 +368,16 @@ func (e *scriptEnv) quiet() bool {
 	return true
 }
 
-// parkedCalls counts a side's calls parked until a fence is done.
+// parkedCalls counts a side's calls parked until a fence is done (its
+// effects performed, waiting).
 func (e *scriptEnv) parkedCalls(s scriptSide) int {
 	if !e.alive[s] {
 		return 0
 	}
-	c := e.pre.core
 	if s == sideDecode {
-		c = e.dec.core
+		return int(e.dec.parkedCalls.Load())
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, list := range c.parked {
-		n += len(list)
-	}
-	return n
+	return int(e.pre.parkedCalls.Load())
 }
 
 // settle waits, with a bound, until quiet.
