@@ -238,16 +238,16 @@ func (s *Server) OnDrain(drain func(ctx context.Context, deadline time.Time)) { 
 
 // A planned stop ends within --drain-timeout + StopBound of SIGTERM: the
 // drain hook returns by drainOverrun past the drain deadline, the
-// components have until stopOverrun to stop, and the rest is the
-// process's own exit. A hook or a component that overruns is left behind:
+// components have until stopOverrun to stop, and the rest is margin for
+// a loaded machine (timers fire late) and the process's own exit. A hook or a component that overruns is left behind:
 // Run returns ErrStopTimeout.
 const (
 	// StopBound is how long past --drain-timeout a daemon may take to exit
 	// after SIGTERM (TimeoutStopSec and terminationGracePeriodSeconds
 	// must exceed the drain timeout by more).
 	StopBound    = time.Second
-	drainOverrun = 700 * time.Millisecond
-	stopOverrun  = 900 * time.Millisecond
+	drainOverrun = 600 * time.Millisecond
+	stopOverrun  = 800 * time.Millisecond
 	// MaxDrainTerminalGrace leaves the drain time within drainOverrun for
 	// the peers' ACKs and GOODBYE after the grace.
 	MaxDrainTerminalGrace = 500 * time.Millisecond

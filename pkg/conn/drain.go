@@ -65,12 +65,10 @@ func (c *core) Drain(ctx context.Context, p DrainPlan) DrainReport {
 
 	capCtx, cancelCap := context.WithCancel(ctx)
 	defer cancelCap()
-	capTimer := c.clock.AfterFunc(max(p.Cap.Sub(start), 0), cancelCap)
-	defer capTimer.Stop()
+	defer c.atDo(p.Cap, cancelCap)()
 	waitCtx, cancelWait := context.WithCancel(capCtx)
 	defer cancelWait()
-	waitTimer := c.clock.AfterFunc(max(p.Cap.Add(-goodbyeReserve).Sub(start), 0), cancelWait)
-	defer waitTimer.Stop()
+	defer c.atDo(p.Cap.Add(-goodbyeReserve), cancelWait)()
 
 	inflight := c.Stats().Inflight
 	c.log.Info("drain started", zap.Int("inflight", inflight),
@@ -146,16 +144,23 @@ func (c *core) failLive() (failed []poll.Key, performed <-chan struct{}) {
 	return failed, done
 }
 
-// at returns a channel closed at t on the node's clock.
+// at returns a channel closed at t on the node's clock, and a stop.
 func (c *core) at(t time.Time) (<-chan struct{}, func()) {
 	ch := make(chan struct{})
+	return ch, c.atDo(t, func() { close(ch) })
+}
+
+// atDo runs f at t on the node's clock (at once if t has passed: a
+// FakeClock runs a zero timer only at its next Advance) and returns a
+// stop.
+func (c *core) atDo(t time.Time, f func()) (stop func()) {
 	d := t.Sub(c.clock.Now())
 	if d <= 0 {
-		close(ch)
-		return ch, func() {}
+		f()
+		return func() {}
 	}
-	timer := c.clock.AfterFunc(d, func() { close(ch) })
-	return ch, func() { timer.Stop() }
+	timer := c.clock.AfterFunc(d, f)
+	return func() { timer.Stop() }
 }
 
 // drainWatch follows, through a subscription, which awaited rooms became
