@@ -135,7 +135,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "interval between heartbeats to each peer")
 	fs.IntVar(&c.HeartbeatMisses, "heartbeat-misses", c.HeartbeatMisses, "missed heartbeats in a row after which a peer is lost")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM, how long inflight rooms may finish before they fail with shutdown")
-	fs.DurationVar(&c.DrainTerminalGrace, "drain-terminal-grace", c.DrainTerminalGrace, "after the drain timeout, how long the rooms it failed stay pollable before the daemon stops serving (at most 500ms)")
+	fs.DurationVar(&c.DrainTerminalGrace, "drain-terminal-grace", c.DrainTerminalGrace, "after the drain timeout, how long the rooms it failed stay pollable before the daemon stops serving (at most 400ms)")
 	fs.IntVar(&c.MaxRooms, "max-rooms", c.MaxRooms, "most rooms held at once; more are refused with ResourceExhausted")
 	fs.StringVar(&c.AuthTokenFile, "auth-token-file", c.AuthTokenFile, "file holding the shared secret peers prove (re-read on SIGHUP)")
 	fs.DurationVar(&c.AuthOverlap, "auth-token-overlap", c.AuthOverlap, "after a token rotation, how long a token dropped from the file stays accepted")

@@ -246,11 +246,11 @@ const (
 	// after SIGTERM (TimeoutStopSec and terminationGracePeriodSeconds
 	// must exceed the drain timeout by more).
 	StopBound    = time.Second
-	drainOverrun = 600 * time.Millisecond
+	drainOverrun = 500 * time.Millisecond
 	stopOverrun  = 800 * time.Millisecond
 	// MaxDrainTerminalGrace leaves the drain time within drainOverrun for
 	// the peers' ACKs and GOODBYE after the grace.
-	MaxDrainTerminalGrace = 500 * time.Millisecond
+	MaxDrainTerminalGrace = 400 * time.Millisecond
 )
 
 // Run serves until ctx is done (SIGTERM) or a component fails. On ctx done
