@@ -122,7 +122,7 @@ func drainRooms(ctx context.Context, deadline time.Time, grace time.Duration, ga
 	gate.Drain()
 	capAt, ok := ctx.Deadline()
 	if !ok {
-		capAt = deadline.Add(grace)
+		capAt = deadline.Add(daemon.StopBound)
 	}
 	node.Drain(ctx, conn.DrainPlan{Deadline: deadline, TerminalGrace: grace, Cap: capAt})
 }
