@@ -366,12 +366,12 @@ func (s *scheduler) unseen() []uint64 {
 // rooms terminal before its daemon stops answering, and each daemon exits
 // within drain-timeout + 1 s: when both stop at once (a node going down),
 // and when the peer hangs (SIGSTOP: it never acknowledges the shutdown
-// notices). Today the rooms failed at the drain deadline are pollable only
-// while the peer's acknowledgements are awaited (a few ms when it answers:
-// the scheduler may miss them), and a daemon whose peer does not answer
-// waits 2 s for them past its drain timeout.
+// notices). Before issue 12 the rooms failed at the drain deadline were
+// pollable only while the peer's acknowledgements were awaited (a few ms
+// when it answers: the scheduler could miss them), and a daemon whose peer
+// did not answer waited 2 s for them past its drain timeout; now they stay
+// pollable for --drain-terminal-grace and the drain is capped.
 func TestDrainLetsTheSchedulerSeeEveryTerminalState(t *testing.T) {
-	knownBug(t, "rooms failed at the drain deadline can vanish before the scheduler polls them, and a daemon can exit about 2 s past its drain timeout")
 	t.Run("both stop at once", func(t *testing.T) { drainScenario(t, "") })
 	t.Run("decoded hangs, prefilld stops", func(t *testing.T) { drainScenario(t, "decoded") })
 	t.Run("prefilld hangs, decoded stops", func(t *testing.T) { drainScenario(t, "prefilld") })
