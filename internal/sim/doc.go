@@ -15,8 +15,8 @@
 //
 // With Config.PrefillTokensPerS set, the prefill engine models chunked
 // prefill on one GPU: each chunk's Send waits (on a timer) for its forward
-// pass, and forward passes of the requests in flight run one at a time
-// (forward.go). Report gives, per successful room, last Send -> decode
+// pass, and the GPU prefills the requests in flight one at a time, each
+// one's chunks back to back (forward.go). Report gives, per successful room, last Send -> decode
 // Success and first Send -> decode Success.
 //
 // Run is one workload on fresh engines. New returns a Sim whose engines

@@ -35,17 +35,20 @@ func (realClock) SleepUntil(ctx context.Context, t time.Time) error {
 	}
 }
 
-// gpu is the simulated prefill engine's accelerator. Forward passes run
-// one at a time across every request in flight, in the order they are
-// asked for, as one GPU runs one batch after the other: tokensPerS is the
-// engine's throughput, shared by the requests, not each request's. A nil
-// gpu (no model) takes no time.
+// gpu is the simulated prefill engine's accelerator. It prefills one
+// request at a time, first come first served, and runs a request's chunks
+// back to back (SGLang's scheduler continues the request being chunked
+// before it takes a new one): tokensPerS is the engine's throughput,
+// shared by the requests in flight, not each request's. The scheduler's
+// Send of a chunk does not hold the GPU: the next chunk's forward pass
+// runs while the previous chunk is being handed over. A nil gpu (no
+// model) takes no time.
 type gpu struct {
 	clock      clock
 	tokensPerS float64
 
 	mu     sync.Mutex
-	freeAt time.Time // when the last forward pass asked for ends
+	freeAt time.Time // when the last request booked is prefilled
 }
 
 func newGPU(tokensPerS float64, c clock) *gpu {
@@ -60,25 +63,31 @@ func (g *gpu) passTime(tokens int) time.Duration {
 	return time.Duration(float64(tokens) / g.tokensPerS * float64(time.Second))
 }
 
-// reserve books the next forward pass of tokens: it starts when the GPU is
-// free (now, or once the passes booked before it ended) and returns its
-// end.
-func (g *gpu) reserve(tokens int) time.Time {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	start := g.clock.Now()
-	if g.freeAt.After(start) {
-		start = g.freeAt
-	}
-	g.freeAt = start.Add(g.passTime(tokens))
-	return g.freeAt
-}
-
-// forward runs a forward pass over tokens: it returns once the chunk is
-// computed, or with ctx's error.
-func (g *gpu) forward(ctx context.Context, tokens int) error {
-	if g == nil || tokens <= 0 {
+// book queues a request's prefill, chunk by chunk (tokens per chunk): it
+// starts when the GPU is free (now, or once the requests booked before it
+// are prefilled) and returns when each chunk's forward pass ends. A nil
+// gpu returns nil.
+func (g *gpu) book(chunks []int) []time.Time {
+	if g == nil {
 		return nil
 	}
-	return g.clock.SleepUntil(ctx, g.reserve(tokens))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	at := g.clock.Now()
+	if g.freeAt.After(at) {
+		at = g.freeAt
+	}
+	ends := make([]time.Time, len(chunks))
+	for i, tokens := range chunks {
+		at = at.Add(g.passTime(tokens))
+		ends[i] = at
+	}
+	g.freeAt = at
+	return ends
+}
+
+// computed returns once a chunk booked to end at end is computed, or with
+// ctx's error.
+func (g *gpu) computed(ctx context.Context, end time.Time) error {
+	return g.clock.SleepUntil(ctx, end)
 }

@@ -3,6 +3,8 @@ package sim
 import (
 	"context"
 	"errors"
+	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -33,6 +35,7 @@ func (c *fakeClock) SleepUntil(_ context.Context, t time.Time) error {
 type recordingPrefill struct {
 	pb.PrefillServiceClient // nil: only Send is called
 	clock                   *fakeClock
+	sendTakes               time.Duration // how long each Send call lasts
 	sends                   []sentChunk
 }
 
@@ -47,6 +50,7 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func (p *recordingPrefill) Send(_ context.Context, in *pb.SendRequest, _ ...grpc.CallOption) (*pb.SendResponse, error) {
 	p.sends = append(p.sends, sentChunk{at: p.clock.now.Sub(epoch), start: in.StartPosition, pages: len(in.Pages.Indices), last: in.Last})
+	p.clock.now = p.clock.now.Add(p.sendTakes)
 	return &pb.SendResponse{}, nil
 }
 
@@ -79,7 +83,7 @@ func TestEachChunksSendComesAfterItsForwardPass(t *testing.T) {
 	if first.IsZero() || last.IsZero() {
 		t.Fatalf("sendChunks = %v, %v: want both times", first, last)
 	}
-	ms := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+	ms := func(x float64) time.Duration { return time.Duration(math.Round(x * float64(time.Millisecond))) }
 	want := []sentChunk{
 		{at: ms(12.8), start: 0, pages: 16},
 		{at: ms(25.6), start: 16, pages: 16},
@@ -111,26 +115,47 @@ func TestNoForwardPassModelSendsChunksBackToBack(t *testing.T) {
 	}
 }
 
-// One GPU runs one forward pass at a time: passes asked for at the same
-// moment by requests in flight end one after the other, so
-// PrefillTokensPerS is the engine's throughput, not each request's; a
-// pass asked for once the GPU is idle starts at once.
-func TestForwardPassesOfRequestsInFlightShareOneGPU(t *testing.T) {
-	clk := &fakeClock{now: epoch}
-	g := newGPU(10000, clk)
-	var ends []time.Duration
-	for range 3 {
-		ends = append(ends, g.reserve(1000).Sub(epoch)) // 100 ms each
+// A chunk's Send does not hold the GPU: the next chunk's forward pass runs
+// while the previous chunk is handed over, so a Send slower than a pass
+// delays the next Send only to its own return, not by a pass more.
+func TestForwardPassesRunWhileChunksAreHandedOver(t *testing.T) {
+	r, pre, _ := pacedRun(20000)
+	pre.sendTakes = 20 * time.Millisecond // passes take 12.8 ms
+	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, pagesOf(63), 0)
+	ms := func(x float64) time.Duration { return time.Duration(math.Round(x * float64(time.Millisecond))) }
+	want := []time.Duration{ms(12.8), ms(32.8), ms(52.8), ms(72.8)}
+	if len(pre.sends) != len(want) {
+		t.Fatalf("sent %+v, want 4 chunks", pre.sends)
 	}
-	want := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond}
-	for i := range want {
-		if ends[i] != want[i] {
-			t.Errorf("pass %d asked for at 0 ends at %v, want %v (all ends %v)", i, ends[i], want[i], ends)
+	for i, w := range want {
+		if pre.sends[i].at != w {
+			t.Errorf("chunk %d sent at %v, want %v", i, pre.sends[i].at, w)
 		}
 	}
+}
+
+// One GPU prefills one request at a time, first come first served, each
+// request's chunks back to back: requests booked at the same moment are
+// prefilled one after the other, so PrefillTokensPerS is the engine's
+// throughput, not each request's; a request booked once the GPU is idle
+// starts at once.
+func TestRequestsInFlightArePrefilledOneAfterTheOtherOnOneGPU(t *testing.T) {
+	clk := &fakeClock{now: epoch}
+	g := newGPU(10000, clk) // 1000 tokens: 100 ms
+	since := func(ts []time.Time) []time.Duration {
+		var out []time.Duration
+		for _, x := range ts {
+			out = append(out, x.Sub(epoch))
+		}
+		return out
+	}
+	a, b := since(g.book([]int{1000, 1000})), since(g.book([]int{500}))
+	if !slices.Equal(a, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}) || !slices.Equal(b, []time.Duration{250 * time.Millisecond}) {
+		t.Errorf("requests booked together: chunks end at %v and %v, want [100ms 200ms] and [250ms]", a, b)
+	}
 	clk.now = epoch.Add(time.Second)
-	if end := g.reserve(500).Sub(epoch); end != 1050*time.Millisecond {
-		t.Errorf("pass asked for at 1s on an idle GPU ends at %v, want 1.05s", end)
+	if c := since(g.book([]int{500})); !slices.Equal(c, []time.Duration{1050 * time.Millisecond}) {
+		t.Errorf("request booked at 1s on an idle GPU: chunk ends at %v, want [1.05s]", c)
 	}
 }
 
@@ -138,8 +163,8 @@ func TestForwardPassesOfRequestsInFlightShareOneGPU(t *testing.T) {
 func TestForwardPassEndsWhenTheRunStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	g := newGPU(1, realClock{}) // an hour-long pass
-	if err := g.forward(ctx, 3600); !errors.Is(err, context.Canceled) {
+	g := newGPU(1, realClock{})
+	if err := g.computed(ctx, g.book([]int{3600})[0]); !errors.Is(err, context.Canceled) { // an hour-long pass
 		t.Fatalf("forward pass on a stopped run = %v, want context.Canceled", err)
 	}
 	r, pre, _ := pacedRun(1)

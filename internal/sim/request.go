@@ -453,10 +453,15 @@ func (s *run) maybeAbort(ctx context.Context, rq request, stage Stage) {
 // issued and when the last Send returned (zero times when it did not get
 // that far).
 func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow int32) (first, lastReturned time.Time) {
+	var chunks []int
 	for pos := 0; pos < len(src); pos += s.cfg.ChunkPages {
+		chunks = append(chunks, s.chunkTokens(rq, pos, min(pos+s.cfg.ChunkPages, len(src))))
+	}
+	computed := s.gpu.book(chunks)
+	for i, pos := 0, 0; pos < len(src); i, pos = i+1, pos+s.cfg.ChunkPages {
 		end := min(pos+s.cfg.ChunkPages, len(src))
 		last := end == len(src)
-		if s.gpu.forward(ctx, s.chunkTokens(rq, pos, end)) != nil {
+		if computed != nil && s.gpu.computed(ctx, computed[i]) != nil {
 			return time.Time{}, time.Time{}
 		}
 		if first.IsZero() {

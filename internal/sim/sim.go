@@ -39,7 +39,7 @@ type Config struct {
 	ChunkPages int
 	// PrefillTokensPerS models chunked prefill on one GPU: each chunk's
 	// Send comes after its forward pass, chunk tokens / PrefillTokensPerS,
-	// and forward passes run one at a time across the requests in flight
+	// and the GPU prefills the requests in flight one at a time
 	// (forward.go). 0: no model, each room's chunks are sent back to back.
 	PrefillTokensPerS float64
 	Tick              time.Duration
