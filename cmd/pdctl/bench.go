@@ -126,7 +126,7 @@ func newBenchCommand() *cobra.Command {
 	f.IntVar(&cfg.Concurrency, "concurrency", 8, "requests in flight")
 	f.IntVar(&cfg.ChunkPages, "chunk-pages", 16, "pages each prefill Send hands over (one chunk of chunked prefill)")
 	f.Float64Var(&cfg.PrefillTokensPerS, "prefill-tokens-per-s", defaultPrefillTokensPerS,
-		"forward-pass throughput of the simulated prefill GPU: each chunk's Send waits chunk tokens / this, one pass at a time across the requests in flight; "+
+		"forward-pass throughput of the simulated prefill GPU: each chunk's Send waits chunk tokens / this, and the GPU prefills one request at a time; "+
 			"0 = no model, chunks back to back. The default is an 8B model (2 x 8e9 FLOP per token) on one H100-class GPU at about a third of its 989 dense bf16 TFLOPS")
 	f.IntVar(&cfg.Layout.Layers, "layers", cfg.Layout.Layers, "model layers (K and V buffer each)")
 	f.Int64Var(&cfg.Layout.Pages, "pages", cfg.Layout.Pages, "KV pages per buffer in each engine's region")
