@@ -148,9 +148,9 @@ func checkCPUProfile(t *testing.T, path string) {
 
 // iperf3 -J exits 0 when its server is not listening yet and says
 // "Connection refused" only inside its JSON: the client must be retried
-// then, not taken as the run (which left bench without its iperf3
-// reference about one run in two on this machine). A fake iperf3 on PATH
-// refuses twice, then measures 8 Gbit/s.
+// then, not taken as the run (that left the first bench run of this
+// change, on a loaded machine, without its iperf3 reference). A fake
+// iperf3 on PATH refuses twice, then measures 8 Gbit/s.
 func TestIperf3ClientIsRetriedWhileTheServerIsNotListening(t *testing.T) {
 	dir := t.TempDir()
 	script := `#!/bin/sh
