@@ -82,6 +82,10 @@ type Config struct {
 	// send pages to ("" = the bound DataListen address): set it when
 	// DataListen is a wildcard or sits behind NAT or a proxy.
 	DataAdvertise string
+
+	// CPUProfile is where a CPU profile of the whole run is written
+	// ("" = none): profile.go.
+	CPUProfile string
 }
 
 // DefaultConfig returns the defaults for a role; the flags show them.
@@ -150,6 +154,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.GRPCKeepaliveTimeout, "grpc-keepalive-timeout", c.GRPCKeepaliveTimeout, "close a gRPC connection whose ping is not acked within this")
 	fs.DurationVar(&c.GRPCKeepaliveMinTime, "grpc-keepalive-min-time", c.GRPCKeepaliveMinTime, "clients may ping at most this often; faster gets GOAWAY (too_many_pings)")
 	fs.IntVar(&c.GRPCMaxConnections, "grpc-max-connections", c.GRPCMaxConnections, "most gRPC connections open at once; more are closed on accept")
+	c.bindProfileFlags(fs)
 	switch c.Role {
 	case RolePrefill:
 		fs.StringVar(&c.BootstrapListen, "bootstrap-listen", c.BootstrapListen, "ZeroMQ bind address for decode daemons: tcp://host:port")
