@@ -150,7 +150,7 @@ func TestSenderFenceWaitsForInProgressRead_I9(t *testing.T) {
 	done := g.send(t, k, [][]Run{{{0, 32}}}, [][]Run{{{0, 32}}}, nil)
 	waitFor(t, func() bool { return d.inW.Load() > 0 }) // the writer is inside a chunk write
 	fenced := make(chan struct{})
-	go func() { g.snd.Fence(k); close(fenced) }()
+	go func() { g.snd.FenceWait(k); close(fenced) }()
 	select {
 	case <-fenced:
 		t.Fatal("Fence returned while a worker was writing the room's source pages")
