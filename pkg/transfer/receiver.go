@@ -279,14 +279,16 @@ func (r *Receiver) interrupt(room *rxRoom) {
 	room.mu.Lock()
 	n := 0
 	if room.grace != nil {
+		n = len(room.writing)
+	}
+	if n > 0 { // counted first, so whoever sees the fence end sees the count
+		r.interrupts.Add(1)
 		for _, c := range room.writing {
 			c.c.SetReadDeadline(time.Now())
-			n++
 		}
 	}
 	room.mu.Unlock()
 	if n > 0 {
-		r.interrupts.Add(1)
 		r.log.Warn("stalled io interrupted", zap.Stringer("room", room.key), zap.Int("conns", n),
 			zap.Duration("grace", r.cfg.FenceGrace))
 	}

@@ -426,12 +426,12 @@ func (j *job) letGoFence() {
 func (j *job) interrupt() {
 	j.mu.Lock()
 	stalled := j.grace != nil && j.readers > 0 && j.tc != nil
-	if stalled {
+	if stalled { // counted first, so whoever sees the fence end sees the count
+		j.s.interrupts.Add(1)
 		j.tc.conn.SetWriteDeadline(time.Now())
 	}
 	j.mu.Unlock()
 	if stalled {
-		j.s.interrupts.Add(1)
 		j.s.log.Warn("stalled io interrupted", zap.Stringer("room", j.req.Key), zap.String("peer", j.req.Peer),
 			zap.Duration("grace", j.s.cfg.FenceGrace))
 	}
