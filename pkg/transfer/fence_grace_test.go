@@ -580,3 +580,24 @@ func TestPropertyNoByteLandsAfterTheFenceIsDone(t *testing.T) {
 	})
 	t.Logf("%d of %d fences found a piece landing", pending, room)
 }
+
+// TestNegativeFenceGraceIsRefused: a fence must be able to end, so FenceGrace is positive
+// (zero takes the default).
+func TestNegativeFenceGraceIsRefused(t *testing.T) {
+	l := UniformLayout(1, 1, 4096, 0, 0)
+	r := openTestRegion(t, l)
+	if _, err := NewSender(r, SenderConfig{FenceGrace: -time.Second}); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("sender: %v, want ErrBadConfig", err)
+	}
+	if _, err := NewReceiver(r, ReceiverConfig{FenceGrace: -time.Second}, nil); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("receiver: %v, want ErrBadConfig", err)
+	}
+	s, err := NewSender(r, SenderConfig{})
+	if err != nil || s.cfg.FenceGrace != 500*time.Millisecond {
+		t.Fatalf("sender default grace %v (%v), want 500ms", s.cfg.FenceGrace, err)
+	}
+	rc, err := NewReceiver(r, ReceiverConfig{}, nil)
+	if err != nil || rc.cfg.FenceGrace != 500*time.Millisecond {
+		t.Fatalf("receiver default grace %v (%v), want 500ms", rc.cfg.FenceGrace, err)
+	}
+}

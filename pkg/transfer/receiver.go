@@ -60,8 +60,8 @@ func (c *ReceiverConfig) setDefaults() error {
 	if c.FenceGrace == 0 {
 		c.FenceGrace = 500 * time.Millisecond
 	}
-	if c.IdleTimeout < 0 || c.WriteTimeout < 0 || c.HandshakeTimeout < 0 || c.PieceBytes < 4096 || c.FenceGrace < 0 {
-		return fmt.Errorf("%w: receiver timeouts must be positive and piece_bytes >= 4096", ErrBadConfig)
+	if c.IdleTimeout < 0 || c.WriteTimeout < 0 || c.HandshakeTimeout < 0 || c.PieceBytes < 4096 || c.FenceGrace <= 0 {
+		return fmt.Errorf("%w: receiver timeouts and fence_grace must be positive and piece_bytes >= 4096", ErrBadConfig)
 	}
 	if c.Auth == nil {
 		c.Auth = NoAuth{}
