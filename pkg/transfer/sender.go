@@ -396,6 +396,9 @@ func (j *job) acquireWrite(tc *txConn, n int64) bool {
 	return true
 }
 
+// release ends a read of the source pages. The last reader to let go may be the checksum
+// goroutine, after the writer gave the job up and its outcome was recorded: then it
+// finalizes the job, as finish and setWriting would have had the read been over.
 func (j *job) release() {
 	j.mu.Lock()
 	j.readers--
@@ -404,9 +407,14 @@ func (j *job) release() {
 		j.grace.Stop()
 		j.grace = nil // marks the pending fence as handed back
 	}
+	ready := j.readers == 0 && !j.writing && j.hasResult
+	res := j.result
 	j.mu.Unlock()
-	if letGo {
+	switch {
+	case letGo:
 		j.letGoFence()
+	case ready:
+		j.finalize(res, true)
 	}
 }
 
