@@ -409,8 +409,8 @@ func TestSendWaitingForAdmissionReturnsFencedWhenItsRoomIsFenced(t *testing.T) {
 	}
 	select {
 	case err := <-sent:
-		if !errors.Is(err, ErrFenced) {
-			t.Fatalf("Send of a fenced room waiting for admission: %v, want ErrFenced", err)
+		if !errors.Is(err, ErrFenced) || ReasonOf(err) != ReasonFenced {
+			t.Fatalf("Send of a fenced room waiting for admission: %v, want ErrFenced with reason fenced", err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Send waiting for admission did not return when its room was fenced")

@@ -192,8 +192,9 @@ func (s *Sender) RemovePeer(addr string) {
 
 // Send checks req's shape and its source pages against the local region (the pages it will
 // read), pairs and coalesces its page runs and queues it on the peer. It blocks while the
-// peer's in-flight budget is used up, until ctx ends or the room is fenced (ErrFenced); a
-// Send that returns an error charged nothing. Nothing is read or sent for a request that
+// peer's in-flight budget is used up, until ctx ends or the room is fenced (ErrFenced, with
+// reason fenced: the fence's caller knows why the room ended); a Send that returns an error
+// charged nothing. Nothing is read or sent for a request that
 // fails these checks. The destination pages are the receiver's to check: it refuses a chunk
 // naming a page outside its region or its room's destination before writing a byte, and the
 // room fails with reason invalid.
@@ -238,7 +239,7 @@ func (s *Sender) Send(ctx context.Context, req SendRequest) error {
 	j.mu.Unlock()
 	if fenced { // fenced between admission and here: the fence did not see the charge
 		p.release(j.charge)
-		return ErrFenced
+		return fail(ReasonFenced, ErrFenced)
 	}
 	if !p.enqueue(j) {
 		j.finish(fail(ReasonTransferError, ErrUnknownPeer))

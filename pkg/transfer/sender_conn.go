@@ -40,7 +40,7 @@ func newPeer(s *Sender, addr string, layout Layout) *peer {
 }
 
 // acquire takes n bytes of the in-flight budget, waiting while it is used up until ctx ends,
-// the peer closes or fenced is closed (ErrFenced).
+// the peer closes or fenced is closed (ErrFenced, reason fenced).
 func (p *peer) acquire(ctx context.Context, n int64, fenced <-chan struct{}) error {
 	for {
 		p.mu.Lock()
@@ -61,7 +61,7 @@ func (p *peer) acquire(ctx context.Context, n int64, fenced <-chan struct{}) err
 		case <-p.done:
 			return ErrClosed
 		case <-fenced:
-			return ErrFenced
+			return fail(ReasonFenced, ErrFenced)
 		case <-ch:
 		}
 	}
