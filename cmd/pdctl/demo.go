@@ -72,7 +72,7 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 		deadlines = []string{"--bootstrap-timeout=2s", "--waiting-timeout=2s", "--transfer-idle-timeout=2s"}
 		cfg.Faults = sim.Faults{AbortPrefill: 0.05, AbortDecode: 0.05, StallDecode: 0.03, StallPrefill: 0.03}
 	}
-	procs, err := startPair(cmd, binDir, tmp, deadlines, &cfg)
+	procs, err := startPair(cmd, binDir, tmp, deadlines, nil, &cfg)
 	defer stopAll(procs)
 	if err != nil {
 		return err
@@ -219,12 +219,13 @@ func stopAll(procs []*proc.Process) {
 }
 
 // startPair starts prefilld and decoded as child processes on loopback
-// and points cfg at them. The processes started so far are returned even
-// on error, for the caller to stop.
-func startPair(cmd *cobra.Command, binDir, tmp string, extra []string, cfg *sim.Config) ([]*proc.Process, error) {
+// and points cfg at them; cpuProfiles, if given, are where each writes
+// its CPU profile (prefilld's, then decoded's). The processes started so
+// far are returned even on error, for the caller to stop.
+func startPair(cmd *cobra.Command, binDir, tmp string, extra, cpuProfiles []string, cfg *sim.Config) ([]*proc.Process, error) {
 	out := cmd.OutOrStdout()
 	var procs []*proc.Process
-	for _, d := range []struct{ name, extra string }{
+	for i, d := range []struct{ name, extra string }{
 		{"prefilld", "--bootstrap-listen=tcp://127.0.0.1:0"},
 		{"decoded", "--data-listen=127.0.0.1:0"},
 	} {
@@ -236,6 +237,9 @@ func startPair(cmd *cobra.Command, binDir, tmp string, extra []string, cfg *sim.
 			"--grpc-listen=unix://" + filepath.Join(tmp, d.name+".sock"),
 			"--http-listen=127.0.0.1:0", d.extra,
 		}, extra...)
+		if i < len(cpuProfiles) {
+			args = append(args, "--cpu-profile="+cpuProfiles[i])
+		}
 		p, err := proc.Start(cmd.Context(), bin, args, 15*time.Second)
 		if err != nil {
 			return procs, err

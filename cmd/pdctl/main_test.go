@@ -2,9 +2,46 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
+	"sync"
 	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/pdlink/pdlink/internal/testbed"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if daemonsDir != "" {
+		os.RemoveAll(daemonsDir)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+var (
+	buildOnce  sync.Once
+	daemonsDir string
+	daemonsErr error
+)
+
+// daemons builds prefilld and decoded once for the package's tests and
+// returns their directory.
+func daemons(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() { daemonsDir, daemonsErr = testbed.BuildDaemons("pdctl-test-bin-") })
+	if daemonsErr != nil {
+		t.Fatal(daemonsErr)
+	}
+	return daemonsDir
+}
 
 // `pdctl -help` and `pdctl rooms -help` print the help like -h, instead of
 // "unknown shorthand flag: 'e' in -elp".

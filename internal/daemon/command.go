@@ -40,6 +40,15 @@ func NewCommand(role Role, version string, short string, setup Setup) *cobra.Com
 				return err
 			}
 			defer func() { _ = log.Sync() }()
+			stopProfile, err := startCPUProfile(cfg.CPUProfile)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				if err := stopProfile(); err != nil {
+					log.Warn("cpu profile not written", zap.String("path", cfg.CPUProfile), zap.Error(err))
+				}
+			}()
 			if cfg.InsecureMode() {
 				log.Warn("running without authentication on addresses other hosts can reach: anyone who reaches them can register, abort rooms or receive KV cache",
 					zap.Strings("exposed", cfg.Exposed))

@@ -39,7 +39,10 @@ type Config struct {
 	HeartbeatInterval   time.Duration
 	HeartbeatMisses     int
 	DrainTimeout        time.Duration
-	MaxRooms            int
+	// DrainTerminalGrace is how long the rooms that ended during a drain
+	// stay pollable before the daemon stops serving (StopBound caps it).
+	DrainTerminalGrace time.Duration
+	MaxRooms           int
 
 	// AuthTokenFile holds the deployment's shared secret (re-read on
 	// SIGHUP); AuthOverlap is how long the previous token stays accepted
@@ -79,6 +82,10 @@ type Config struct {
 	// send pages to ("" = the bound DataListen address): set it when
 	// DataListen is a wildcard or sits behind NAT or a proxy.
 	DataAdvertise string
+
+	// CPUProfile is where a CPU profile of the whole run is written
+	// ("" = none): profile.go.
+	CPUProfile string
 }
 
 // DefaultConfig returns the defaults for a role; the flags show them.
@@ -96,6 +103,7 @@ func DefaultConfig(role Role) Config {
 		HeartbeatInterval:   time.Second,
 		HeartbeatMisses:     3,
 		DrainTimeout:        30 * time.Second,
+		DrainTerminalGrace:  300 * time.Millisecond,
 		MaxRooms:            65536,
 		AuthOverlap:         auth.DefaultOverlap,
 		AuthPromoteDelay:    auth.DefaultPromoteDelay,
@@ -131,6 +139,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "interval between heartbeats to each peer")
 	fs.IntVar(&c.HeartbeatMisses, "heartbeat-misses", c.HeartbeatMisses, "missed heartbeats in a row after which a peer is lost")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM, how long inflight rooms may finish before they fail with shutdown")
+	fs.DurationVar(&c.DrainTerminalGrace, "drain-terminal-grace", c.DrainTerminalGrace, "after the drain timeout, how long the rooms it failed stay pollable before the daemon stops serving (at most 400ms)")
 	fs.IntVar(&c.MaxRooms, "max-rooms", c.MaxRooms, "most rooms held at once; more are refused with ResourceExhausted")
 	fs.StringVar(&c.AuthTokenFile, "auth-token-file", c.AuthTokenFile, "file holding the shared secret peers prove (re-read on SIGHUP)")
 	fs.DurationVar(&c.AuthOverlap, "auth-token-overlap", c.AuthOverlap, "after a token rotation, how long a token dropped from the file stays accepted")
@@ -145,6 +154,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.GRPCKeepaliveTimeout, "grpc-keepalive-timeout", c.GRPCKeepaliveTimeout, "close a gRPC connection whose ping is not acked within this")
 	fs.DurationVar(&c.GRPCKeepaliveMinTime, "grpc-keepalive-min-time", c.GRPCKeepaliveMinTime, "clients may ping at most this often; faster gets GOAWAY (too_many_pings)")
 	fs.IntVar(&c.GRPCMaxConnections, "grpc-max-connections", c.GRPCMaxConnections, "most gRPC connections open at once; more are closed on accept")
+	c.bindProfileFlags(fs)
 	switch c.Role {
 	case RolePrefill:
 		fs.StringVar(&c.BootstrapListen, "bootstrap-listen", c.BootstrapListen, "ZeroMQ bind address for decode daemons: tcp://host:port")
@@ -215,6 +225,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DrainTimeout < 0 {
 		return &FlagError{"drain-timeout", c.DrainTimeout.String(), "must not be negative"}
+	}
+	if c.DrainTerminalGrace < 0 || c.DrainTerminalGrace > MaxDrainTerminalGrace {
+		return &FlagError{"drain-terminal-grace", c.DrainTerminalGrace.String(), "must be between 0 and " + MaxDrainTerminalGrace.String() + " (the daemon exits within --drain-timeout + " + StopBound.String() + ")"}
 	}
 	if c.HeartbeatMisses < 1 {
 		return &FlagError{"heartbeat-misses", fmt.Sprint(c.HeartbeatMisses), "must be at least 1"}

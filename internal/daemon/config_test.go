@@ -71,6 +71,8 @@ func TestBadFlagValuesAreRefusedNamingTheFlag(t *testing.T) {
 		{RolePrefill, "--heartbeat-interval=0s", "heartbeat-interval"},
 		{RolePrefill, "--heartbeat-misses=0", "heartbeat-misses"},
 		{RolePrefill, "--drain-timeout=-1s", "drain-timeout"},
+		{RolePrefill, "--drain-terminal-grace=-1ms", "drain-terminal-grace"},
+		{RoleDecode, "--drain-terminal-grace=401ms", "drain-terminal-grace"},
 		{RolePrefill, "--max-rooms=0", "max-rooms"},
 		{RolePrefill, "--bootstrap-listen=127.0.0.1:8998", "bootstrap-listen"},
 		{RolePrefill, "--bootstrap-listen=ipc:///tmp/x", "bootstrap-listen"},

@@ -47,11 +47,20 @@ func runReturnsNil(t *testing.T, done <-chan error) {
 	}
 }
 
+// heldDrainConfig is testConfig with a drain timeout long enough that a
+// drain held by holdDrain never meets the stop bound (Run would return
+// ErrStopTimeout).
+func heldDrainConfig(t *testing.T) Config {
+	cfg := testConfig(t)
+	cfg.DrainTimeout = time.Minute
+	return cfg
+}
+
 // holdDrain makes s's drain wait: draining is closed when the drain
 // starts, which then lasts until endDrain is closed.
 func holdDrain(s *Server) (draining, endDrain chan struct{}) {
 	draining, endDrain = make(chan struct{}), make(chan struct{})
-	s.OnDrain(func(context.Context) { close(draining); <-endDrain })
+	s.OnDrain(func(context.Context, time.Time) { close(draining); <-endDrain })
 	return draining, endDrain
 }
 

@@ -35,7 +35,7 @@ func wantHealth(t *testing.T, hc healthpb.HealthClient, want healthpb.HealthChec
 // answered NotFound.
 func TestHealthByServiceNameFollowsReadinessAndDrain(t *testing.T) {
 	const svc, admin = "pdlink.v1.PrefillService", "pdlink.v1.AdminService"
-	s, err := NewServer(testConfig(t), zap.NewNop(), "test")
+	s, err := NewServer(heldDrainConfig(t), zap.NewNop(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestHealthByServiceNameFollowsReadinessAndDrain(t *testing.T) {
 func TestComponentReadyDuringDrainKeepsHealthNotServing(t *testing.T) {
 	const svc = "pdlink.v1.DecodeService"
 	core, logs := observer.New(zap.InfoLevel)
-	s, err := NewServer(testConfig(t), zap.New(core), "test")
+	s, err := NewServer(heldDrainConfig(t), zap.New(core), "test")
 	if err != nil {
 		t.Fatal(err)
 	}

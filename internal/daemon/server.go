@@ -56,7 +56,7 @@ type Server struct {
 	healthMu    sync.Mutex
 	draining    bool
 	healthNames []string // "" and every served pdlink service, set by Run
-	drain       func(ctx context.Context)
+	drain       func(ctx context.Context, deadline time.Time)
 	unixPath    string
 
 	reloaders []reloader // what SIGHUP re-reads (signals.go)
@@ -231,12 +231,32 @@ func (s *Server) Add(name string, execute func(ready func()) error, interrupt fu
 }
 
 // OnDrain sets what happens between SIGTERM and stopping the components:
-// the role refuses new rooms and lets inflight ones end within ctx.
-func (s *Server) OnDrain(drain func(ctx context.Context)) { s.drain = drain }
+// the role refuses new rooms, lets inflight ones end until deadline
+// (SIGTERM + --drain-timeout), fails the rest and keeps them pollable
+// for a grace; it must return by ctx's deadline (the drain's cap).
+func (s *Server) OnDrain(drain func(ctx context.Context, deadline time.Time)) { s.drain = drain }
+
+// A planned stop ends within --drain-timeout + StopBound of SIGTERM: the
+// drain hook returns by drainOverrun past the drain deadline, the
+// components have until stopOverrun to stop, and the rest is margin for
+// a loaded machine (timers fire late) and the process's own exit. A hook or a component that overruns is left behind:
+// Run returns ErrStopTimeout.
+const (
+	// StopBound is how long past --drain-timeout a daemon may take to exit
+	// after SIGTERM (TimeoutStopSec and terminationGracePeriodSeconds
+	// must exceed the drain timeout by more).
+	StopBound    = time.Second
+	drainOverrun = 500 * time.Millisecond
+	stopOverrun  = 800 * time.Millisecond
+	// MaxDrainTerminalGrace leaves the drain time within drainOverrun for
+	// the peers' ACKs and GOODBYE after the grace.
+	MaxDrainTerminalGrace = 400 * time.Millisecond
+)
 
 // Run serves until ctx is done (SIGTERM) or a component fails. On ctx done
-// it turns not-ready, drains for at most --drain-timeout, and stops.
-// Throughout, SIGHUP runs what OnReload registered.
+// it turns not-ready, drains until --drain-timeout (then the hook's grace,
+// see OnDrain), stops the components, and returns within --drain-timeout
+// + StopBound. Throughout, SIGHUP runs what OnReload registered.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.handleHangup()()
 	s.healthMu.Lock()
@@ -244,18 +264,21 @@ func (s *Server) Run(ctx context.Context) error {
 	s.healthMu.Unlock()
 	s.setReady(false)
 	stop := make(chan struct{})
+	stopBy := make(chan time.Time, 1) // when Run must return, set at SIGTERM
 	s.group.Add(func() error {
 		select {
 		case <-ctx.Done():
 		case <-stop:
 			return nil
 		}
+		deadline := time.Now().Add(s.cfg.DrainTimeout)
+		stopBy <- deadline.Add(stopOverrun)
 		s.startDrain()
 		_ = s.notifier.Notify("STOPPING=1")
 		s.log.Info("draining", zap.Duration("drain_timeout", s.cfg.DrainTimeout))
 		if s.drain != nil {
-			dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
-			s.drain(dctx)
+			dctx, cancel := context.WithDeadline(context.Background(), deadline.Add(drainOverrun))
+			s.drain(dctx, deadline)
 			cancel()
 		}
 		return nil
@@ -283,7 +306,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}()
 
-	err := s.group.Run()
+	result := make(chan error, 1)
+	go func() { result <- s.group.Run() }()
+	err := s.awaitStop(result, stopBy)
 	close(watchdogStop)
 	bg.Wait()
 	s.setReady(false)
@@ -291,6 +316,26 @@ func (s *Server) Run(ctx context.Context) error {
 		_ = os.Remove(s.unixPath)
 	}
 	return err
+}
+
+// awaitStop returns the group's result, or ErrStopTimeout once a planned
+// stop has overrun its bound (the stuck goroutines go with the process).
+func (s *Server) awaitStop(result <-chan error, stopBy <-chan time.Time) error {
+	select {
+	case err := <-result:
+		return err
+	case by := <-stopBy:
+		t := time.NewTimer(time.Until(by))
+		defer t.Stop()
+		select {
+		case err := <-result:
+			return err
+		case <-t.C:
+			s.log.Error("components did not stop within the drain bound, exiting anyway",
+				zap.Duration("drain_timeout", s.cfg.DrainTimeout), zap.Duration("bound", s.cfg.DrainTimeout+StopBound))
+			return ErrStopTimeout
+		}
+	}
 }
 
 // setReady sets /readyz and the health status of every name in

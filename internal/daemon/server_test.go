@@ -56,9 +56,9 @@ func TestReadyOnlyWhenEveryComponentServesAndDrainRunsOnStop(t *testing.T) {
 	}
 	release := addSlowComponent(s)
 	drained := make(chan struct{})
-	s.OnDrain(func(ctx context.Context) {
-		if _, ok := ctx.Deadline(); !ok {
-			t.Error("drain context has no deadline")
+	s.OnDrain(func(ctx context.Context, deadline time.Time) {
+		if capAt, ok := ctx.Deadline(); !ok || !capAt.After(deadline) {
+			t.Errorf("drain context's cap %v (set %v) is not past the drain deadline %v", capAt, ok, deadline)
 		}
 		close(drained)
 	})

@@ -41,7 +41,6 @@ type DecodeData struct {
 	slot     regionSlot
 	mu       sync.Mutex
 	receiver *transfer.Receiver
-	fences   fenceRunner
 	bytes    atomic.Uint64
 	refused  atomic.Uint64
 
@@ -103,6 +102,7 @@ var _ conn.DecodeDataPlane = (*DecodeData)(nil)
 // NewDecodeData returns the adapter; SetNode must be called before use.
 func NewDecodeData(cfg transfer.ReceiverConfig, log *zap.Logger) *DecodeData {
 	d := &DecodeData{log: log, rcfg: cfg, metadata: map[poll.Key]*sentMetadata{}}
+	d.rcfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
 	d.slot.onSet = func(r *transfer.Region) error {
 		rx, err := transfer.NewReceiver(r, d.rcfg, decodeEvents{d})
 		if err != nil {
@@ -156,7 +156,6 @@ func (d *DecodeData) Close() {
 	if rx != nil {
 		rx.Close()
 	}
-	d.fences.wait()
 	d.slot.close()
 }
 
@@ -183,21 +182,18 @@ func (d *DecodeData) Expect(md conn.Metadata) error {
 	return rx.Expect(transfer.Expectation{Key: tkey(md.Key), Dst: transfer.SamePages(len(l.Buffers), runs), AuxRow: auxRow})
 }
 
-// Fence implements conn.DecodeDataPlane without waiting: a room with no
-// metadata sent has nothing expected and is fenced at once; otherwise the
-// receiver's blocking Fence runs on a goroutine of its own, which tells
-// the node Fenced once no byte lands in the room's pages any more (R7).
+// Fence implements conn.DecodeDataPlane without waiting: the receiver
+// stops the room at once and answers done when no byte is being written
+// into its pages; otherwise its OnFenced tells the node Fenced once the
+// writer let go (within FenceGrace plus one piece), R7.
 func (d *DecodeData) Fence(key poll.Key) bool {
 	d.mu.Lock()
 	rx := d.receiver
 	d.mu.Unlock()
-	d.mdMu.Lock()
-	expected := d.metadata[key] != nil
-	d.mdMu.Unlock()
-	if rx == nil || !expected {
+	if rx == nil {
 		return true
 	}
-	return d.fences.start(key, func() { rx.Fence(tkey(key)) }, d.node.Fenced)
+	return rx.Fence(tkey(key))
 }
 
 // Forget implements conn.DecodeDataPlane.

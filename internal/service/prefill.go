@@ -42,7 +42,6 @@ type PrefillData struct {
 	sender *transfer.Sender
 	rooms  map[poll.RoomID]*prefillRoom
 	fenced map[poll.Key]bool // sticky until Forget (a late Bind is ignored)
-	fences fenceRunner
 	// boundCh is closed (and replaced) at every Bind, waking Sends that
 	// wait for their room's binding.
 	boundCh chan struct{}
@@ -84,6 +83,7 @@ var _ conn.PrefillDataPlane = (*PrefillData)(nil)
 // NewPrefillData returns the adapter; SetNode must be called before use.
 func NewPrefillData(cfg transfer.SenderConfig, log *zap.Logger) *PrefillData {
 	d := &PrefillData{log: log, scfg: cfg, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}, boundCh: make(chan struct{})}
+	d.scfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
 	d.slot.onSet = func(r *transfer.Region) error {
 		s, err := transfer.NewSender(r, d.scfg)
 		if err != nil {
@@ -111,7 +111,6 @@ func (d *PrefillData) Close() {
 	if s != nil {
 		s.Close()
 	}
-	d.fences.wait()
 	d.slot.close()
 }
 
@@ -184,21 +183,19 @@ func (d *PrefillData) waitBound(ctx context.Context, id poll.RoomID) *prefillRoo
 	}
 }
 
-// Fence implements conn.PrefillDataPlane without waiting: a room no
-// transfer holds (its last Send not taken) is fenced at once; otherwise
-// the sender's blocking Fence runs on a goroutine of its own, which tells
-// the node Fenced once no source page of the room is read any more.
+// Fence implements conn.PrefillDataPlane without waiting: the sender
+// stops the room at once and answers done when no worker reads its source
+// pages; otherwise its OnFenced tells the node Fenced once the worker let
+// go (within FenceGrace plus one chunk write).
 func (d *PrefillData) Fence(key poll.Key) bool {
 	d.mu.Lock()
 	d.fenced[key] = true
 	s := d.sender
-	r := d.rooms[key.Room]
-	held := s != nil && r != nil && r.key == key && r.started
 	d.mu.Unlock()
-	if !held {
+	if s == nil {
 		return true
 	}
-	return d.fences.start(key, func() { s.Fence(tkey(key)) }, d.node.Fenced)
+	return s.Fence(tkey(key))
 }
 
 // Forget implements conn.PrefillDataPlane.

@@ -109,28 +109,22 @@ func authSources(kr *auth.Keyring) (rejected, reloads func() []metrics.Count) {
 	return rejected, reloads
 }
 
-// shutdownGrace bounds how long the failed rooms' notices may take to be
-// acknowledged by the peers after the drain timeout.
-const shutdownGrace = 2 * time.Second
+// drainer is what a drain needs of a room owner.
+type drainer interface {
+	Drain(ctx context.Context, p conn.DrainPlan) conn.DrainReport
+}
 
-// drainRooms refuses new rooms, lets inflight ones end until ctx is done,
-// then fails the rest with shutdown while the sockets still serve and waits
-// (bounded) for the peers to acknowledge (R8).
-func drainRooms(ctx context.Context, gate *Gate, stats func() poll.Stats, shutdown func(context.Context)) {
+// drainRooms refuses new rooms at once, then runs the node's drain: rooms
+// finish until deadline, the rest fail with shutdown and stay pollable
+// for grace while the peers hear of them (R8), then GOODBYE; all by ctx's
+// deadline, the cap the daemon gives the drain.
+func drainRooms(ctx context.Context, deadline time.Time, grace time.Duration, gate *Gate, node drainer) {
 	gate.Drain()
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-wait:
-	for stats().Inflight > 0 {
-		select {
-		case <-ctx.Done():
-			break wait
-		case <-t.C:
-		}
+	capAt, ok := ctx.Deadline()
+	if !ok {
+		capAt = deadline.Add(daemon.StopBound)
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer cancel()
-	shutdown(sctx)
+	node.Drain(ctx, conn.DrainPlan{Deadline: deadline, TerminalGrace: grace, Cap: capAt})
 }
 
 // SetupPrefill wires prefilld: the bootstrap socket, the room owner, the
@@ -178,7 +172,9 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		_ = node.Close()
 		data.Close()
 	})
-	s.OnDrain(func(ctx context.Context) { drainRooms(ctx, gate, node.Stats, node.Shutdown) })
+	s.OnDrain(func(ctx context.Context, deadline time.Time) {
+		drainRooms(ctx, deadline, cfg.DrainTerminalGrace, gate, node)
+	})
 	return nil
 }
 
@@ -235,7 +231,9 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		ln.Close()
 		data.Close()
 	})
-	s.OnDrain(func(ctx context.Context) { drainRooms(ctx, gate, node.Stats, node.Shutdown) })
+	s.OnDrain(func(ctx context.Context, deadline time.Time) {
+		drainRooms(ctx, deadline, cfg.DrainTerminalGrace, gate, node)
+	})
 	return nil
 }
 

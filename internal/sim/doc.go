@@ -13,6 +13,12 @@
 // written after the failure was visible (R7), and pages of a request whose
 // decode room never opened to hold none at all.
 //
+// With Config.PrefillTokensPerS set, the prefill engine models chunked
+// prefill on one GPU: each chunk's Send waits (on a timer) for its forward
+// pass, and the GPU prefills the requests in flight one at a time, each
+// one's chunks back to back (forward.go). Report gives, per successful room, last Send -> decode
+// Success and first Send -> decode Success.
+//
 // Run is one workload on fresh engines. New returns a Sim whose engines
 // and connections outlive several workloads (Sim.Run), and whose
 // Register re-registers the regions with a daemon that restarted. The

@@ -60,6 +60,7 @@ const auxBuffer = 1000 // buffer id used for the aux row's pattern
 type request struct {
 	room      uint64
 	tag       uint64 // seeds the page pattern: unique per request, even when room ids repeat
+	tokens    int
 	pages     int
 	fault     fault
 	stage     Stage
@@ -76,7 +77,7 @@ type request struct {
 
 func (s *run) newRequest(room uint64, rng *rand.Rand) request {
 	tokens := s.cfg.MinTokens + rng.IntN(s.cfg.MaxTokens-s.cfg.MinTokens+1)
-	rq := request{room: room, tag: rng.Uint64() | 1, pages: (tokens + s.cfg.Layout.PageTokens - 1) / s.cfg.Layout.PageTokens,
+	rq := request{room: room, tag: rng.Uint64() | 1, tokens: tokens, pages: (tokens + s.cfg.Layout.PageTokens - 1) / s.cfg.Layout.PageTokens,
 		stage: Stage(rng.IntN(int(numStages))), prefFirst: rng.IntN(2) == 0}
 	f := s.cfg.Faults
 	if len(f.AbortStages) > 0 {
@@ -268,7 +269,7 @@ func (s *run) serve(ctx context.Context, rq request) {
 
 	var ps, ds *pb.RoomStatus
 	sent := false
-	var lastChunk time.Time
+	var firstSend, lastChunk time.Time
 	var decodeDone time.Time
 	tick := time.NewTicker(s.cfg.Tick)
 	defer tick.Stop()
@@ -285,7 +286,7 @@ func (s *run) serve(ctx context.Context, rq request) {
 		}
 		if !sent && ps.GetState() == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT {
 			sent = true
-			lastChunk = s.sendChunks(ctx, rq, src, srcAux[0])
+			firstSend, lastChunk = s.sendChunks(ctx, rq, src, srcAux[0])
 		}
 		if terminal(ps.GetState()) && terminal(ds.GetState()) {
 			break
@@ -335,6 +336,7 @@ func (s *run) serve(ctx context.Context, rq request) {
 			}
 			if !lastChunk.IsZero() && decodeDone.After(lastChunk) {
 				r.LastChunkToSuccess = append(r.LastChunkToSuccess, decodeDone.Sub(lastChunk))
+				r.FirstSendToSuccess = append(r.FirstSendToSuccess, decodeDone.Sub(firstSend))
 			}
 		})
 	case pb.RoomState_ROOM_STATE_FAILED:
@@ -446,12 +448,25 @@ func (s *run) maybeAbort(ctx context.Context, rq request, stage Stage) {
 	}
 }
 
-// sendChunks hands the room's pages over in chunks, as forward passes of
-// chunked prefill finish, and returns when the last Send returned.
-func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow int32) time.Time {
+// sendChunks hands the room's pages over in chunks, each once its forward
+// pass of chunked prefill finished, and returns when the first Send was
+// issued and when the last Send returned (zero times when it did not get
+// that far).
+func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow int32) (first, lastReturned time.Time) {
+	var chunks []int
 	for pos := 0; pos < len(src); pos += s.cfg.ChunkPages {
+		chunks = append(chunks, s.chunkTokens(rq, pos, min(pos+s.cfg.ChunkPages, len(src))))
+	}
+	computed := s.gpu.book(chunks)
+	for i, pos := 0, 0; pos < len(src); i, pos = i+1, pos+s.cfg.ChunkPages {
 		end := min(pos+s.cfg.ChunkPages, len(src))
 		last := end == len(src)
+		if computed != nil && s.gpu.computed(ctx, computed[i]) != nil {
+			return time.Time{}, time.Time{}
+		}
+		if first.IsZero() {
+			first = time.Now()
+		}
 		if last && rq.fault == faultStallPrefill {
 			if pos == 0 {
 				// Hand over one page so the room is Transferring on
@@ -462,7 +477,7 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 					return err
 				})
 			}
-			return time.Time{}
+			return time.Time{}, time.Time{}
 		}
 		if rq.stage == StageMidSend && pos > 0 {
 			s.maybeAbort(ctx, rq, StageMidSend)
@@ -473,13 +488,20 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 			return err
 		})
 		if err != nil {
-			return time.Time{}
+			return time.Time{}, time.Time{}
 		}
 	}
 	if rq.stage == StageMidSend && len(src) <= s.cfg.ChunkPages {
 		s.maybeAbort(ctx, rq, StageMidSend)
 	}
-	return time.Now()
+	return first, time.Now()
+}
+
+// chunkTokens is how many of the request's tokens the pages [pos, end)
+// hold: a whole page each, but the last page holds what is left.
+func (s *run) chunkTokens(rq request, pos, end int) int {
+	pt := s.cfg.Layout.PageTokens
+	return min(end*pt, rq.tokens) - pos*pt
 }
 
 // lost is what a scheduler sees of a room its daemon no longer knows

@@ -37,7 +37,12 @@ type Config struct {
 	// ChunkPages is how many pages each prefill Send hands over (a forward
 	// pass of chunked prefill).
 	ChunkPages int
-	Tick       time.Duration
+	// PrefillTokensPerS models chunked prefill on one GPU: each chunk's
+	// Send comes after its forward pass, chunk tokens / PrefillTokensPerS,
+	// and the GPU prefills the requests in flight one at a time
+	// (forward.go). 0: no model, each room's chunks are sent back to back.
+	PrefillTokensPerS float64
+	Tick              time.Duration
 	// PinBound is the longest a room may take to reach a terminal state
 	// (the sum of the daemons' deadlines plus slack); a room past it is
 	// reported as pinned, which must never happen.
@@ -140,6 +145,10 @@ type Report struct {
 	// LastChunkToSuccess is, per successful room, the time from the last
 	// Send returning to decode reporting Success.
 	LastChunkToSuccess []time.Duration
+	// FirstSendToSuccess is, per successful room, the time from its first
+	// Send being issued (its first page handed over) to decode reporting
+	// Success.
+	FirstSendToSuccess []time.Duration
 	// WorstTerminal is the longest time any room took to reach a terminal
 	// state on both sides.
 	WorstTerminal time.Duration
@@ -147,10 +156,20 @@ type Report struct {
 
 // Percentile returns the p-th percentile (0..100) of LastChunkToSuccess.
 func (r *Report) Percentile(p float64) time.Duration {
-	if len(r.LastChunkToSuccess) == 0 {
+	return percentile(r.LastChunkToSuccess, p)
+}
+
+// FirstSendPercentile returns the p-th percentile (0..100) of
+// FirstSendToSuccess.
+func (r *Report) FirstSendPercentile(p float64) time.Duration {
+	return percentile(r.FirstSendToSuccess, p)
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
 		return 0
 	}
-	s := slices.Clone(r.LastChunkToSuccess)
+	s := slices.Clone(ds)
 	slices.Sort(s)
 	i := int(p / 100 * float64(len(s)-1))
 	return s[i]
@@ -379,6 +398,7 @@ func (s *Sim) Run(ctx context.Context, w Config) (*Report, error) {
 	cfg := s.cfg
 	cfg.Requests, cfg.MinTokens, cfg.MaxTokens, cfg.Concurrency = w.Requests, w.MinTokens, w.MaxTokens, w.Concurrency
 	cfg.ChunkPages, cfg.Tick, cfg.PinBound, cfg.Seed, cfg.Faults = w.ChunkPages, w.Tick, w.PinBound, w.Seed, w.Faults
+	cfg.PrefillTokensPerS = w.PrefillTokensPerS
 	cfg.NoVerify = w.NoVerify
 	cfg.NoClear, cfg.Reuse, cfg.ReuseChain, cfg.RelayNonce, cfg.CheckPages = w.NoClear, w.Reuse, w.ReuseChain, w.RelayNonce, w.CheckPages
 	cfg.Progress, cfg.Stop = w.Progress, w.Stop
@@ -388,7 +408,7 @@ func (s *Sim) Run(ctx context.Context, w Config) (*Report, error) {
 	}
 	r := &run{Sim: s, cfg: cfg,
 		rep:  &Report{Requests: cfg.Requests, Outcomes: map[string]int{}, Faults: map[string]int{}, FaultOutcomes: map[string]int{}, CleanFailed: map[string]int{}},
-		stop: make(chan struct{})}
+		stop: make(chan struct{}), gpu: newGPU(cfg.PrefillTokensPerS, realClock{})}
 	r.strict = cfg.CheckPages || cfg.Faults.any() || cfg.Reuse != ReuseNone
 
 	start := time.Now()
@@ -499,6 +519,7 @@ type run struct {
 	strict   bool // check pages of failed and unopened rooms
 	stop     chan struct{}
 	stopOnce sync.Once
+	gpu      *gpu // the prefill engine's forward passes (nil: none)
 
 	mu  sync.Mutex
 	rep *Report

@@ -124,10 +124,11 @@ func (c *core) Clear(ids []poll.RoomID, errs []error) {
 // still serve, then waits until every frame about a room is acknowledged
 // or abandoned, or ctx ends; then it says goodbye to the peers and waits,
 // within the same ctx, for their ACKs, so they forget this node instead of
-// counting it lost (goodbye.go). The daemon calls it at the end of a
-// drain, before Close, so the peer hears of each room (R8) instead of
-// waiting out its own deadline: Close alone sends each notice once and
-// shuts the socket, and ZeroMQ may drop what was queued.
+// counting it lost (goodbye.go). Call it (or Drain, drain.go, which the
+// daemons use: it adds a deadline, a terminal grace and a cap) before
+// Close, so the peer hears of each room (R8) instead of waiting out its
+// own deadline: Close alone sends each notice once and shuts the socket,
+// and ZeroMQ may drop what was queued.
 func (c *core) Shutdown(ctx context.Context) {
 	_ = c.step(poll.Event{Kind: poll.EvShutdown})
 	c.out.waitUntil(ctx, func() bool { return c.out.roomFrames() == 0 })

@@ -123,10 +123,12 @@ func TestBlockedSendReturnsWhenItsRoomFails(t *testing.T) {
 }
 
 // After the data port of room A stops reading mid-write, decode aborts A
-// and binds room B: prefill takes B's METADATA within a second. The
-// ABORT's fence waits for the stalled write's deadline (about 5 s), but
-// not on prefill's only bootstrap-socket reader: with the fence in line
-// there, every control frame from every peer waited behind it (4.97 s).
+// and binds room B: prefill takes B's METADATA at once (a few ms). The
+// ABORT's fence waits for the stalled write until transfer interrupts it
+// (FenceGrace, 500 ms by default), but not on prefill's only
+// bootstrap-socket reader: with the fence in line there, every control
+// frame from every peer waited behind it (4.97 s before FenceGrace, about
+// 500 ms with it). The bound, half the grace, catches either.
 func TestControlFramesFlowWhileADataWriteStalls(t *testing.T) {
 	stall := newStallListener(t, 1<<20)
 	p := newOwnerPair(t, transfer.UniformLayout(1, 64, 1<<20, 4, 64), nil, []string{"--data-advertise=" + stall.Addr()})
@@ -153,10 +155,12 @@ func TestControlFramesFlowWhileADataWriteStalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	bound := p.waitPrefill(b, 20*time.Second, "WaitingForInput", isState(pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT))
-	if took := bound.Sub(aborted); took > time.Second {
-		t.Errorf("prefill took room B's METADATA %v after decode aborted A (A's data write stalled), want within 1s", took.Round(time.Millisecond))
+	const within = 250 * time.Millisecond
+	if took := bound.Sub(aborted); took > within {
+		t.Errorf("prefill took room B's METADATA %v after decode aborted A (A's data write stalled), want within %v", took.Round(time.Millisecond), within)
 	}
-	p.waitPrefill(a, 20*time.Second, "Failed after decode's abort", isState(pb.RoomState_ROOM_STATE_FAILED))
+	failed := p.waitPrefill(a, 20*time.Second, "Failed after decode's abort", isState(pb.RoomState_ROOM_STATE_FAILED))
+	t.Logf("room B bound %v after the abort, room A visibly Failed %v after it", bound.Sub(aborted).Round(time.Millisecond), failed.Sub(aborted).Round(time.Millisecond))
 }
 
 // pinFlag returns args with flag's value replaced by value.
@@ -365,12 +369,12 @@ func (s *scheduler) unseen() []uint64 {
 // rooms terminal before its daemon stops answering, and each daemon exits
 // within drain-timeout + 1 s: when both stop at once (a node going down),
 // and when the peer hangs (SIGSTOP: it never acknowledges the shutdown
-// notices). Today the rooms failed at the drain deadline are pollable only
-// while the peer's acknowledgements are awaited (a few ms when it answers:
-// the scheduler may miss them), and a daemon whose peer does not answer
-// waits 2 s for them past its drain timeout.
+// notices). Before issue 12 the rooms failed at the drain deadline were
+// pollable only while the peer's acknowledgements were awaited (a few ms
+// when it answers: the scheduler could miss them), and a daemon whose peer
+// did not answer waited 2 s for them past its drain timeout; now they stay
+// pollable for --drain-terminal-grace and the drain is capped.
 func TestDrainLetsTheSchedulerSeeEveryTerminalState(t *testing.T) {
-	knownBug(t, "rooms failed at the drain deadline can vanish before the scheduler polls them, and a daemon can exit about 2 s past its drain timeout")
 	t.Run("both stop at once", func(t *testing.T) { drainScenario(t, "") })
 	t.Run("decoded hangs, prefilld stops", func(t *testing.T) { drainScenario(t, "decoded") })
 	t.Run("prefilld hangs, decoded stops", func(t *testing.T) { drainScenario(t, "prefilld") })

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net"
-	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -130,8 +129,10 @@ func rxBytes(t *testing.T, h *host) float64 {
 
 // startMidTransfer starts a background workload of conc rooms at a time
 // and waits (bounded) until 40 rooms ended and d holds at least 10 live
-// rooms. The workload runs until the test stops it after its fault.
-func (c *cluster) startMidTransfer(ctx context.Context, conc int, d *testbed.Daemon) *testbed.Background {
+// rooms, which it returns: the reading just before the test's fault (a
+// second scrape would count rooms that ended since). The workload runs
+// until the test stops it after its fault.
+func (c *cluster) startMidTransfer(ctx context.Context, conc int, d *testbed.Daemon) (*testbed.Background, float64) {
 	c.t.Helper()
 	b := testbed.StartBackground(ctx, c.t, c.sim, c.workload(0, conc), 40)
 	select {
@@ -139,12 +140,14 @@ func (c *cluster) startMidTransfer(ctx context.Context, conc int, d *testbed.Dae
 	case <-time.After(time.Minute):
 		c.t.Fatal("rooms did not start ending")
 	}
+	var live float64
 	if _, ok := testbed.Eventually(30*time.Second, func() bool {
-		return d.Metric("pdlink_inflight_rooms", nil) >= 10
+		live = d.Metric("pdlink_inflight_rooms", nil)
+		return live >= 10
 	}); !ok {
 		c.t.Fatalf("%s never held 10 live rooms", d.Name)
 	}
-	return b
+	return b, live
 }
 
 // heldRoom is a room whose scheduler still saw it live just after a
@@ -274,7 +277,7 @@ func linkCut(t *testing.T, c *cluster, bound func(d *testbed.Daemon, state strin
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const fresh, conc = 66, 60
-	r := c.startMidTransfer(ctx, conc, c.dec)
+	r, _ := c.startMidTransfer(ctx, conc, c.dec)
 
 	cut := time.Now()
 	c.preH.setLink(t, "down")
@@ -306,51 +309,25 @@ func linkCut(t *testing.T, c *cluster, bound func(d *testbed.Daemon, state strin
 }
 
 // The veth is cut with rooms in flight: every room live at the cut ends
-// within the bound that holds today (knownStallBound), every room of the
-// workload within its bound, and after the heal every new room succeeds.
+// within its bound, every room of the workload within its bound, and
+// after the heal every new room succeeds.
 func TestTwoHostsLinkCutEndsEveryRoomInBoundAndHealServesNewRooms(t *testing.T) {
 	c := newCluster(t, clusterOpts{prometheus: true})
-	linkCut(t, c, func(d *testbed.Daemon, state string) time.Duration {
-		return max(c.cutBound(d, state), c.knownStallBound(d))
-	})
+	linkCut(t, c, c.cutBound)
 }
 
-// senderWriteTimeout is the prefill sender's write deadline
-// (transfer.SenderConfig.WriteTimeout's default; not a flag).
-const senderWriteTimeout = 5 * time.Second
-
-// knownStallBound is how long d may take today to end its rooms after a
-// link cut (see the BUG test below): a room's Failed is visible only once
-// its fence is done, and the fence waits for the data-plane I/O in
-// progress on the room, which on a silent link ends only at its deadline:
-// prefill's socket write at the sender's write deadline, decode's socket
-// read into the region at the transfer idle deadline.
-func (c *cluster) knownStallBound(d *testbed.Daemon) time.Duration {
-	if d == c.pre {
-		return senderWriteTimeout + time.Second
-	}
-	return c.tm.Idle + time.Second
-}
-
-// BUG: after a link cut, a room whose data-plane I/O is in progress shows
-// Failed only when that I/O times out. The room owner no longer stalls
-// (pkg/conn never waits for a fence: every other room ends within its
-// bound, ~0.7 s on decode), but the stalled room's own fence waits for
-// its I/O: transfer.Sender.Fence for a socket write blocked on a full send
-// buffer (up to the 5 s write deadline: 1-2 prefill Transferring rooms
-// end at ~5.05 s, bound 3 s), transfer.Receiver.Fence for a socket read
-// straight into the region (up to --transfer-idle-timeout: a decode room
-// at ~2.1 s, bound 1.6 s), and I9 keeps Failed invisible until then.
-// Small socket buffers make a write or read be in progress at the cut in
-// most runs. Fixed when transfer interrupts stalled I/O after FenceGrace
-// (pkg/room/PLAN.md section 4) and every room ends within the cut bound.
+// A cut link does not stall a daemon's room owner, and a room whose
+// data-plane I/O is in progress at the cut still ends within its bound.
+// Before issue 12 the owner fenced each room in line and the fence waited
+// for the room's I/O in progress on the silent link: a socket write
+// blocked on a full send buffer (up to the sender's 5 s write deadline),
+// a socket read straight into the region (up to --transfer-idle-timeout).
+// Meanwhile that daemon stepped no deadline, answered no Poll and sent no
+// heartbeat. Now no owner goroutine waits for a fence (pkg/conn), and
+// transfer interrupts I/O still in progress FenceGrace after a fence, so
+// a stalled room's Failed shows within about a second. Small socket
+// buffers make a write or read be in progress at the cut in most runs.
 func TestTwoHostsLinkCutDoesNotStallARoomOwner(t *testing.T) {
-	if os.Getenv("PDLINK_TWOHOST_BUGS") == "" {
-		t.Skip("BUG: a room whose socket write (prefill, 5 s write deadline) or read into the region " +
-			"(decode, transfer idle deadline) is stalled at the cut shows Failed only when that I/O times out: " +
-			"transfer's FenceGrace interrupt is missing (the owner itself no longer stalls). " +
-			"Run with PDLINK_TWOHOST_BUGS=1 to see it fail.")
-	}
 	c := newCluster(t, clusterOpts{prometheus: true, smallSocketBuffers: true})
 	linkCut(t, c, c.cutBound)
 }
@@ -370,9 +347,7 @@ func killMidTransfer(t *testing.T, victimName string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const fresh, conc = 66, 60
-	r := c.startMidTransfer(ctx, conc, victim)
-
-	inflight := victim.Metric("pdlink_inflight_rooms", nil)
+	r, inflight := c.startMidTransfer(ctx, conc, victim)
 	killed := time.Now()
 	victim.Kill9()
 	r.Stop()
@@ -404,9 +379,6 @@ func killMidTransfer(t *testing.T, victimName string) {
 	c.peersUp(killed, 10*time.Second)
 	t.Logf("killed %s with %v rooms in flight on it; restarted %v after the kill",
 		victim.Name, inflight, restarted.Round(time.Millisecond))
-	if inflight < 10 {
-		t.Errorf("only %v rooms in flight at the kill: not mid-transfer", inflight)
-	}
 	if rep.Outcomes[sv+":peer_lost"]+rep.Outcomes[sv+":peer_restarted"] == 0 {
 		t.Errorf("no %s room failed with peer_lost or peer_restarted: %v", sv, rep.Outcomes)
 	}

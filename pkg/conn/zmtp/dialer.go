@@ -50,7 +50,7 @@ func (d *dialer) run() {
 	log := d.t.log.With(zap.String("endpoint", d.ep), zap.String("identity", d.id))
 	attempt := 0
 	for {
-		sock, cancel, err := d.connect()
+		sock, held, cancel, err := d.connect()
 		if err != nil {
 			attempt++
 			log.Debug("connect failed", zap.Int("attempt", attempt), zap.Error(err))
@@ -64,7 +64,7 @@ func (d *dialer) run() {
 		}
 		log.Info("connected")
 		began := time.Now()
-		err = d.t.serveSocket(sock, d.quit, d.sendq, d.deliver)
+		err = d.t.serveSocket(sock, held, d.quit, d.sendq, d.deliver)
 		cancel()
 		if err == nil {
 			return
@@ -86,17 +86,24 @@ func (d *dialer) run() {
 	}
 }
 
-// connect dials a fresh DEALER in a helper goroutine, dropping frames
-// queued meanwhile. It returns (nil, nil, nil) if the Conn is closing;
-// closing cancels the dial's context, which aborts the TCP connect and
-// closes a connection stuck in its handshake.
-func (d *dialer) connect() (zmq4.Socket, context.CancelFunc, error) {
+// connect dials a fresh DEALER in a helper goroutine. Frames sent
+// meanwhile are held, in order, up to the send queue's size, and go out
+// first once connected: a Conn's first frames (decode's REGISTER and the
+// first room's METADATA, sent right after Dial) arrive in the order they
+// were sent instead of the REGISTER being dropped and the METADATA
+// refused as from an unknown peer. Held frames of a failed attempt, and
+// any past the limit, are dropped and counted (Send never blocks on a
+// connect). It returns a nil socket if the Conn is closing; closing
+// cancels the dial's context, which aborts the TCP connect and closes a
+// connection stuck in its handshake.
+func (d *dialer) connect() (zmq4.Socket, []zmq4.Msg, context.CancelFunc, error) {
 	ctx, cancel := context.WithCancel(d.t.base)
 	type result struct {
 		sock zmq4.Socket
 		err  error
 	}
 	res := make(chan result, 1)
+	var held []zmq4.Msg
 	go func() {
 		sock := zmq4.NewDealer(ctx, d.t.sockOpts(zmq4.WithID(zmq4.SocketIdentity(d.id)))...)
 		// zmq4 runs the client handshake in this goroutine: a panic in it
@@ -120,18 +127,23 @@ func (d *dialer) connect() (zmq4.Socket, context.CancelFunc, error) {
 		case r := <-res:
 			if r.err != nil {
 				cancel()
-				return nil, nil, r.err
+				d.t.ctr.dropN(DropDisconnected, len(held))
+				return nil, nil, nil, r.err
 			}
-			return r.sock, cancel, nil
-		case <-d.sendq:
-			d.t.ctr.drop(DropDisconnected)
+			return r.sock, held, cancel, nil
+		case msg := <-d.sendq:
+			if len(held) < cap(d.sendq) {
+				held = append(held, msg)
+			} else {
+				d.t.ctr.drop(DropDisconnected)
+			}
 		case <-d.quit:
 			cancel()
 			if r := <-res; r.sock != nil {
 				_ = r.sock.Close()
 				drain(r.sock)
 			}
-			return nil, nil, nil
+			return nil, nil, nil, nil
 		}
 	}
 }
@@ -171,8 +183,10 @@ func (d *dialer) Recv(ctx context.Context) ([]byte, error) {
 	}
 }
 
-// Send queues frame (copied). Frames queued while the Conn has no
-// connection are dropped and counted (DropDisconnected).
+// Send queues frame (copied). Frames queued while a connection attempt is
+// in progress go out once it succeeds (up to the send queue's size);
+// those queued while the Conn backs off after a failed attempt are
+// dropped and counted (DropDisconnected).
 func (d *dialer) Send(ctx context.Context, frame []byte) error {
 	if len(frame) > conn.MaxFrameSize {
 		return ErrFrameTooLarge

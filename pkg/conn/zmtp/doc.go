@@ -43,7 +43,9 @@
 //     reconnect loop in the owner (dialer.run): dial under a deadline in a
 //     helper goroutine, serve until zmq4 reports the peer gone (io.EOF),
 //     close, back off with jitter, dial a fresh DEALER with the same
-//     identity. Frames queued while disconnected are dropped and counted.
+//     identity. Frames sent while a connection attempt is in progress are
+//     held and go out first once it succeeds; those sent while the Conn
+//     backs off after a failure are dropped and counted.
 //   - Per guarded listener: one accept goroutine and one goroutine per
 //     connection in its handshake; Close closes their connections and
 //     waits for them.

@@ -57,7 +57,7 @@ func (l *listener) run(sock zmq4.Socket) {
 	attempt := 0
 	for {
 		began := time.Now()
-		err := l.t.serveSocket(sock, l.quit, l.sendq, l.deliver)
+		err := l.t.serveSocket(sock, nil, l.quit, l.sendq, l.deliver)
 		if err == nil {
 			return
 		}

@@ -99,8 +99,9 @@ const (
 	// DropCommand: a ZMTP command (PING, ERROR...) surfaced by zmq4 as a
 	// message.
 	DropCommand = "command"
-	// DropDisconnected: a frame queued by Conn.Send while the Conn had no
-	// connection.
+	// DropDisconnected: a frame queued by Conn.Send while the Conn backed
+	// off after a failed connection attempt, or held during an attempt
+	// that failed.
 	DropDisconnected = "disconnected"
 	// DropSendError: zmq4 returned an error from Send (the frame may or
 	// may not have left).
@@ -145,6 +146,8 @@ func newCounters() *counters {
 }
 
 func (c *counters) drop(reason string) { c.dropped[reason].Add(1) }
+
+func (c *counters) dropN(reason string, n int) { c.dropped[reason].Add(uint64(n)) }
 
 func (c *counters) snapshot() Stats {
 	s := Stats{

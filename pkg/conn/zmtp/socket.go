@@ -22,8 +22,9 @@ type deliverFunc func(msg zmq4.Msg, stop <-chan struct{}) bool
 // goroutine is the socket's owner: it alone sends and closes. One reader
 // goroutine, started here and always joined before return, alone calls
 // Recv. A panic in either is recovered and reported as errPanic; the
-// socket is closed and drained on every exit path.
-func (t *Transport) serveSocket(sock zmq4.Socket, quit <-chan struct{}, sendq <-chan zmq4.Msg, deliver deliverFunc) (err error) {
+// socket is closed and drained on every exit path. held goes out first:
+// frames sent while the socket was connecting.
+func (t *Transport) serveSocket(sock zmq4.Socket, held []zmq4.Msg, quit <-chan struct{}, sendq <-chan zmq4.Msg, deliver deliverFunc) (err error) {
 	stop := make(chan struct{})
 	readerDone := make(chan error, 1)
 	go t.readLoop(sock, stop, readerDone, deliver)
@@ -39,6 +40,9 @@ func (t *Transport) serveSocket(sock zmq4.Socket, quit <-chan struct{}, sendq <-
 		}
 		drain(sock)
 	}()
+	for _, msg := range held {
+		t.send(sock, msg)
+	}
 	for {
 		select {
 		case <-quit:
@@ -50,11 +54,15 @@ func (t *Transport) serveSocket(sock zmq4.Socket, quit <-chan struct{}, sendq <-
 			}
 			return rerr
 		case msg := <-sendq:
-			if serr := sock.Send(msg); serr != nil {
-				t.ctr.drop(DropSendError)
-				t.log.Debug("send failed", zap.Error(serr))
-			}
+			t.send(sock, msg)
 		}
+	}
+}
+
+func (t *Transport) send(sock zmq4.Socket, msg zmq4.Msg) {
+	if err := sock.Send(msg); err != nil {
+		t.ctr.drop(DropSendError)
+		t.log.Debug("send failed", zap.Error(err))
 	}
 }
 

@@ -1,0 +1,175 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+)
+
+// fakeClock moves only when a forward pass sleeps: SleepUntil jumps to
+// the pass's end at once.
+type fakeClock struct {
+	now    time.Time
+	sleeps int
+}
+
+func (c *fakeClock) Now() time.Time { return c.now }
+
+func (c *fakeClock) SleepUntil(_ context.Context, t time.Time) error {
+	c.sleeps++
+	if t.After(c.now) {
+		c.now = t
+	}
+	return nil
+}
+
+// recordingPrefill is a prefill daemon that notes when each Send came,
+// on the fake clock.
+type recordingPrefill struct {
+	pb.PrefillServiceClient // nil: only Send is called
+	clock                   *fakeClock
+	sendTakes               time.Duration // how long each Send call lasts
+	sends                   []sentChunk
+}
+
+type sentChunk struct {
+	at    time.Duration // since the clock's start
+	start uint32
+	pages int
+	last  bool
+}
+
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func (p *recordingPrefill) Send(_ context.Context, in *pb.SendRequest, _ ...grpc.CallOption) (*pb.SendResponse, error) {
+	p.sends = append(p.sends, sentChunk{at: p.clock.now.Sub(epoch), start: in.StartPosition, pages: len(in.Pages.Indices), last: in.Last})
+	p.clock.now = p.clock.now.Add(p.sendTakes)
+	return &pb.SendResponse{}, nil
+}
+
+// pacedRun is a run whose prefill daemon records Sends and whose GPU runs
+// on a fake clock.
+func pacedRun(tokensPerS float64) (*run, *recordingPrefill, *fakeClock) {
+	clk := &fakeClock{now: epoch}
+	pre := &recordingPrefill{clock: clk}
+	cfg := Config{Layout: DemoLayout(), ChunkPages: 16}
+	return &run{Sim: &Sim{prefill: pre}, cfg: cfg, gpu: newGPU(tokensPerS, clk)}, pre, clk
+}
+
+func pagesOf(n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(i)
+	}
+	return p
+}
+
+// Each chunk's Send comes after its forward pass: chunk tokens /
+// PrefillTokensPerS after the previous one, and the last (partial) page
+// counts only the tokens it holds.
+func TestEachChunksSendComesAfterItsForwardPass(t *testing.T) {
+	r, pre, _ := pacedRun(20000)
+	// 1000 tokens on 16-token pages: 63 pages, chunks of 16, 16, 16, 15
+	// pages holding 256, 256, 256 and 232 tokens.
+	rq := request{room: 1, tokens: 1000, pages: 63}
+	first, last := r.sendChunks(context.Background(), rq, pagesOf(63), 0)
+	if first.IsZero() || last.IsZero() {
+		t.Fatalf("sendChunks = %v, %v: want both times", first, last)
+	}
+	ms := func(x float64) time.Duration { return time.Duration(math.Round(x * float64(time.Millisecond))) }
+	want := []sentChunk{
+		{at: ms(12.8), start: 0, pages: 16},
+		{at: ms(25.6), start: 16, pages: 16},
+		{at: ms(38.4), start: 32, pages: 16},
+		{at: ms(50.0), start: 48, pages: 15, last: true},
+	}
+	if len(pre.sends) != len(want) {
+		t.Fatalf("sent %+v, want %+v", pre.sends, want)
+	}
+	for i, w := range want {
+		if pre.sends[i] != w {
+			t.Errorf("chunk %d sent %+v, want %+v", i, pre.sends[i], w)
+		}
+	}
+}
+
+// With PrefillTokensPerS 0 there is no model: no forward pass is waited
+// for and every chunk goes at once, back to back, as before the model.
+func TestNoForwardPassModelSendsChunksBackToBack(t *testing.T) {
+	r, pre, clk := pacedRun(0)
+	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, pagesOf(63), 0)
+	if clk.sleeps != 0 || len(pre.sends) != 4 {
+		t.Fatalf("%d forward passes waited for, %d chunks sent; want 0 and 4", clk.sleeps, len(pre.sends))
+	}
+	for _, s := range pre.sends {
+		if s.at != 0 {
+			t.Errorf("chunk at %d sent after %v, want at once", s.start, s.at)
+		}
+	}
+}
+
+// A chunk's Send does not hold the GPU: the next chunk's forward pass runs
+// while the previous chunk is handed over, so a Send slower than a pass
+// delays the next Send only to its own return, not by a pass more.
+func TestForwardPassesRunWhileChunksAreHandedOver(t *testing.T) {
+	r, pre, _ := pacedRun(20000)
+	pre.sendTakes = 20 * time.Millisecond // passes take 12.8 ms
+	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, pagesOf(63), 0)
+	ms := func(x float64) time.Duration { return time.Duration(math.Round(x * float64(time.Millisecond))) }
+	want := []time.Duration{ms(12.8), ms(32.8), ms(52.8), ms(72.8)}
+	if len(pre.sends) != len(want) {
+		t.Fatalf("sent %+v, want 4 chunks", pre.sends)
+	}
+	for i, w := range want {
+		if pre.sends[i].at != w {
+			t.Errorf("chunk %d sent at %v, want %v", i, pre.sends[i].at, w)
+		}
+	}
+}
+
+// One GPU prefills one request at a time, first come first served, each
+// request's chunks back to back: requests booked at the same moment are
+// prefilled one after the other, so PrefillTokensPerS is the engine's
+// throughput, not each request's; a request booked once the GPU is idle
+// starts at once.
+func TestRequestsInFlightArePrefilledOneAfterTheOtherOnOneGPU(t *testing.T) {
+	clk := &fakeClock{now: epoch}
+	g := newGPU(10000, clk) // 1000 tokens: 100 ms
+	since := func(ts []time.Time) []time.Duration {
+		var out []time.Duration
+		for _, x := range ts {
+			out = append(out, x.Sub(epoch))
+		}
+		return out
+	}
+	a, b := since(g.book([]int{1000, 1000})), since(g.book([]int{500}))
+	if !slices.Equal(a, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}) || !slices.Equal(b, []time.Duration{250 * time.Millisecond}) {
+		t.Errorf("requests booked together: chunks end at %v and %v, want [100ms 200ms] and [250ms]", a, b)
+	}
+	clk.now = epoch.Add(time.Second)
+	if c := since(g.book([]int{500})); !slices.Equal(c, []time.Duration{1050 * time.Millisecond}) {
+		t.Errorf("request booked at 1s on an idle GPU: chunk ends at %v, want [1.05s]", c)
+	}
+}
+
+// The real clock waits on a timer and gives up when the run stops.
+func TestForwardPassEndsWhenTheRunStops(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	g := newGPU(1, realClock{})
+	if err := g.computed(ctx, g.book([]int{3600})[0]); !errors.Is(err, context.Canceled) { // an hour-long pass
+		t.Fatalf("forward pass on a stopped run = %v, want context.Canceled", err)
+	}
+	r, pre, _ := pacedRun(1)
+	r.gpu = g
+	if first, last := r.sendChunks(ctx, request{room: 1, tokens: 100, pages: 7}, pagesOf(7), 0); !first.IsZero() || !last.IsZero() || len(pre.sends) != 0 {
+		t.Errorf("stopped run sent %d chunks (%v, %v), want none", len(pre.sends), first, last)
+	}
+}

@@ -1,0 +1,220 @@
+package conn
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/pdlink/pdlink/pkg/poll"
+)
+
+const (
+	tDrainTimeout = 500 * time.Millisecond
+	tGrace        = 300 * time.Millisecond
+	tOverrun      = 700 * time.Millisecond
+)
+
+// drainRun is the prefill node's Drain running on its own goroutine;
+// returnedAt is the fake clock's time right after it returned.
+type drainRun struct {
+	plan       DrainPlan
+	done       chan struct{}
+	rep        DrainReport
+	returnedAt time.Time
+}
+
+func (h *harness) startDrain() *drainRun {
+	h.t.Helper()
+	now := h.clk.Now()
+	d := &drainRun{done: make(chan struct{}), plan: DrainPlan{
+		Deadline: now.Add(tDrainTimeout), TerminalGrace: tGrace, Cap: now.Add(tDrainTimeout + tOverrun)}}
+	subs := func() int {
+		h.pre.subMu.Lock()
+		defer h.pre.subMu.Unlock()
+		return len(h.pre.subs)
+	}
+	before := subs()
+	go func() {
+		defer close(d.done)
+		d.rep = h.pre.Drain(context.Background(), d.plan)
+		d.returnedAt = h.clk.Now()
+	}()
+	// The drain's first act is to subscribe: from then on it sees every
+	// transition, whenever its goroutine runs.
+	if !h.waitReal(5*time.Second, func() bool { return subs() > before || d.returned() }) {
+		h.t.Fatal("the drain never started")
+	}
+	return d
+}
+
+func (d *drainRun) returned() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// caughtUp reports whether every subscriber of c, the drain's own
+// included, has read every transition published so far.
+func caughtUp(c *core) bool {
+	c.subMu.Lock()
+	defer c.subMu.Unlock()
+	for s := range c.subs {
+		if len(s.ch) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// tickCaughtUp advances one tick and waits (real time) until the nodes'
+// subscribers have read what it published, so the drain sees each room
+// end at the virtual time it ended.
+func (h *harness) tickCaughtUp() {
+	h.t.Helper()
+	h.advance(tTick)
+	if !h.waitReal(5*time.Second, func() bool { return caughtUp(h.pre.core) && caughtUp(h.dec.core) }) {
+		h.t.Fatal("the drain did not read the transitions published")
+	}
+}
+
+// The issue: at the drain deadline the rooms fail with shutdown and the
+// peer acknowledges the notices within milliseconds; the drain used to
+// return then, and the daemon stopped serving before a scheduler polling
+// every 10 ms had looked. The drain must keep its node answering until
+// each room failed at the deadline has been visible for the grace, and
+// only then say goodbye.
+func TestRoomsFailedAtTheDrainDeadlineStayPollableForTheGrace(t *testing.T) {
+	h := newHarness(t, 50)
+	bound := h.open(1, 1)
+	if !h.waitBound(bound, time.Second) {
+		t.Fatal("room 1 never bound")
+	}
+	if _, err := h.pre.Open(2, 0, 0); err != nil { // decode never opens it
+		t.Fatal(err)
+	}
+	rooms := []poll.RoomID{1, 2}
+	d := h.startDrain()
+
+	for h.clk.Now().Before(d.plan.Deadline.Add(-tTick)) {
+		h.tickCaughtUp()
+	}
+	for _, r := range rooms {
+		if st := h.preState(r); st.Terminal() {
+			t.Fatalf("room %d %v before the drain deadline", r, st)
+		}
+	}
+	if d.returned() {
+		t.Fatal("the drain returned before its deadline with rooms in flight")
+	}
+
+	allFailed := func() bool {
+		for _, r := range rooms {
+			if h.preState(r) != poll.Failed {
+				return false
+			}
+		}
+		return true
+	}
+	var visibleAt time.Time
+	for !d.returned() && h.clk.Now().Before(d.plan.Cap) {
+		h.tickCaughtUp()
+		if h.clk.Now().Before(d.plan.Deadline) {
+			continue
+		}
+		if visibleAt.IsZero() {
+			// Failing them takes the drain no virtual time: wait for it
+			// before time runs on.
+			if !h.waitReal(5*time.Second, allFailed) {
+				t.Fatal("the rooms did not turn visibly Failed at the drain deadline")
+			}
+			visibleAt = h.clk.Now()
+		}
+		if !allFailed() {
+			t.Fatalf("rooms visible Failed, then not %v later", h.clk.Now().Sub(visibleAt))
+		}
+	}
+	if !h.waitReal(5*time.Second, d.returned) {
+		t.Fatal("the drain did not return by its cap")
+	}
+	if visibleAt.IsZero() {
+		t.Fatal("the rooms never turned visibly Failed")
+	}
+	t.Logf("visible Failed %v after the deadline, the drain returned %v after that",
+		visibleAt.Sub(d.plan.Deadline), d.returnedAt.Sub(visibleAt))
+	if stayed := d.returnedAt.Sub(visibleAt); stayed < tGrace {
+		t.Errorf("the drain returned %v after its rooms turned visibly Failed, want at least the grace %v", stayed, tGrace)
+	}
+	if d.rep.Failed != 2 || d.rep.Invisible != 0 || d.rep.UnackedNotices != 0 || d.rep.Capped {
+		t.Errorf("report %+v, want 2 failed, all visible and acknowledged, not capped", d.rep)
+	}
+	for _, r := range rooms {
+		if reason, _ := h.reason(h.pre, r); reason != poll.ReasonShutdown {
+			t.Errorf("room %d failed %q, want shutdown", r, reason)
+		}
+	}
+	if got := h.decState(1); got != poll.Failed {
+		t.Errorf("decode's room 1 is %v: the shutdown notice did not reach it", got)
+	}
+	if _, peer := h.reason(h.dec, 1); peer != poll.ReasonShutdown {
+		t.Errorf("decode's room 1 peer reason %q, want shutdown", peer)
+	}
+	if g := h.dec.Counters().PeerGoodbyes; g != 1 {
+		t.Errorf("decode counted %d goodbyes, want 1 after the grace", g)
+	}
+}
+
+// stuckFenceDP is a prefill data plane whose fence never completes: Fence
+// answers not done and Fenced never follows, a worker that never lets go
+// of its room.
+type stuckFenceDP struct {
+	*fakeDP
+	entered chan poll.Key
+}
+
+func (d *stuckFenceDP) Fence(k poll.Key) bool {
+	d.entered <- k
+	return false
+}
+
+// A fence that never completes keeps its room's Failed invisible (I9),
+// and must not keep the drain past its cap: the old drain stepped the
+// shutdown on its own goroutine and waited in the fence for good.
+func TestDrainReturnsByItsCapWhenAFenceNeverCompletes(t *testing.T) {
+	stuck := &stuckFenceDP{entered: make(chan poll.Key, 8)}
+	h := newHarnessWith(t, 51, options{pre: func(c *PrefillConfig) {
+		stuck.fakeDP = c.DataPlane.(*fakeDP)
+		c.DataPlane = stuck
+	}})
+	key := h.open(1, 1)
+	if !h.waitBound(key, time.Second) {
+		t.Fatal("room 1 never bound")
+	}
+	d := h.startDrain()
+	for h.clk.Now().Before(d.plan.Cap) {
+		if d.returned() {
+			break
+		}
+		h.advance(tTick)
+	}
+	select {
+	case k := <-stuck.entered:
+		if k != key {
+			t.Fatalf("fence of %v, want %v", k, key)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the drain never fenced the room")
+	}
+	// The fake clock stands at the cap: the drain returns without more.
+	if !h.waitReal(10*time.Second, d.returned) {
+		t.Fatal("the drain did not return at its cap with a fence that never completes")
+	}
+	if d.rep.Failed != 1 || d.rep.Invisible != 1 || !d.rep.Capped {
+		t.Errorf("report %+v, want 1 failed and still invisible, capped", d.rep)
+	}
+	if st := h.preState(1); st == poll.Failed {
+		t.Errorf("room 1 visible Failed with its fence unfinished (I9)")
+	}
+}
