@@ -27,6 +27,7 @@ type DecodeNode interface {
 	OnProgress(key poll.Key)
 	OnPartDone(key poll.Key, part int)
 	OnFailed(key poll.Key, reason poll.Reason)
+	Fenced(key poll.Key)
 }
 
 // DecodeData adapts a transfer.Receiver to the decode node's data plane.
@@ -101,6 +102,7 @@ var _ conn.DecodeDataPlane = (*DecodeData)(nil)
 // NewDecodeData returns the adapter; SetNode must be called before use.
 func NewDecodeData(cfg transfer.ReceiverConfig, log *zap.Logger) *DecodeData {
 	d := &DecodeData{log: log, rcfg: cfg, metadata: map[poll.Key]*sentMetadata{}}
+	d.rcfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
 	d.slot.onSet = func(r *transfer.Region) error {
 		rx, err := transfer.NewReceiver(r, d.rcfg, decodeEvents{d})
 		if err != nil {
@@ -180,20 +182,23 @@ func (d *DecodeData) Expect(md conn.Metadata) error {
 	return rx.Expect(transfer.Expectation{Key: tkey(md.Key), Dst: transfer.SamePages(len(l.Buffers), runs), AuxRow: auxRow})
 }
 
-// Fence implements conn.DecodeDataPlane: no byte lands in the room's pages
-// after it returns (R7).
-func (d *DecodeData) Fence(key poll.Key) {
+// Fence implements conn.DecodeDataPlane without waiting: the receiver
+// stops the room at once and answers done when no byte is being written
+// into its pages; otherwise its OnFenced tells the node Fenced once the
+// writer let go (within FenceGrace plus one piece), R7.
+func (d *DecodeData) Fence(key poll.Key) bool {
 	d.mu.Lock()
 	rx := d.receiver
 	d.mu.Unlock()
-	if rx != nil {
-		rx.FenceWait(tkey(key)) // conn still expects the blocking fence (issue 12)
+	if rx == nil {
+		return true
 	}
+	return rx.Fence(tkey(key))
 }
 
 // Forget implements conn.DecodeDataPlane.
 func (d *DecodeData) Forget(key poll.Key) {
-	d.Fence(key)
+	d.Fence(key) // a room reaped unfenced: stop its writes all the same
 	d.mdMu.Lock()
 	delete(d.metadata, key)
 	d.mdMu.Unlock()
@@ -358,8 +363,8 @@ func (s *DecodeServer) Watch(req *pb.DecodeServiceWatchRequest, stream pb.Decode
 }
 
 // Abort implements DecodeService.
-func (s *DecodeServer) Abort(_ context.Context, req *pb.DecodeServiceAbortRequest) (*pb.DecodeServiceAbortResponse, error) {
-	st, err := s.rooms().abort(req.RoomId)
+func (s *DecodeServer) Abort(ctx context.Context, req *pb.DecodeServiceAbortRequest) (*pb.DecodeServiceAbortResponse, error) {
+	st, err := s.rooms().abort(ctx, req.RoomId)
 	if err != nil {
 		return nil, err
 	}

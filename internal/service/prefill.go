@@ -25,6 +25,7 @@ type PrefillNode interface {
 	FirstSend(room poll.RoomID) error
 	OnProgress(key poll.Key)
 	OnFailed(key poll.Key, reason poll.Reason)
+	Fenced(key poll.Key)
 }
 
 // PrefillData adapts a transfer.Sender to the prefill node's data plane.
@@ -82,6 +83,7 @@ var _ conn.PrefillDataPlane = (*PrefillData)(nil)
 // NewPrefillData returns the adapter; SetNode must be called before use.
 func NewPrefillData(cfg transfer.SenderConfig, log *zap.Logger) *PrefillData {
 	d := &PrefillData{log: log, scfg: cfg, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}, boundCh: make(chan struct{})}
+	d.scfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
 	d.slot.onSet = func(r *transfer.Region) error {
 		s, err := transfer.NewSender(r, d.scfg)
 		if err != nil {
@@ -181,21 +183,24 @@ func (d *PrefillData) waitBound(ctx context.Context, id poll.RoomID) *prefillRoo
 	}
 }
 
-// Fence implements conn.PrefillDataPlane: no source page of the room is
-// read after it returns.
-func (d *PrefillData) Fence(key poll.Key) {
+// Fence implements conn.PrefillDataPlane without waiting: the sender
+// stops the room at once and answers done when no worker reads its source
+// pages; otherwise its OnFenced tells the node Fenced once the worker let
+// go (within FenceGrace plus one chunk write).
+func (d *PrefillData) Fence(key poll.Key) bool {
 	d.mu.Lock()
 	d.fenced[key] = true
 	s := d.sender
 	d.mu.Unlock()
-	if s != nil {
-		s.FenceWait(transfer.Key{Room: uint64(key.Room), Nonce: uint64(key.Nonce)}) // conn still expects the blocking fence (issue 12)
+	if s == nil {
+		return true
 	}
+	return s.Fence(tkey(key))
 }
 
 // Forget implements conn.PrefillDataPlane.
 func (d *PrefillData) Forget(key poll.Key) {
-	d.Fence(key)
+	d.Fence(key) // a room reaped unfenced: stop its transfer all the same
 	d.mu.Lock()
 	delete(d.fenced, key)
 	if r := d.rooms[key.Room]; r != nil && (r.key == key || key.Nonce == 0) {
@@ -401,8 +406,8 @@ func (s *PrefillServer) Watch(req *pb.PrefillServiceWatchRequest, stream pb.Pref
 }
 
 // Abort implements PrefillService.
-func (s *PrefillServer) Abort(_ context.Context, req *pb.PrefillServiceAbortRequest) (*pb.PrefillServiceAbortResponse, error) {
-	st, err := s.rooms().abort(req.RoomId)
+func (s *PrefillServer) Abort(ctx context.Context, req *pb.PrefillServiceAbortRequest) (*pb.PrefillServiceAbortResponse, error) {
+	st, err := s.rooms().abort(ctx, req.RoomId)
 	if err != nil {
 		return nil, err
 	}

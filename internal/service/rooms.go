@@ -25,7 +25,9 @@ type RoomOwner interface {
 	Get(id poll.RoomID) (poll.RoomInfo, error)
 	List(f poll.Filter, pageToken string, limit int) ([]poll.RoomInfo, string, error)
 	Clear(ids []poll.RoomID, errs []error)
-	Abort(room poll.RoomID, reason poll.Reason) error
+	// Abort returns once the room's Failed is visible (its fence done),
+	// bounded by ctx.
+	Abort(ctx context.Context, room poll.RoomID, reason poll.Reason) error
 	Subscribe(buf int) *conn.Subscription
 	WallTime(ns int64) time.Time
 	Peers() []conn.PeerInfo
@@ -143,11 +145,11 @@ func (r rooms) poll(ids []uint64) ([]*pb.RoomStatus, error) {
 	return out, nil
 }
 
-func (r rooms) abort(id uint64) (*pb.RoomStatus, error) {
+func (r rooms) abort(ctx context.Context, id uint64) (*pb.RoomStatus, error) {
 	if err := validateRoomID("room_id", id); err != nil {
 		return nil, err
 	}
-	if err := r.owner.Abort(poll.RoomID(id), poll.ReasonAbortedLocal); err != nil && !errors.Is(err, poll.ErrTerminal) {
+	if err := r.owner.Abort(ctx, poll.RoomID(id), poll.ReasonAbortedLocal); err != nil && !errors.Is(err, poll.ErrTerminal) {
 		return nil, toStatus(err)
 	}
 	in, err := r.owner.Get(poll.RoomID(id))

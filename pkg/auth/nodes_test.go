@@ -43,7 +43,7 @@ func (d *nodeDP) Bind(p conn.PeerInfo, md conn.Metadata) {
 	d.peers[md.Key] = p.Addr
 }
 func (d *nodeDP) Expect(conn.Metadata) error { return nil }
-func (d *nodeDP) Fence(poll.Key)             {}
+func (d *nodeDP) Fence(poll.Key) bool        { return true }
 func (d *nodeDP) Forget(poll.Key)            {}
 
 func (d *nodeDP) bound(k poll.Key) int {
@@ -343,7 +343,7 @@ func TestReplayedHeartbeatDoesNotRedirectPrefillsFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.settle()
-	_ = n.pre.Abort(victim.Room, poll.ReasonAbortedLocal) // prefill now sends ABORT to "decode"
+	_ = n.pre.Abort(context.Background(), victim.Room, poll.ReasonAbortedLocal) // prefill now sends ABORT to "decode"
 	n.settle()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()

@@ -15,7 +15,7 @@ func TestAbortBeforeOpenFailsLaterOpenAtOnce_R4(t *testing.T) {
 	h := newHarness(t, 20)
 	h.openDecode(1, 1)                // METADATA answered NOT_OPEN, retried
 	h.advance(100 * time.Millisecond) // prefill still has no room 1
-	if err := h.dec.Abort(1, ""); err != nil {
+	if err := h.dec.Abort(context.Background(), 1, ""); err != nil {
 		t.Fatal(err)
 	}
 	h.advance(100 * time.Millisecond)
@@ -61,9 +61,9 @@ func TestAbortRacingLastChunkHasOneConsistentOutcome(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			if i%2 == 0 {
-				_ = h.dec.Abort(room, "")
+				_ = h.dec.Abort(context.Background(), room, "")
 			} else {
-				_ = h.pre.Abort(room, "")
+				_ = h.pre.Abort(context.Background(), room, "")
 			}
 		}()
 		wg.Wait()
@@ -151,7 +151,7 @@ func TestPrefillSideFailuresReachDecode_R8(t *testing.T) {
 		want poll.Reason
 	}{
 		{"timeout", func(h *harness, _ poll.Key) { h.advance(tWait + 2*tTick) }, poll.ReasonTimeoutWaitingForInput},
-		{"abort", func(h *harness, k poll.Key) { _ = h.pre.Abort(k.Room, "") }, poll.ReasonAbortedLocal},
+		{"abort", func(h *harness, k poll.Key) { _ = h.pre.Abort(context.Background(), k.Room, "") }, poll.ReasonAbortedLocal},
 		{"transfer_error", func(h *harness, k poll.Key) { h.pre.OnFailed(k, poll.ReasonTransferError) }, poll.ReasonTransferError},
 		{"shutdown", func(h *harness, _ poll.Key) { _ = h.pre.Close() }, poll.ReasonShutdown},
 	}

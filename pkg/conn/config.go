@@ -52,6 +52,9 @@ type Config struct {
 	Seed uint64
 
 	frameHook func(FrameType) // tests: fault injection before each frame
+	// performHook (tests) runs on the stepping goroutine after the table
+	// lock is released, before the batch's effects are performed.
+	performHook func([]poll.Effect)
 }
 
 // DefaultConfig returns the defaults for every zero field.

@@ -18,7 +18,8 @@ import (
 type sideHooks interface {
 	// notify sends the STATUS or ABORT a NotifyPeer effect asks for.
 	notify(e poll.Effect)
-	fence(k poll.Key)
+	// fence asks the data plane to fence the room; false: Fenced follows.
+	fence(k poll.Key) (done bool)
 	forget(k poll.Key)
 	// maintain sends heartbeats and declares peers lost (tick loop).
 	maintain(now int64)
@@ -44,14 +45,27 @@ type core struct {
 	out   *outbox
 	hooks sideHooks
 
-	mu sync.Mutex // guards t
-	t  *poll.Table
-
-	subMu  sync.Mutex
-	subs   map[*Subscription]struct{}
+	// mu guards t, hidden and parked. Transitions are published while it
+	// is held (takeLocked), so every subscriber sees them in table order.
+	mu     sync.Mutex
+	t      *poll.Table
 	hidden map[poll.Key]poll.State // Failed rooms not yet visible: their visible "from"
-	// unfenced are rooms whose data plane Fence panicked (retried each tick).
-	unfenced map[poll.Key]struct{}
+	// parked are the Abort calls waiting for their room's Failed to become
+	// visible (its fence done), or for the room to go.
+	parked map[poll.Key][]*parkedCall
+	// parkedCalls counts the parked calls waiting now (not yet woken).
+	parkedCalls atomic.Int64
+
+	subMu sync.Mutex // taken inside mu (publish), never the other way round
+	subs  map[*Subscription]struct{}
+
+	fenceMu sync.Mutex
+	// fences are the rooms whose fence the data plane has not reported
+	// done yet (fence.go).
+	fences map[poll.Key]*fenceState
+	// halted is closed when the node stops: parked calls return.
+	halted   chan struct{}
+	haltOnce sync.Once
 
 	sup     *supervisor
 	ctx     context.Context // the workers' context, set by Start
@@ -67,6 +81,9 @@ type core struct {
 	// frameHook, if set (tests, from Config.frameHook), runs before each
 	// received frame is handled.
 	frameHook func(FrameType)
+	// performHook, if set (tests, from Config.performHook), runs before a
+	// batch's effects are performed, outside the table lock.
+	performHook func([]poll.Effect)
 }
 
 func newCore(cfg Config, side poll.Side) (*core, error) {
@@ -79,17 +96,20 @@ func newCore(cfg Config, side poll.Side) (*core, error) {
 		return nil, err
 	}
 	c := &core{
-		cfg:       cfg,
-		log:       cfg.Logger.With(zap.String("side", side.String()), zap.String("instance", cfg.Instance)),
-		clock:     cfg.Clock,
-		start:     cfg.Clock.Now(),
-		codec:     &Codec{Limits: cfg.Limits, Auth: cfg.Auth},
-		out:       newOutbox(cfg.RetryBase, cfg.RetryMax, cfg.Seed),
-		t:         t,
-		subs:      make(map[*Subscription]struct{}),
-		hidden:    make(map[poll.Key]poll.State),
-		unfenced:  make(map[poll.Key]struct{}),
-		frameHook: cfg.frameHook,
+		cfg:         cfg,
+		log:         cfg.Logger.With(zap.String("side", side.String()), zap.String("instance", cfg.Instance)),
+		clock:       cfg.Clock,
+		start:       cfg.Clock.Now(),
+		codec:       &Codec{Limits: cfg.Limits, Auth: cfg.Auth},
+		out:         newOutbox(cfg.RetryBase, cfg.RetryMax, cfg.Seed),
+		t:           t,
+		subs:        make(map[*Subscription]struct{}),
+		hidden:      make(map[poll.Key]poll.State),
+		parked:      make(map[poll.Key][]*parkedCall),
+		fences:      make(map[poll.Key]*fenceState),
+		halted:      make(chan struct{}),
+		frameHook:   cfg.frameHook,
+		performHook: cfg.performHook,
 	}
 	c.limiter.clock = c.clock
 	return c, nil
@@ -114,8 +134,10 @@ func (c *core) startWorkers() {
 	c.started.Store(true)
 }
 
-// stopWorkers cancels every worker and waits for them.
+// stopWorkers cancels every worker and waits for them; parked calls
+// return.
 func (c *core) stopWorkers() {
+	c.haltOnce.Do(func() { close(c.halted) })
 	if c.cancel != nil {
 		c.cancel()
 		c.sup.Wait()
@@ -128,7 +150,10 @@ func (c *core) now() int64 { return int64(c.clock.Now().Sub(c.start)) }
 // wall converts node time to wall time.
 func (c *core) wall(ns int64) time.Time { return c.start.Add(time.Duration(ns)) }
 
-// takeLocked copies and acknowledges the table's pending effects.
+// takeLocked copies and acknowledges the table's pending effects and
+// publishes the visible transitions among them before the lock is
+// released: whichever goroutine performs the rest, subscribers see each
+// room's transitions in the order the table made them.
 func (c *core) takeLocked() []poll.Effect {
 	r := c.t.Ready()
 	if len(r) == 0 {
@@ -136,7 +161,34 @@ func (c *core) takeLocked() []poll.Effect {
 	}
 	effs := append([]poll.Effect(nil), r...)
 	c.t.Advance()
+	c.publishLocked(effs)
 	return effs
+}
+
+// publishLocked publishes a batch's Transition and Publish effects and
+// wakes the calls parked on rooms whose Failed became visible or that
+// went. Publication never blocks (Subscription drops what does not fit).
+func (c *core) publishLocked(effs []poll.Effect) {
+	for _, e := range effs {
+		switch e.Kind {
+		case poll.EffTransition:
+			c.log.Debug("room transition", zap.Uint64("room", uint64(e.Key.Room)), zap.Uint64("nonce", uint64(e.Key.Nonce)),
+				zap.Stringer("from", e.From), zap.Stringer("to", e.To), zap.String("reason", string(e.Reason)))
+			if e.Visible {
+				c.publish(Transition{Key: e.Key, From: e.From, To: e.To, Reason: e.Reason, PeerReason: e.PeerReason, At: c.wall(e.At)})
+			} else {
+				c.hidden[e.Key] = e.From
+			}
+		case poll.EffPublish:
+			from := c.hidden[e.Key]
+			delete(c.hidden, e.Key)
+			c.publish(Transition{Key: e.Key, From: from, To: poll.Failed, Reason: e.Reason, PeerReason: e.PeerReason, At: c.wall(e.At)})
+			c.unparkLocked(e.Key)
+		case poll.EffReaped, poll.EffRemoved:
+			delete(c.hidden, e.Key)
+			c.unparkLocked(e.Key)
+		}
+	}
 }
 
 // step applies one event and performs its effects outside the lock.
@@ -158,10 +210,15 @@ func (c *core) tick() {
 	c.perform(effs)
 }
 
-// perform carries out effects in order (poll doc, Usage 4). A Fence steps
-// EvFenced at once (the data plane's Fence returns only when no worker
-// touches the room), and the resulting Publish joins the batch.
+// perform carries out effects in order (poll doc, Usage 4); transitions
+// were published already (takeLocked). A Fence is a request to the data
+// plane that never waits: when it is done at once, EvFenced is stepped
+// and its effects join the batch; otherwise the data plane's Fenced call
+// steps it later (fence.go).
 func (c *core) perform(effs []poll.Effect) {
+	if c.performHook != nil && len(effs) > 0 {
+		c.performHook(effs)
+	}
 	for i := 0; i < len(effs); i++ {
 		e := effs[i]
 		switch e.Kind {
@@ -171,22 +228,6 @@ func (c *core) perform(effs []poll.Effect) {
 			// Answered by the ACK of the frame that caused it.
 		case poll.EffFence:
 			effs = append(effs, c.fenceRoom(e.Key)...)
-		case poll.EffTransition:
-			c.log.Debug("room transition", zap.Uint64("room", uint64(e.Key.Room)), zap.Uint64("nonce", uint64(e.Key.Nonce)),
-				zap.Stringer("from", e.From), zap.Stringer("to", e.To), zap.String("reason", string(e.Reason)))
-			if e.Visible {
-				c.publish(Transition{Key: e.Key, From: e.From, To: e.To, Reason: e.Reason, PeerReason: e.PeerReason, At: c.wall(e.At)})
-			} else {
-				c.subMu.Lock()
-				c.hidden[e.Key] = e.From
-				c.subMu.Unlock()
-			}
-		case poll.EffPublish:
-			c.subMu.Lock()
-			from := c.hidden[e.Key]
-			delete(c.hidden, e.Key)
-			c.subMu.Unlock()
-			c.publish(Transition{Key: e.Key, From: from, To: poll.Failed, Reason: e.Reason, PeerReason: e.PeerReason, At: c.wall(e.At)})
 		case poll.EffRebound:
 			// The room's METADATA, unanswered or refused by the instance
 			// that restarted, goes to the new one once it registered us.
@@ -196,57 +237,9 @@ func (c *core) perform(effs []poll.Effect) {
 			if e.Kind == poll.EffReaped {
 				c.log.Info("uncleared room reaped", zap.Uint64("room", uint64(e.Key.Room)), zap.Stringer("state", e.Status))
 			}
-			c.subMu.Lock()
-			delete(c.unfenced, e.Key)
-			delete(c.hidden, e.Key)
-			c.subMu.Unlock()
+			c.dropFence(e.Key)
 			c.hooks.forget(e.Key)
 		}
-	}
-}
-
-// fenceRoom has the data plane fence the room, then steps EvFenced and
-// returns the effects (the Publish). A data plane that panics is
-// recovered and counted; the room stays on the unfenced list and the tick
-// loop tries again, so its Failed state is published once the fence works
-// and never before (I9).
-func (c *core) fenceRoom(k poll.Key) (effs []poll.Effect) {
-	ok := func() (ok bool) {
-		defer func() {
-			if p := recover(); p != nil {
-				c.ctr.restarts.Add(1)
-				c.log.Error("data plane fence panicked, will retry", zap.Uint64("room", uint64(k.Room)), zap.Any("panic", p))
-			}
-		}()
-		c.hooks.fence(k)
-		return true
-	}()
-	c.subMu.Lock()
-	if ok {
-		delete(c.unfenced, k)
-	} else {
-		c.unfenced[k] = struct{}{}
-	}
-	c.subMu.Unlock()
-	if !ok {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	_ = c.t.Step(c.now(), poll.Event{Kind: poll.EvFenced, Key: k})
-	return c.takeLocked()
-}
-
-// retryFences retries fences that panicked.
-func (c *core) retryFences() {
-	c.subMu.Lock()
-	keys := make([]poll.Key, 0, len(c.unfenced))
-	for k := range c.unfenced {
-		keys = append(keys, k)
-	}
-	c.subMu.Unlock()
-	for _, k := range keys {
-		c.perform(c.fenceRoom(k))
 	}
 }
 

@@ -36,29 +36,37 @@ type PeerInfo struct {
 
 // PrefillDataPlane is what the prefill node needs from the data plane
 // (package transfer, adapted by the daemon). Calls come from node
-// goroutines outside the room lock and must not block for long.
+// goroutines outside the room lock (a socket reader among them) and must
+// not block.
 //
-// Fence must be sticky: once Fence(key) returned, no worker reads the
-// room's source pages, and a Bind for that key that arrives later (they
-// may race) must be ignored. Forget drops everything kept for the key.
+// Fence must be sticky and must not wait: it marks the room stopped (no
+// worker starts reading the room's source pages after it, and a Bind for
+// that key that arrives later, they may race, is ignored) and returns.
+// It returns true when no worker holds the room any more; false when one
+// still does, and then the data plane calls the node's Fenced(key) once
+// that worker let go, from any goroutine. The room's Failed state stays
+// invisible until then (I9). Forget drops everything kept for the key; it
+// must not wait either.
 type PrefillDataPlane interface {
 	// Bind records where a room's pages go once prefill applied decode's
 	// METADATA: the decode peer (its data endpoint and layouts) and that
 	// rank's metadata. It is called once per applied METADATA (a rank may
 	// be bound again after a retransmit: Bind must be idempotent).
 	Bind(peer PeerInfo, md Metadata)
-	Fence(key poll.Key)
+	Fence(key poll.Key) (done bool)
 	Forget(key poll.Key)
 }
 
 // DecodeDataPlane is what the decode node needs from the data plane. Same
 // rules as PrefillDataPlane: Fence is sticky (an Expect after Fence of the
-// same key is refused), calls come outside the room lock.
+// same key is refused) and returns at once, false meaning Fenced(key)
+// follows once no worker writes the room's pages; calls come outside the
+// room lock.
 type DecodeDataPlane interface {
 	// Expect prepares the receiver for one rank's pages of a room before
 	// its METADATA leaves; an error (bad pages for the region) fails
 	// SendMetadata with it.
 	Expect(md Metadata) error
-	Fence(key poll.Key)
+	Fence(key poll.Key) (done bool)
 	Forget(key poll.Key)
 }

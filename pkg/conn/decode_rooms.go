@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"context"
 	"fmt"
 
 	"go.uber.org/zap"
@@ -122,9 +123,11 @@ func (n *DecodeNode) OnFailed(key poll.Key, reason poll.Reason) {
 }
 
 // Abort fails a room locally (reason "" = aborted:local), fences its
-// writes and tells prefill (even before prefill opened it, R4).
-func (n *DecodeNode) Abort(room poll.RoomID, reason poll.Reason) error {
-	return n.step(poll.Event{Kind: poll.EvAbortLocal, Key: poll.Key{Room: room}, Reason: reason})
+// writes and tells prefill (even before prefill opened it, R4). It
+// returns once the room's Failed is visible, bounded by ctx; see the
+// package doc, Aborting.
+func (n *DecodeNode) Abort(ctx context.Context, room poll.RoomID, reason poll.Reason) error {
+	return n.abort(ctx, room, reason)
 }
 
 // Subscribe returns a subscription to visible transitions.
@@ -193,8 +196,8 @@ func (n *DecodeNode) unknownToPeer(t target) {
 	}
 }
 
-func (n *DecodeNode) fence(k poll.Key)  { n.dp.Fence(k) }
-func (n *DecodeNode) forget(k poll.Key) { n.dp.Forget(k) }
+func (n *DecodeNode) fence(k poll.Key) bool { return n.dp.Fence(k) }
+func (n *DecodeNode) forget(k poll.Key)     { n.dp.Forget(k) }
 
 // maintain sends heartbeats on every session (also to a lost prefill, so
 // it is found again) and declares silent ones lost (R10).

@@ -18,8 +18,9 @@
 //	                          jitter until the ACK or the frame's give-up
 //	                          deadline; a dedupe window per peer incarnation
 //	                          re-acks duplicates without re-applying them
-//	nodes (prefill*.go,       one poll.Table behind one mutex; effects
-//	decode*.go, core.go)      performed outside it; peers, heartbeats, epochs
+//	nodes (prefill*.go,       one poll.Table behind one mutex; transitions
+//	decode*.go, core.go,      published under it, other effects performed
+//	fence.go)                 outside it; fences; peers, heartbeats, epochs
 //
 // # Protocol
 //
@@ -41,9 +42,9 @@
 //
 // Failures caused on one side (scheduler abort, timeout, data-plane error,
 // shutdown) send ABORT with the reason (R8); the receiver fails the room
-// (aborted:remote, the peer's reason kept as PeerReason), fences its data
-// plane, ACKs, and sends ABORT_ACK: it will not read or write the room any
-// more. An ABORT for a room not opened yet leaves a tombstone and the later
+// (aborted:remote, the peer's reason kept as PeerReason), ACKs at once,
+// and sends ABORT_ACK once its data plane is fenced: it will not read or
+// write the room any more. An ABORT for a room not opened yet leaves a tombstone and the later
 // Open is born Failed (R4). A frame about a room that ended is answered ACK
 // ENDED with the reason, and the sender fails at once; no state is created
 // (R3). A frame about a room bound to another peer, or another request's
@@ -77,6 +78,33 @@
 // RejectReason; unknown_peer means register and retry). Only final answers
 // enter the dedupe window, so a retried NOT_OPEN frame is processed again.
 //
+// # Fences and aborting (I9)
+//
+// A room that fails is fenced: the node asks its data plane to stop the
+// room's worker (Fence) and never waits for it. Fence answers done when
+// no worker holds the room; otherwise the data plane calls Fenced(key)
+// once the worker let go, from any goroutine. Until then the room is
+// Failed inside the table but the scheduler keeps seeing its previous
+// state (Poll, Get's Visible, List, Watch, the errors of Send and
+// SendMetadata, Clear answering not terminal); at Fenced its Failed is
+// published. So a stalled data write delays only its own room's Failed:
+// the socket readers, the tick loop (heartbeats, deadlines) and every
+// other room go on, and the peer hears the failure at once (its own
+// fence covers its side). A Fence that panics is recovered, counted and
+// called again on the next tick.
+//
+// Abort is the one call that waits for a fence: it fails the room, then
+// is parked until the room's Failed is visible, so its caller reads
+// Failed right after it returns (the gRPC Abort answers Failed, as it
+// always did). The wait is bounded by the caller's ctx, never by a
+// socket reader: when ctx ends first Abort returns ctx's error, the abort
+// stands, and Failed shows once fenced. A second Abort of a room already
+// failed returns poll.ErrTerminal at once, whatever is visible; a node
+// that stops releases parked calls with ErrClosedNode.
+//
+// Watch (Subscribe) sees each room's transitions in table order: they are
+// published while the table lock is held, by a send that never blocks.
+//
 // # Hostile input (R12)
 //
 // A frame over Limits.MaxFrameBytes, one that does not decode, speaks
@@ -99,10 +127,12 @@
 //     (dials again if the Conn dies, then registers again).
 //
 // Scheduler calls and data-plane callbacks run on their callers'
-// goroutines. Locks: the table mutex, the peer/session mutex, the outbox
-// mutex and the subscriber mutex are never held together, and no data-plane
-// or transport call is made under any of them (except the transport sends
-// of MemNetwork, which never block).
+// goroutines; no goroutine of the node waits for a fence. Locks: the table
+// mutex, the peer/session mutex, the outbox mutex and the fence mutex are
+// never held together; the subscriber mutex is taken only alone or inside
+// the table mutex (publication, which never blocks). No data-plane or
+// transport call is made under any of them (except the transport sends of
+// MemNetwork, which never block).
 //
 // Time comes from a Clock: RealClock in the daemons, FakeClock in tests,
 // which makes every scenario deterministic (the table's time is nanoseconds
@@ -119,12 +149,14 @@
 //     acknowledge, then hear GOODBYE), then Close (which alone tells them
 //     once).
 //  2. Map scheduler calls: prefill Open/FirstSend/Abort/Clear/Poll/Get/List;
-//     decode Open (returns the nonce)/SendMetadata/Abort/Clear/Poll/Get/List.
+//     decode Open (returns the nonce)/SendMetadata/Abort/Clear/Poll/Get/List;
+//     pass Abort the caller's ctx (it may wait for the fence).
 //     Errors are poll's or this package's sentinels; map them to gRPC codes
 //     at the service edge.
-//  3. Route data-plane callbacks to the node: OnProgress, OnFailed, and on
-//     decode OnPartDone once a part's pages and aux row are verified (I8).
-//     The data plane's Fence must be sticky (see PrefillDataPlane).
+//  3. Route data-plane callbacks to the node: OnProgress, OnFailed,
+//     Fenced for a Fence that answered not done, and on decode OnPartDone
+//     once a part's pages and aux row are verified (I8). The data plane's
+//     Fence must be sticky and must not wait (see PrefillDataPlane).
 //  4. Serve Watch from Subscribe (bounded; Dropped counts what a slow
 //     reader missed) and metrics from Stats (rooms) and Counters (frames,
 //     rejects, retransmits, peers, restarts).

@@ -187,13 +187,14 @@ func (w *drainWatch) await(failed []poll.Key) {
 	for _, k := range failed {
 		w.pending[k] = struct{}{}
 	}
-	// A room leaves hidden just before its publication reaches the
-	// subscription, so none is missed between this and the loop.
-	w.c.subMu.Lock()
+	// A room leaves hidden as its publication reaches the subscription,
+	// both under the table lock, so none is missed between this and the
+	// loop.
+	w.c.mu.Lock()
 	for k := range w.c.hidden {
 		w.pending[k] = struct{}{}
 	}
-	w.c.subMu.Unlock()
+	w.c.mu.Unlock()
 }
 
 // recheck asks the table about the awaited rooms once the subscription

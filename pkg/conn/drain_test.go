@@ -166,32 +166,28 @@ func TestRoomsFailedAtTheDrainDeadlineStayPollableForTheGrace(t *testing.T) {
 	}
 }
 
-// stuckFenceDP is a prefill data plane whose Fence never returns until
-// the test releases it: a worker that never lets go of its room.
+// stuckFenceDP is a prefill data plane whose fence never completes: Fence
+// answers not done and Fenced never follows, a worker that never lets go
+// of its room.
 type stuckFenceDP struct {
 	*fakeDP
 	entered chan poll.Key
-	release chan struct{}
 }
 
-func (d *stuckFenceDP) Fence(k poll.Key) {
+func (d *stuckFenceDP) Fence(k poll.Key) bool {
 	d.entered <- k
-	<-d.release
-	d.fakeDP.Fence(k)
+	return false
 }
 
 // A fence that never completes keeps its room's Failed invisible (I9),
 // and must not keep the drain past its cap: the old drain stepped the
 // shutdown on its own goroutine and waited in the fence for good.
 func TestDrainReturnsByItsCapWhenAFenceNeverCompletes(t *testing.T) {
-	stuck := &stuckFenceDP{entered: make(chan poll.Key, 8), release: make(chan struct{})}
+	stuck := &stuckFenceDP{entered: make(chan poll.Key, 8)}
 	h := newHarnessWith(t, 51, options{pre: func(c *PrefillConfig) {
 		stuck.fakeDP = c.DataPlane.(*fakeDP)
 		c.DataPlane = stuck
 	}})
-	// Released before the harness closes the nodes (cleanups run last
-	// first), so no goroutine outlives the test.
-	t.Cleanup(func() { close(stuck.release) })
 	key := h.open(1, 1)
 	if !h.waitBound(key, time.Second) {
 		t.Fatal("room 1 never bound")

@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -9,22 +10,27 @@ import (
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
-// gatedFenceDP holds every Fence until release is closed, as a data-plane write that is
-// still reading the room's pages would; entered receives each fenced key first.
+// gatedFenceDP answers every Fence "not done", as a data plane whose write is still
+// reading the room's pages would; entered receives each fenced key. The test reports
+// the fence done with release.
 type gatedFenceDP struct {
 	*fakeDP
 	entered chan poll.Key
-	release chan struct{}
 }
 
 func newGatedFenceDP() *gatedFenceDP {
-	return &gatedFenceDP{fakeDP: newFakeDP(), entered: make(chan poll.Key, 8), release: make(chan struct{})}
+	return &gatedFenceDP{fakeDP: newFakeDP(), entered: make(chan poll.Key, 8)}
 }
 
-func (d *gatedFenceDP) Fence(k poll.Key) {
+func (d *gatedFenceDP) Fence(k poll.Key) bool {
 	d.entered <- k
-	<-d.release
+	return false
+}
+
+// release is the writer letting go of the room: the data plane reports Fenced.
+func (d *gatedFenceDP) release(n interface{ Fenced(poll.Key) }, k poll.Key) {
 	d.fakeDP.Fence(k)
+	n.Fenced(k)
 }
 
 // I9 on prefill: the scheduler aborts a room while the sender still reads its pages (the
@@ -36,12 +42,6 @@ func TestPrefillShowsFailedOnlyAfterFence_I9(t *testing.T) {
 	dp := newGatedFenceDP()
 	h := newHarnessWith(t, 34, options{pre: func(c *PrefillConfig) { c.DataPlane = dp }})
 	h.preDP = dp.fakeDP
-	released := false
-	t.Cleanup(func() {
-		if !released {
-			close(dp.release) // let a test that stopped early shut its nodes down
-		}
-	})
 	key := h.open(1, 1)
 	if !h.waitBound(key, time.Second) {
 		t.Fatal("room not bound")
@@ -51,7 +51,7 @@ func TestPrefillShowsFailedOnlyAfterFence_I9(t *testing.T) {
 	before := h.preState(1)
 
 	aborted := make(chan error, 1)
-	go func() { aborted <- h.pre.Abort(1, "") }()
+	go func() { aborted <- h.pre.Abort(context.Background(), 1, "") }()
 	select {
 	case <-dp.entered:
 	case <-time.After(5 * time.Second):
@@ -74,7 +74,7 @@ func TestPrefillShowsFailedOnlyAfterFence_I9(t *testing.T) {
 	if !errors.Is(errs[0], poll.ErrNotTerminal) {
 		t.Errorf("Clear before the fence: %v, want ErrNotTerminal", errs[0])
 	}
-	if err := h.pre.Abort(1, ""); err != nil && !errors.Is(err, poll.ErrTerminal) {
+	if err := h.pre.Abort(context.Background(), 1, ""); err != nil && !errors.Is(err, poll.ErrTerminal) {
 		t.Errorf("second Abort before the fence: %v", err)
 	}
 	select {
@@ -90,8 +90,7 @@ func TestPrefillShowsFailedOnlyAfterFence_I9(t *testing.T) {
 	default:
 	}
 
-	released = true
-	close(dp.release)
+	dp.release(h.pre, key)
 	select {
 	case err := <-aborted:
 		if err != nil {
@@ -113,5 +112,66 @@ func TestPrefillShowsFailedOnlyAfterFence_I9(t *testing.T) {
 	}
 	if err := h.pre.FirstSend(1); !errors.Is(err, poll.ErrTerminal) {
 		t.Errorf("Send after the fence: %v, want ErrTerminal", err)
+	}
+}
+
+// Fenced is safe to repeat and ignores keys with no fence in progress: a data plane
+// that reports twice, or reports a room it was never asked about, publishes nothing
+// extra. An Abort parked on a held fence returns at its ctx with ctx's error, and the
+// room's Failed still shows once the fence is done.
+func TestFencedIsIdempotentAndAParkedAbortEndsWithItsContext(t *testing.T) {
+	dp := newGatedFenceDP()
+	h := newHarnessWith(t, 35, options{pre: func(c *PrefillConfig) { c.DataPlane = dp }})
+	h.preDP = dp.fakeDP
+	key := h.open(1, 1)
+	if !h.waitBound(key, time.Second) {
+		t.Fatal("room not bound")
+	}
+	sub := h.pre.Subscribe(64)
+	defer sub.Close()
+	h.pre.Fenced(poll.Key{Room: 7, Nonce: 7}) // never fenced: ignored
+	h.pre.Fenced(key)                         // not failed, no fence asked: ignored
+	if got := h.preState(1); got != poll.WaitingForInput {
+		t.Fatalf("Poll %v after a stray Fenced, want WaitingForInput", got)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	aborted := make(chan error, 1)
+	go func() { aborted <- h.pre.Abort(ctx, 1, "") }()
+	select {
+	case <-dp.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Abort did not fence the room")
+	}
+	cancel()
+	select {
+	case err := <-aborted:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("parked Abort ended by its ctx returned %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a parked Abort did not return when its ctx ended")
+	}
+	if got := h.preState(1); got != poll.WaitingForInput {
+		t.Fatalf("Poll %v while the fence is held, want WaitingForInput", got)
+	}
+	dp.release(h.pre, key)
+	h.pre.Fenced(key) // reported twice
+	if got := h.preState(1); got != poll.Failed {
+		t.Fatalf("Poll %v after Fenced, want Failed", got)
+	}
+	failed := 0
+	for drained := false; !drained; {
+		select {
+		case tr := <-sub.C():
+			if tr.Key.Room == 1 && tr.To == poll.Failed {
+				failed++
+			}
+		default:
+			drained = true
+		}
+	}
+	if failed != 1 {
+		t.Fatalf("Failed published %d times, want once", failed)
 	}
 }

@@ -67,10 +67,11 @@ func (d *fakeDP) Expect(md Metadata) error {
 	return nil
 }
 
-func (d *fakeDP) Fence(k poll.Key) {
+func (d *fakeDP) Fence(k poll.Key) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.fenced[k] = true
+	return true
 }
 
 func (d *fakeDP) Forget(k poll.Key) {

@@ -155,11 +155,11 @@ type panicFenceDP struct {
 	armed atomic.Bool
 }
 
-func (d *panicFenceDP) Fence(k poll.Key) {
+func (d *panicFenceDP) Fence(k poll.Key) bool {
 	if d.armed.CompareAndSwap(true, false) {
 		panic("injected fence fault")
 	}
-	d.fakeDP.Fence(k)
+	return d.fakeDP.Fence(k)
 }
 
 // R6/I9: a data plane whose Fence panics (inside the tick worker, on a
@@ -172,14 +172,25 @@ func TestPanickingFenceIsRetriedBeforeFailedIsVisible_R6(t *testing.T) {
 	h.decDP = dp.fakeDP
 	key := h.open(1, 1)
 	h.waitBound(key, time.Second)
-	if err := h.dec.Abort(1, ""); err != nil {
-		t.Fatal(err)
+	// The Abort is parked until the retried fence works (the next tick).
+	aborted := make(chan error, 1)
+	go func() { aborted <- h.dec.Abort(context.Background(), 1, "") }()
+	if !h.waitReal(5*time.Second, func() bool { return h.dec.Counters().WorkerRestarts == 1 }) {
+		t.Fatal("the fence did not run")
 	}
 	if got := h.decState(1); got == poll.Failed {
 		t.Fatal("Failed visible before the room was fenced")
 	}
 	if _, ok := h.until(time.Second, func() bool { return h.bothTerminal(1) }); !ok {
 		t.Fatalf("pinned: prefill %v decode %v", h.preState(1), h.decState(1))
+	}
+	select {
+	case err := <-aborted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Abort did not return once Failed was visible")
 	}
 	if !dp.isFenced(key) || h.dec.Counters().WorkerRestarts != 1 {
 		t.Fatalf("fenced %v restarts %d", dp.isFenced(key), h.dec.Counters().WorkerRestarts)

@@ -242,8 +242,10 @@ func (n *PrefillNode) OnFailed(key poll.Key, reason poll.Reason) {
 }
 
 // Abort fails a room locally (reason "" = aborted:local) and tells decode.
-func (n *PrefillNode) Abort(room poll.RoomID, reason poll.Reason) error {
-	return n.step(poll.Event{Kind: poll.EvAbortLocal, Key: poll.Key{Room: room}, Reason: reason})
+// It returns once the room's Failed is visible (its data plane fenced),
+// bounded by ctx; see the package doc, Aborting.
+func (n *PrefillNode) Abort(ctx context.Context, room poll.RoomID, reason poll.Reason) error {
+	return n.abort(ctx, room, reason)
 }
 
 // Subscribe returns a subscription to visible transitions (buf 0: the
@@ -299,9 +301,9 @@ func (c *core) sendOutcome(dest target, e poll.Effect) {
 	c.sendReliable(dest, env, k, c.now()+int64(c.cfg.NotifyHorizon), nil, nil)
 }
 
-func (n *PrefillNode) unknownToPeer(target) {}
-func (n *PrefillNode) fence(k poll.Key)     { n.dp.Fence(k) }
-func (n *PrefillNode) forget(k poll.Key)    { n.dp.Forget(k) }
+func (n *PrefillNode) unknownToPeer(target)  {}
+func (n *PrefillNode) fence(k poll.Key) bool { return n.dp.Fence(k) }
+func (n *PrefillNode) forget(k poll.Key)     { n.dp.Forget(k) }
 
 // maintain sends heartbeats, declares silent peers lost (R10) and forgets
 // peers lost for long.

@@ -226,13 +226,16 @@ func (n *PrefillNode) handleMetadata(p *decodePeer, m *pdlinkv1.Metadata) ackRes
 }
 
 // handleAbort fails the room (or leaves an abort tombstone if it is not
-// open yet, R4) and, once the data plane is fenced, sends ABORT_ACK.
+// open yet, R4) and, once the data plane is fenced, sends ABORT_ACK. The
+// frame's ACK does not wait for the fence: a reader never does.
 func (c *core) handleAbort(dest target, key poll.Key, reason string) ackResult {
 	r, _ := poll.ParseReason(reason)
 	a, _ := c.stepFrame(poll.Event{Kind: poll.EvAbortRemote, Key: key, Peer: dest.peerID(), Reason: r})
 	if a == ackApplied {
-		env := &pdlinkv1.Envelope{Body: &pdlinkv1.Envelope_AbortAck{AbortAck: &pdlinkv1.AbortAck{RoomId: uint64(key.Room), Nonce: uint64(key.Nonce)}}}
-		c.sendReliable(dest, env, key, c.now()+int64(c.cfg.NotifyHorizon), nil, nil)
+		c.afterFence(key, func() {
+			env := &pdlinkv1.Envelope{Body: &pdlinkv1.Envelope_AbortAck{AbortAck: &pdlinkv1.AbortAck{RoomId: uint64(key.Room), Nonce: uint64(key.Nonce)}}}
+			c.sendReliable(dest, env, key, c.now()+int64(c.cfg.NotifyHorizon), nil, nil)
+		})
 	}
 	return a
 }

@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"testing"
@@ -102,9 +103,9 @@ func TestRandomFaultSchedulesNeverPinAndAgreeOnSuccess(t *testing.T) {
 				}
 				if tick == p.abortAt {
 					if p.abortOnDecode {
-						_ = h.dec.Abort(room(i), "")
+						_ = h.dec.Abort(context.Background(), room(i), "")
 					} else {
-						_ = h.pre.Abort(room(i), "")
+						_ = h.pre.Abort(context.Background(), room(i), "")
 					}
 				}
 				if opened[i] >= 0 && !delivered[i] && h.preDP.bound(keys[i]) {

@@ -57,6 +57,8 @@ func (c *core) subscribe(buf int) *Subscription {
 	return s
 }
 
+// publish is called with the table lock held (takeLocked), so it must
+// never block.
 func (c *core) publish(tr Transition) {
 	c.subMu.Lock()
 	defer c.subMu.Unlock()

@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -117,7 +118,7 @@ func TestForgottenPeerRegistersAgain(t *testing.T) {
 	if _, err := h.dec.Open(3, prefillAddr, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.dec.Abort(3, ""); err != nil {
+	if err := h.dec.Abort(context.Background(), 3, ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := h.until(time.Second, func() bool { return h.preState(3) == poll.Failed }); !ok {

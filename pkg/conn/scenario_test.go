@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -103,9 +104,9 @@ func TestEachFrameTypeDroppedOnceStillEndsCorrectly(t *testing.T) {
 			h.net.DropNext(tc.from, tc.to, 1, isFrame(tc.ft))
 			var err error
 			if tc.from == decodeHost && tc.ft == FrameAbort || tc.ft == FrameAbortAck {
-				err = h.dec.Abort(1, "")
+				err = h.dec.Abort(context.Background(), 1, "")
 			} else {
-				err = h.pre.Abort(1, "")
+				err = h.pre.Abort(context.Background(), 1, "")
 			}
 			if err != nil {
 				t.Fatal(err)

@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -222,9 +223,9 @@ func (e *scriptEnv) cmdRoom(verb string, a scriptArgs) error {
 		}
 		e.call(s, fmt.Sprintf("abort %d on %v", room, s), func() string {
 			if s == sidePrefill {
-				return e.answer(e.pre.Abort(room, reason), "ok")
+				return e.answer(e.pre.Abort(context.Background(), room, reason), "ok")
 			}
-			return e.answer(e.dec.Abort(room, reason), "ok")
+			return e.answer(e.dec.Abort(context.Background(), room, reason), "ok")
 		})
 	case "clear":
 		e.call(s, fmt.Sprintf("clear %d on %v", room, s), func() string {

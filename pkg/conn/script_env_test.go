@@ -23,8 +23,10 @@ import (
 // deterministic because only one goroutine acts at a time: the harness
 // releases one frame and waits until the receiver is back in Recv before
 // the next, runs scheduler calls one by one, and moves time only when the
-// network is quiet (a fence held on purpose is the one allowed exception,
-// and it is accounted for in quiet).
+// network is quiet. A fence the script holds blocks no goroutine: the
+// data plane answers "not done" and reports Fenced when the script
+// releases it; only an Abort call parks until then (accounted for in
+// quiet).
 
 // scriptSide names a node.
 type scriptSide int
@@ -47,18 +49,18 @@ func parseSide(s string) (scriptSide, error) {
 }
 
 // scriptCall is a scheduler or data-plane call run on its own goroutine,
-// so a call that blocks in a held fence shows up as blocked instead of
-// hanging the script.
+// so a call parked until a held fence is done shows up as parked instead
+// of hanging the script.
 type scriptCall struct {
 	desc     string
 	returned bool
 	blocked  bool
 }
 
-// fenceWaiter is a Fence call held by the script.
-type fenceWaiter struct {
-	key     poll.Key
-	release chan struct{}
+// heldFence is a Fence the script holds: the data plane answered "not
+// done" and reports Fenced when the script releases it.
+type heldFence struct {
+	key poll.Key
 }
 
 // scriptEnv is the two-node environment a script drives.
@@ -82,10 +84,9 @@ type scriptEnv struct {
 	modes   [2]linkMode
 	armed   [2][]*armedDrop
 	pending [2]int // calls on a side that have not returned
-	waiting [2]int // goroutines of a side inside a held Fence
 	holdAll [2]bool
 	hold    [2]map[poll.RoomID]bool
-	waiters [2][]*fenceWaiter
+	held    [2][]*heldFence
 	nonces  map[poll.Nonce]string
 	byLabel map[string]poll.Nonce
 	drawn   int             // labels given to nonces decode drew
@@ -172,10 +173,13 @@ type midpointSource struct{}
 
 func (midpointSource) Uint64() uint64 { return 1<<63 | 1 }
 
-// kill stops a side like kill -9: what it had queued is lost. Its held
-// fences are let go first, or its goroutines could not stop.
+// kill stops a side like kill -9: what it had queued is lost, and so are
+// its held fences (its data plane died with it); calls parked on them
+// return.
 func (e *scriptEnv) kill(s scriptSide) {
-	e.releaseFences(s, 0, "the process died")
+	e.mu.Lock()
+	e.holdAll[s], e.hold[s], e.held[s] = false, map[poll.RoomID]bool{}, nil
+	e.mu.Unlock()
 	if s == sidePrefill {
 		e.pre.kill()
 	} else {
@@ -193,13 +197,11 @@ func (e *scriptEnv) kill(s scriptSide) {
 	e.mu.Unlock()
 	e.alive[s] = false
 	e.subs[s].Close()
+	e.settle()
 	e.logf("%s-%d killed", s, e.gen[s])
 }
 
 func (e *scriptEnv) close() {
-	for s := range e.holdAll {
-		e.releaseFences(scriptSide(s), 0, "")
-	}
 	if e.alive[sideDecode] {
 		_ = e.dec.Close()
 	}
@@ -339,41 +341,43 @@ func (e *scriptEnv) takeOutput() []string {
 }
 
 // quiet reports whether nothing is in progress: every scheduler call has
-// returned or waits in a held fence, and every receive queue is empty with
-// its receiver back in Recv, unless that side's receiver is itself stuck
-// in a held fence (the frames behind it wait, which is what a script
-// holding a fence asks to see).
+// returned or is parked until its room's fence is done, and every receive
+// queue is empty with its receiver back in Recv.
 func (e *scriptEnv) quiet() bool {
 	e.mu.Lock()
-	var stuck [2]bool
-	for s := range e.pending {
-		if e.waiting[s] < e.pending[s] {
-			e.mu.Unlock()
+	pending := e.pending
+	e.mu.Unlock()
+	for s, n := range pending {
+		if n > e.parkedCalls(scriptSide(s)) {
 			return false
 		}
-		stuck[s] = e.waiting[s] > e.pending[s]
-	}
-	e.mu.Unlock()
-	side := func(host string) scriptSide {
-		if host == prefillHost {
-			return sidePrefill
-		}
-		return sideDecode
 	}
 	n := e.net
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, l := range n.listeners {
-		if !l.q.idle() && !stuck[side(l.host)] {
+		if !l.q.idle() {
 			return false
 		}
 	}
 	for _, c := range n.conns {
-		if !c.q.idle() && !stuck[side(c.host)] {
+		if !c.q.idle() {
 			return false
 		}
 	}
 	return true
+}
+
+// parkedCalls counts a side's calls parked until a fence is done (its
+// effects performed, waiting).
+func (e *scriptEnv) parkedCalls(s scriptSide) int {
+	if !e.alive[s] {
+		return 0
+	}
+	if s == sideDecode {
+		return int(e.dec.parkedCalls.Load())
+	}
+	return int(e.pre.parkedCalls.Load())
 }
 
 // settle waits, with a bound, until quiet.
@@ -381,7 +385,7 @@ func (e *scriptEnv) settle() {
 	deadline := time.Now().Add(quietLimit)
 	for !e.quiet() {
 		if time.Now().After(deadline) {
-			e.t.Fatalf("nodes still busy after %v (pending %v, in held fences %v)", quietLimit, e.pending, e.waiting)
+			e.t.Fatalf("nodes still busy after %v (pending calls %v)", quietLimit, e.pending)
 		}
 		runtime.Gosched()
 		time.Sleep(20 * time.Microsecond)
@@ -389,8 +393,9 @@ func (e *scriptEnv) settle() {
 }
 
 // call runs fn (a node call) on its own goroutine and logs its answer. If
-// the call is still running once everything else is quiet, it waits in a
-// held fence: that is logged, and its answer comes when it returns.
+// the call is still running once everything else is quiet, it is parked
+// until a held fence is done: that is logged, and its answer comes when
+// it returns.
 func (e *scriptEnv) call(s scriptSide, desc string, fn func() string) {
 	c := &scriptCall{desc: desc}
 	e.mu.Lock()
@@ -412,7 +417,7 @@ func (e *scriptEnv) call(s scriptSide, desc string, fn func() string) {
 	defer e.mu.Unlock()
 	if !c.returned {
 		c.blocked = true
-		e.appendLocked(desc + ": blocked in a held fence")
+		e.appendLocked(desc + ": parked until the room's fence is done")
 	}
 }
 
@@ -424,7 +429,8 @@ func (e *scriptEnv) answer(err error, ok string) string {
 	return ok
 }
 
-// holdFences makes Fence calls of a side block (room 0: every room).
+// holdFences makes a side's data plane answer Fence "not done" (room 0:
+// every room) until the script releases it.
 func (e *scriptEnv) holdFences(s scriptSide, room poll.RoomID) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -435,9 +441,10 @@ func (e *scriptEnv) holdFences(s scriptSide, room poll.RoomID) {
 	}
 }
 
-// releaseFences stops holding a side's fences (room 0: all) and lets the
-// waiting ones go, oldest first, each until the nodes are quiet again.
-func (e *scriptEnv) releaseFences(s scriptSide, room poll.RoomID, why string) {
+// releaseFences stops holding a side's fences (room 0: all) and reports
+// the held ones done (Fenced), oldest first, each until the nodes are
+// quiet again.
+func (e *scriptEnv) releaseFences(s scriptSide, room poll.RoomID) {
 	e.mu.Lock()
 	if room == 0 {
 		e.holdAll[s] = false
@@ -445,27 +452,25 @@ func (e *scriptEnv) releaseFences(s scriptSide, room poll.RoomID, why string) {
 	} else {
 		delete(e.hold[s], room)
 	}
-	var release []*fenceWaiter
-	kept := e.waiters[s][:0]
-	for _, w := range e.waiters[s] {
-		if room == 0 || w.key.Room == room {
-			release = append(release, w)
+	var release []*heldFence
+	kept := e.held[s][:0]
+	for _, f := range e.held[s] {
+		if room == 0 || f.key.Room == room {
+			release = append(release, f)
 		} else {
-			kept = append(kept, w)
+			kept = append(kept, f)
 		}
 	}
-	e.waiters[s] = kept
+	e.held[s] = kept
 	e.mu.Unlock()
-	for _, w := range release {
-		e.mu.Lock()
-		e.waiting[s]--
-		line := fmt.Sprintf("%s dp: fence %s released", s, e.keyLocked(w.key))
-		if why != "" {
-			line += " (" + why + ")"
+	for _, f := range release {
+		e.logf("%s dp: fence %s released", s, e.key(f.key))
+		e.dps[s].markFenced(f.key)
+		if s == sidePrefill {
+			e.pre.Fenced(f.key)
+		} else {
+			e.dec.Fenced(f.key)
 		}
-		e.appendLocked(line)
-		e.mu.Unlock()
-		close(w.release)
 		e.settle()
 	}
 }
@@ -493,23 +498,25 @@ func (d *scriptDP) Expect(md Metadata) error {
 	return nil
 }
 
-func (d *scriptDP) Fence(k poll.Key) {
+func (d *scriptDP) Fence(k poll.Key) bool {
 	e := d.e
 	e.mu.Lock()
 	held := e.holdAll[d.side] || e.hold[d.side][k.Room]
-	var w *fenceWaiter
 	if held {
-		w = &fenceWaiter{key: k, release: make(chan struct{})}
-		e.waiters[d.side] = append(e.waiters[d.side], w)
-		e.waiting[d.side]++
+		e.held[d.side] = append(e.held[d.side], &heldFence{key: k})
 		e.appendLocked(fmt.Sprintf("%s dp: fence %s held", d.side, e.keyLocked(k)))
 	} else {
 		e.appendLocked(fmt.Sprintf("%s dp: fence %s", d.side, e.keyLocked(k)))
 	}
 	e.mu.Unlock()
-	if w != nil {
-		<-w.release
+	if held {
+		return false
 	}
+	d.markFenced(k)
+	return true
+}
+
+func (d *scriptDP) markFenced(k poll.Key) {
 	d.mu.Lock()
 	d.fenced[k] = true
 	d.mu.Unlock()

@@ -54,7 +54,7 @@ var updateScripts = flag.Bool("update", false, "rewrite the expected output of t
 //	link <dir> auto|hold|cut                       how a direction treats frames (auto: default)
 //	advance <duration>                             move time tick by tick (10ms)
 //	kill|start|restart prefill|decode              kill -9, start a new instance, both
-//	fence hold|release on <side> [room]            make the data plane's Fence block, or let it go
+//	fence hold|release on <side> [room]            the data plane's Fence answers "not done" until released (then Fenced)
 //	inject <dir> garbage|empty|heartbeat|register|metadata|abort|status [room] [nonce=] [pages=] [reason=] [state=] [from=] [version=]
 //	trace heartbeats on|off
 func TestScript(t *testing.T) {

@@ -123,12 +123,13 @@ func TestBlockedSendReturnsWhenItsRoomFails(t *testing.T) {
 }
 
 // After the data port of room A stops reading mid-write, decode aborts A
-// and binds room B: prefill takes B's METADATA within a second. Today the
-// ABORT's fence runs on prefill's only bootstrap-socket reader and waits
-// for the stalled write's deadline (about 5 s); every control frame from
-// every peer waits behind it.
+// and binds room B: prefill takes B's METADATA at once (a few ms). The
+// ABORT's fence waits for the stalled write until transfer interrupts it
+// (FenceGrace, 500 ms by default), but not on prefill's only
+// bootstrap-socket reader: with the fence in line there, every control
+// frame from every peer waited behind it (4.97 s before FenceGrace, about
+// 500 ms with it). The bound, half the grace, catches either.
 func TestControlFramesFlowWhileADataWriteStalls(t *testing.T) {
-	knownBug(t, "an ABORT's fence runs on prefill's only bootstrap-socket reader, so a stalled data write holds every control frame for about 5 s")
 	stall := newStallListener(t, 1<<20)
 	p := newOwnerPair(t, transfer.UniformLayout(1, 64, 1<<20, 4, 64), nil, []string{"--data-advertise=" + stall.Addr()})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -154,10 +155,12 @@ func TestControlFramesFlowWhileADataWriteStalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	bound := p.waitPrefill(b, 20*time.Second, "WaitingForInput", isState(pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT))
-	if took := bound.Sub(aborted); took > time.Second {
-		t.Errorf("prefill took room B's METADATA %v after decode aborted A (A's data write stalled), want within 1s", took.Round(time.Millisecond))
+	const within = 250 * time.Millisecond
+	if took := bound.Sub(aborted); took > within {
+		t.Errorf("prefill took room B's METADATA %v after decode aborted A (A's data write stalled), want within %v", took.Round(time.Millisecond), within)
 	}
-	p.waitPrefill(a, 20*time.Second, "Failed after decode's abort", isState(pb.RoomState_ROOM_STATE_FAILED))
+	failed := p.waitPrefill(a, 20*time.Second, "Failed after decode's abort", isState(pb.RoomState_ROOM_STATE_FAILED))
+	t.Logf("room B bound %v after the abort, room A visibly Failed %v after it", bound.Sub(aborted).Round(time.Millisecond), failed.Sub(aborted).Round(time.Millisecond))
 }
 
 // pinFlag returns args with flag's value replaced by value.

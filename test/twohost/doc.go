@@ -27,13 +27,10 @@
 // # Usage
 //
 //	go test ./test/twohost/              # as root; skips, saying why, where namespaces cannot be made
-//	PDLINK_TWOHOST_BUGS=1 go test -run DoesNotStall ./test/twohost/   # the known bug, failing
 //	PDLINK_TWOHOST_LOGDIR=dir go test ./test/twohost/                 # keep every daemon's log
 //
-// Product bugs the suite found are tests that skip with "BUG: ..." until
-// they are fixed; PDLINK_TWOHOST_BUGS=1 runs them. The other tests
-// tolerate those bugs' symptoms only where the bug explains them
-// (knownStallBound).
+// Product bugs the suite finds are tests that skip with "BUG: ..." until
+// they are fixed; PDLINK_TWOHOST_BUGS=1 runs them (none today).
 //
 // TestMain builds the daemons without the race detector (testbed.BuildDaemons);
 // the test process itself may run under -race.

@@ -26,9 +26,9 @@ var (
 	promListen = "127.0.0.1:9090"
 )
 
-// shortTimings are testbed's short deadlines, with a linger that
-// outlasts knownStallBound, so a room failed while prefilld's owner is
-// stalled is not reaped before its scheduler could see Failed.
+// shortTimings are testbed's short deadlines, with a linger well past
+// every fault bound, so a failed room is not reaped before its scheduler
+// could see Failed.
 func shortTimings() testbed.Timings {
 	tm := testbed.ShortTimings()
 	tm.Linger = 8 * time.Second
