@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -292,6 +293,12 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 		return nil
 	}
 	if err := sender.Send(ctx, sreq); err != nil {
+		if errors.Is(err, transfer.ErrFenced) {
+			// The room ended while this Send waited for the peer's
+			// in-flight budget: answer with the room's state, as any
+			// Send to an ended room is.
+			return d.notSendable(key.Room, poll.ErrTerminal)
+		}
 		d.log.Warn("transfer refused", zap.Uint64("room", uint64(key.Room)), zap.Error(err))
 		if reason, fails := roomFailure(d.log, transfer.ReasonOf(err)); fails {
 			d.node.OnFailed(key, reason)

@@ -33,13 +33,14 @@ import (
 // port reads 1 MiB and then nothing. The sender's in-flight budget per peer
 // is 256 MiB, so room A's stalled transfer holds it and the Send(last) of B
 // and C wait for it. decoded is killed -9: prefill fails the three rooms
-// peer_lost, the last bound first (C, B, A). Today the fences of B and C
-// find no transfer (their Send is still waiting) and A's waits for its
-// stalled write; once the data port is cut, A's budget goes to B or C,
-// whose room is already fenced, so that transfer is never stopped and the
-// other Send (sometimes both) waits until the linger reaps the rooms.
+// peer_lost, the last bound first (C, B, A). Before issue 12's fence
+// work the fences of B and C found no transfer (their Send was still
+// waiting) and A's waited for its stalled write; once the data port was
+// cut, A's budget went to B or C, whose room was already fenced, so that
+// transfer was never stopped and the other Send (sometimes both) waited
+// until the linger reaped the rooms. Now a fence ends a Send waiting for
+// admission (transfer.ErrFenced), which answers with the room's state.
 func TestBlockedSendReturnsWhenItsRoomFails(t *testing.T) {
-	knownBug(t, "a Send waiting for the in-flight budget does not return when its room fails; it waits for the clear linger")
 	const linger = 60 * time.Second
 	common := []string{"--heartbeat-interval=200ms", "--heartbeat-misses=3", "--clear-linger=" + linger.String()}
 	stall := newStallListener(t, 1<<20)
