@@ -24,6 +24,7 @@ type PrefillNode interface {
 	RoomOwner
 	Open(room poll.RoomID, nonce poll.Nonce, parts int) (poll.RoomInfo, error)
 	FirstSend(room poll.RoomID) error
+	AwaitFailedVisible(ctx context.Context, room poll.RoomID) error
 	OnProgress(key poll.Key)
 	OnFailed(key poll.Key, reason poll.Reason)
 	Fenced(key poll.Key)
@@ -296,7 +297,9 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 		if errors.Is(err, transfer.ErrFenced) {
 			// The room ended while this Send waited for the peer's
 			// in-flight budget: answer with the room's state, as any
-			// Send to an ended room is.
+			// Send to an ended room is, once the scheduler can see it
+			// (the fence that woke us may not have been stepped yet).
+			_ = d.node.AwaitFailedVisible(ctx, key.Room)
 			return d.notSendable(key.Room, poll.ErrTerminal)
 		}
 		d.log.Warn("transfer refused", zap.Uint64("room", uint64(key.Room)), zap.Error(err))

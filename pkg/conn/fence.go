@@ -131,7 +131,8 @@ func (c *core) afterFence(k poll.Key, fn func()) {
 	fn()
 }
 
-// parkedCall is an Abort waiting for its room's Failed to become visible.
+// parkedCall is a call (Abort, AwaitFailedVisible) waiting for its room's
+// Failed to become visible.
 // Its fields are guarded by the table lock.
 type parkedCall struct {
 	woken   chan struct{}
@@ -169,6 +170,32 @@ func (c *core) abort(ctx context.Context, room poll.RoomID, reason poll.Reason) 
 		c.parkedCalls.Add(1)
 	}
 	c.mu.Unlock()
+	return c.waitParked(ctx, key, p)
+}
+
+// AwaitFailedVisible waits while room is Failed but not yet visibly so
+// (its fence not done), until the fence is done, the room left the table,
+// the node stopped (ErrClosedNode) or ctx ended (ctx's error). A room in
+// any other state returns at once. A call that learns its room ended (a
+// Send whose transfer the fence refused) answers with the state the
+// scheduler will read, not the hidden one.
+func (c *core) AwaitFailedVisible(ctx context.Context, room poll.RoomID) error {
+	c.mu.Lock()
+	in, err := c.t.Get(room)
+	if err != nil || in.State != poll.Failed || in.Fenced {
+		c.mu.Unlock()
+		return nil
+	}
+	p := &parkedCall{woken: make(chan struct{}), counted: true}
+	c.parked[in.Key] = append(c.parked[in.Key], p)
+	c.parkedCalls.Add(1)
+	c.mu.Unlock()
+	return c.waitParked(ctx, in.Key, p)
+}
+
+// waitParked waits for a parked call to be woken, its ctx to end or the
+// node to stop.
+func (c *core) waitParked(ctx context.Context, key poll.Key, p *parkedCall) error {
 	select {
 	case <-p.woken:
 		return nil

@@ -175,3 +175,66 @@ func TestFencedIsIdempotentAndAParkedAbortEndsWithItsContext(t *testing.T) {
 		t.Fatalf("Failed published %d times, want once", failed)
 	}
 }
+
+// A call that learned its room ended (a Send whose transfer the fence
+// refused) waits with AwaitFailedVisible until the scheduler can see the
+// Failed, so it never answers with the hidden state ("Transferring and
+// ending"). A live room returns at once; ctx ends the wait.
+func TestAwaitFailedVisibleWaitsForTheFence(t *testing.T) {
+	dp := newGatedFenceDP()
+	h := newHarnessWith(t, 36, options{pre: func(c *PrefillConfig) { c.DataPlane = dp }})
+	h.preDP = dp.fakeDP
+	key := h.open(1, 1)
+	if !h.waitBound(key, time.Second) {
+		t.Fatal("room not bound")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.pre.AwaitFailedVisible(ctx, 1); err != nil {
+		t.Fatalf("live room: %v", err)
+	}
+	if err := h.pre.AwaitFailedVisible(ctx, 99); err != nil {
+		t.Fatalf("unknown room: %v", err)
+	}
+	abortCtx, abortCancel := context.WithCancel(context.Background())
+	aborted := make(chan error, 1)
+	go func() { aborted <- h.pre.Abort(abortCtx, 1, "") }()
+	select {
+	case <-dp.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Abort did not fence the room")
+	}
+	abortCancel()
+	<-aborted
+
+	short, shortCancel := context.WithCancel(ctx)
+	shortCancel()
+	if err := h.pre.AwaitFailedVisible(short, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("wait ended by its ctx returned %v, want context.Canceled", err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- h.pre.AwaitFailedVisible(ctx, 1) }()
+	for deadline := time.Now().Add(5 * time.Second); h.pre.parkedCalls.Load() != 1; {
+		select {
+		case err := <-waited:
+			t.Fatalf("returned %v while the fence is held", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the wait never parked")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	dp.release(h.pre, key)
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("still waiting after the fence was done")
+	}
+	if got := h.preState(1); got != poll.Failed {
+		t.Fatalf("Poll %v once the wait returned, want Failed", got)
+	}
+}
