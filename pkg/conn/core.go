@@ -398,6 +398,12 @@ func (c *core) decodeFrame(frame []byte, from string) (*pdlinkv1.Envelope, Frame
 // reject counts a rejected frame and logs it, rate limited per reason.
 func (c *core) reject(r RejectReason, from string, err error) {
 	c.ctr.rejected[r].Add(1)
+	if r == RejectDuplicate {
+		// A retransmit that crossed its ACK: answered again, part of
+		// at-least-once delivery, nothing for an operator to act on.
+		c.log.Debug("frame rejected", zap.Stringer("reason", r), zap.String("from", from))
+		return
+	}
 	if n, ok := c.limiter.allow(r); ok {
 		c.log.Warn("frame rejected", zap.Stringer("reason", r), zap.String("from", from), zap.Error(err), zap.Uint64("suppressed", n))
 	}
