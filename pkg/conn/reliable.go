@@ -84,6 +84,10 @@ type outbox struct {
 	mu    sync.Mutex
 	seq   uint64
 	items map[uint64]*pending
+	// rooms counts the items about a room (key.Room != 0): a drain asks
+	// after every transition, so a count, not a scan of 100k items
+	// under the lock the senders need.
+	rooms int
 	rng   *rand.Rand
 	// removed is closed (and replaced) whenever a frame leaves the outbox,
 	// so Shutdown waits for the acks it needs instead of polling on a
@@ -95,8 +99,19 @@ func newOutbox(base, maxBackoff time.Duration, seed uint64) *outbox {
 	return &outbox{base: base, max: maxBackoff, items: make(map[uint64]*pending), rng: rand.New(rand.NewPCG(seed, seed+1)), removed: make(chan struct{})}
 }
 
+// putLocked stores p under its seq.
+func (o *outbox) putLocked(p *pending) {
+	if _, had := o.items[p.seq]; !had && p.key.Room != 0 {
+		o.rooms++
+	}
+	o.items[p.seq] = p
+}
+
 // deleteLocked removes the frame seq and wakes the waiters of waitUntil.
 func (o *outbox) deleteLocked(seq uint64) {
+	if p, ok := o.items[seq]; ok && p.key.Room != 0 {
+		o.rooms--
+	}
 	delete(o.items, seq)
 	close(o.removed)
 	o.removed = make(chan struct{})
@@ -136,7 +151,7 @@ func (o *outbox) add(now int64, p *pending) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	p.next = now + o.backoffLocked(0)
-	o.items[p.seq] = p
+	o.putLocked(p)
 }
 
 // backoffLocked is base*2^attempt capped at max, scaled by a random factor
@@ -168,7 +183,7 @@ func (o *outbox) requeue(now int64, p *pending) {
 	defer o.mu.Unlock()
 	p.attempt++
 	p.next = now + o.backoffLocked(p.attempt)
-	o.items[p.seq] = p
+	o.putLocked(p)
 }
 
 // due returns the frames to send again at now and removes the expired
@@ -265,13 +280,7 @@ func (o *outbox) pendingOf(ft FrameType) int {
 func (o *outbox) roomFrames() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	n := 0
-	for _, p := range o.items {
-		if p.key.Room != 0 {
-			n++
-		}
-	}
-	return n
+	return o.rooms
 }
 
 // dedupe remembers the final answers given to one peer incarnation's
