@@ -3,7 +3,8 @@
 // stop cleanly. TestMain builds the binaries once into a temporary
 // directory; each test owns the processes it starts and stops them.
 //
-// Tests of known, unfixed defects (owner_bugs_test.go, issue 12) assert the
-// fixed behaviour and skip with "BUG (issue 12): ..." unless PDLINK_BUGS=1,
-// which runs them (they fail until the fix lands).
+// owner_bugs_test.go holds the user-visible defects of issue 12, each a
+// test of the fixed behaviour built to reproduce the defect by
+// construction; all of them run (they were skipped as "BUG (issue 12)"
+// until their fix landed).
 package e2e

@@ -3,8 +3,8 @@ package e2e
 // The user-visible defects of issue 12 (one room owner per daemon), each as
 // a test of the fixed behaviour against the real daemons. They reproduce
 // the defects by construction (a data port that stops reading, a kill at a
-// known moment) rather than by hoping for a timing; those that fail on
-// today's code skip unless PDLINK_BUGS=1.
+// known moment) rather than by hoping for a timing. Each failed before its
+// fix (they skipped as "BUG (issue 12)" until then).
 
 import (
 	"context"

@@ -18,15 +18,6 @@ import (
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
-// knownBug skips a test that reproduces an open defect of issue 12 unless
-// PDLINK_BUGS=1: the test asserts the fixed behaviour and fails today.
-func knownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("PDLINK_BUGS") == "" {
-		t.Skip("BUG (issue 12): " + what + "; PDLINK_BUGS=1 runs it")
-	}
-}
-
 // ownerPair is a prefilld and a decoded driven one call at a time, with
 // one region each (under /dev/shm, as an engine maps it).
 type ownerPair struct {
