@@ -47,7 +47,11 @@ func ParseKind(s string) (Kind, error) {
 func NewTransport(kind Kind, region *Region, cfg SenderConfig) (Transport, error) {
 	switch kind {
 	case KindTCP:
-		return NewSender(region, cfg)
+		s, err := NewSender(region, cfg)
+		if err != nil {
+			return nil, err // not a Transport holding a nil *Sender
+		}
+		return s, nil
 	}
 	return nil, fmt.Errorf("%w: data transport %q (want %s)", ErrUnknownKind, kind, KindNames())
 }
@@ -57,7 +61,11 @@ func NewTransport(kind Kind, region *Region, cfg SenderConfig) (Transport, error
 func NewSink(kind Kind, region *Region, cfg ReceiverConfig, events Events) (Sink, error) {
 	switch kind {
 	case KindTCP:
-		return NewReceiver(region, cfg, events)
+		r, err := NewReceiver(region, cfg, events)
+		if err != nil {
+			return nil, err // not a Sink holding a nil *Receiver
+		}
+		return r, nil
 	}
 	return nil, fmt.Errorf("%w: data transport %q (want %s)", ErrUnknownKind, kind, KindNames())
 }

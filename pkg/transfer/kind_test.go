@@ -41,6 +41,23 @@ func TestParseKindTakesEveryKindAndRefusesOthersNamingThem(t *testing.T) {
 	}
 }
 
+// TestAKindThatCannotStartReturnsANilInterface: a constructor's failure
+// (here a config out of range) is a nil Transport or Sink, not an
+// interface holding a nil pointer that a nil check lets through.
+func TestAKindThatCannotStartReturnsANilInterface(t *testing.T) {
+	r := openTestRegion(t, UniformLayout(1, 4, 4096, 0, 0))
+	for _, k := range Kinds() {
+		tr, err := NewTransport(k, r, SenderConfig{ConnsPerPeer: -1})
+		if !errors.Is(err, ErrBadConfig) || tr != nil {
+			t.Errorf("%s: NewTransport with a bad config = %#v, %v; want nil and ErrBadConfig", k, tr, err)
+		}
+		sink, err := NewSink(k, r, ReceiverConfig{PieceBytes: 1}, nil)
+		if !errors.Is(err, ErrBadConfig) || sink != nil {
+			t.Errorf("%s: NewSink with a bad config = %#v, %v; want nil and ErrBadConfig", k, sink, err)
+		}
+	}
+}
+
 // TestEveryKindMovesARoomThroughTheInterfaces: for every Kind, the
 // Transport and Sink the registry builds move a room's pages and aux row
 // using only the interface methods the daemons call (AddPeer, Send, Expect,
