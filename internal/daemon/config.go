@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/pdlink/pdlink/pkg/auth"
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // Role says which daemon a Config is for.
@@ -82,6 +83,9 @@ type Config struct {
 	// send pages to ("" = the bound DataListen address): set it when
 	// DataListen is a wildcard or sits behind NAT or a proxy.
 	DataAdvertise string
+	// DataTransport is the data plane that moves KV pages (both daemons):
+	// one of transfer.Kinds, checked at start.
+	DataTransport transfer.Kind
 
 	// CPUProfile is where a CPU profile of the whole run is written
 	// ("" = none): profile.go.
@@ -114,6 +118,8 @@ func DefaultConfig(role Role) Config {
 		GRPCKeepaliveTimeout:  10 * time.Second,
 		GRPCKeepaliveMinTime:  5 * time.Second,
 		GRPCMaxConnections:    1024,
+
+		DataTransport: transfer.KindTCP,
 	}
 	switch role {
 	case RolePrefill:
@@ -154,6 +160,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.GRPCKeepaliveTimeout, "grpc-keepalive-timeout", c.GRPCKeepaliveTimeout, "close a gRPC connection whose ping is not acked within this")
 	fs.DurationVar(&c.GRPCKeepaliveMinTime, "grpc-keepalive-min-time", c.GRPCKeepaliveMinTime, "clients may ping at most this often; faster gets GOAWAY (too_many_pings)")
 	fs.IntVar(&c.GRPCMaxConnections, "grpc-max-connections", c.GRPCMaxConnections, "most gRPC connections open at once; more are closed on accept")
+	fs.StringVar((*string)(&c.DataTransport), "data-transport", string(c.DataTransport), "how KV pages move between the daemons: "+transfer.KindNames())
 	c.bindProfileFlags(fs)
 	switch c.Role {
 	case RolePrefill:
@@ -250,6 +257,11 @@ func (c *Config) Validate() error {
 	if c.MaxRooms < 1 {
 		return &FlagError{"max-rooms", fmt.Sprint(c.MaxRooms), "must be at least 1"}
 	}
+	kind, err := transfer.ParseKind(string(c.DataTransport))
+	if err != nil {
+		return &FlagError{"data-transport", string(c.DataTransport), "want " + transfer.KindNames()}
+	}
+	c.DataTransport = kind
 	switch c.Role {
 	case RolePrefill:
 		if err := checkZMQEndpoint(c.BootstrapListen); err != nil {

@@ -86,6 +86,8 @@ func TestBadFlagValuesAreRefusedNamingTheFlag(t *testing.T) {
 		{RoleDecode, "--grpc-keepalive-timeout=0s", "grpc-keepalive-timeout"},
 		{RoleDecode, "--grpc-keepalive-min-time=-1s", "grpc-keepalive-min-time"},
 		{RoleDecode, "--grpc-max-connections=0", "grpc-max-connections"},
+		{RolePrefill, "--data-transport=udp", "data-transport"},
+		{RoleDecode, "--data-transport=", "data-transport"},
 	}
 	for _, c := range cases {
 		_, err := parse(t, c.role, []string{c.arg}, nil)

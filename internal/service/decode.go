@@ -30,17 +30,19 @@ type DecodeNode interface {
 	Fenced(key poll.Key)
 }
 
-// DecodeData adapts a transfer.Receiver to the decode node's data plane.
+// DecodeData adapts the --data-transport's transfer.Sink to the decode
+// node's data plane.
 // The data listener is bound at start; connections that arrive before a
 // region is registered are closed (a sender redials).
 type DecodeData struct {
 	log  *zap.Logger
+	kind transfer.Kind
 	rcfg transfer.ReceiverConfig
 	node DecodeNode
 
 	slot     regionSlot
 	mu       sync.Mutex
-	receiver *transfer.Receiver
+	receiver transfer.Sink
 	bytes    atomic.Uint64
 	refused  atomic.Uint64
 
@@ -99,18 +101,20 @@ func (d *DecodeData) settleMetadata(key poll.Key, md *sentMetadata, err error) {
 
 var _ conn.DecodeDataPlane = (*DecodeData)(nil)
 
-// NewDecodeData returns the adapter; SetNode must be called before use.
-func NewDecodeData(cfg transfer.ReceiverConfig, log *zap.Logger) *DecodeData {
-	d := &DecodeData{log: log, rcfg: cfg, metadata: map[poll.Key]*sentMetadata{}}
+// NewDecodeData returns the adapter over a data plane of the given kind,
+// built when the region is registered; SetNode must be called before use.
+func NewDecodeData(kind transfer.Kind, cfg transfer.ReceiverConfig, log *zap.Logger) *DecodeData {
+	d := &DecodeData{log: log, kind: kind, rcfg: cfg, metadata: map[poll.Key]*sentMetadata{}}
 	d.rcfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
 	d.slot.onSet = func(r *transfer.Region) error {
-		rx, err := transfer.NewReceiver(r, d.rcfg, decodeEvents{d})
+		rx, err := transfer.NewSink(d.kind, r, d.rcfg, decodeEvents{d})
 		if err != nil {
 			return err
 		}
 		d.mu.Lock()
 		d.receiver = rx
 		d.mu.Unlock()
+		d.log.Info("data plane ready", zap.String("transport", string(d.kind)), zap.String("region", r.Path()))
 		return nil
 	}
 	return d

@@ -14,7 +14,7 @@ import (
 // or reap), and a first call that failed is not kept: the scheduler may
 // try again, and nothing is held for rooms that are gone.
 func TestRecordedMetadataIsForgottenWithTheRoom(t *testing.T) {
-	d := NewDecodeData(transfer.ReceiverConfig{}, zaptest.NewLogger(t))
+	d := NewDecodeData(transfer.KindTCP, transfer.ReceiverConfig{}, zaptest.NewLogger(t))
 	key := poll.Key{Room: 1, Nonce: 2}
 	claim := func() bool {
 		_, first := d.claimMetadata(key, &sentMetadata{done: make(chan struct{})})

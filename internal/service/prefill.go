@@ -30,18 +30,20 @@ type PrefillNode interface {
 	Fenced(key poll.Key)
 }
 
-// PrefillData adapts a transfer.Sender to the prefill node's data plane.
+// PrefillData adapts the --data-transport's transfer.Transport to the
+// prefill node's data plane.
 // It gathers a room's chunks (the scheduler's Send calls) and starts the
 // transfer with the last one: one SendRequest per room, as pkg/transfer
 // wants it.
 type PrefillData struct {
 	log  *zap.Logger
+	kind transfer.Kind
 	scfg transfer.SenderConfig
 	node PrefillNode
 
 	slot   regionSlot
 	mu     sync.Mutex
-	sender *transfer.Sender
+	sender transfer.Transport
 	rooms  map[poll.RoomID]*prefillRoom
 	fenced map[poll.Key]bool // sticky until Forget (a late Bind is ignored)
 	// boundCh is closed (and replaced) at every Bind, waking Sends that
@@ -82,18 +84,20 @@ func (r *prefillRoom) repeats(start int64, src []transfer.Run, last bool, auxInd
 
 var _ conn.PrefillDataPlane = (*PrefillData)(nil)
 
-// NewPrefillData returns the adapter; SetNode must be called before use.
-func NewPrefillData(cfg transfer.SenderConfig, log *zap.Logger) *PrefillData {
-	d := &PrefillData{log: log, scfg: cfg, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}, boundCh: make(chan struct{})}
+// NewPrefillData returns the adapter over a data plane of the given kind,
+// built when the region is registered; SetNode must be called before use.
+func NewPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logger) *PrefillData {
+	d := &PrefillData{log: log, kind: kind, scfg: cfg, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}, boundCh: make(chan struct{})}
 	d.scfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
 	d.slot.onSet = func(r *transfer.Region) error {
-		s, err := transfer.NewSender(r, d.scfg)
+		s, err := transfer.NewTransport(d.kind, r, d.scfg)
 		if err != nil {
 			return err
 		}
 		d.mu.Lock()
 		d.sender = s
 		d.mu.Unlock()
+		d.log.Info("data plane ready", zap.String("transport", string(d.kind)), zap.String("region", r.Path()))
 		return nil
 	}
 	return d

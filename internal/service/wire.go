@@ -140,7 +140,7 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	if kr != nil {
 		scfg.Auth, ncfg.Auth = kr.Data(), kr.Control(auth.SidePrefill)
 	}
-	data := NewPrefillData(scfg, log)
+	data := NewPrefillData(cfg.DataTransport, scfg, log)
 	node, err := conn.NewPrefillNode(conn.PrefillConfig{
 		Config:     ncfg,
 		ListenAddr: cfg.BootstrapListen,
@@ -200,7 +200,7 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	if kr != nil {
 		rcfg.Auth, ncfg.Auth = kr.Data(), kr.Control(auth.SideDecode)
 	}
-	data := NewDecodeData(rcfg, log)
+	data := NewDecodeData(cfg.DataTransport, rcfg, log)
 	node, err := conn.NewDecodeNode(conn.DecodeConfig{
 		Config:       ncfg,
 		DataEndpoint: advertise,

@@ -89,9 +89,10 @@
 // Transport (prefill side) and Sink (decode side) are the interfaces the daemons use. The
 // TCP Sender and Receiver implement them over any stream connection: MemNetwork is the
 // in-memory twin (net.Pipe, one copy from source to destination pages, Disconnect for
-// partitions) used by the logic tests. A same-host shared-memory copy or an RDMA engine can
-// implement Transport and Sink directly: callers only use rooms, runs, Fence and the
-// callbacks. Authenticator is the connection-preface hook (NoAuth by default) where an HMAC
+// partitions) used by the logic tests. The daemons build theirs with NewTransport and
+// NewSink from a Kind (--data-transport, KindTCP today) and hold only the interfaces, so a
+// same-host shared-memory copy or an RDMA engine is a new Kind with a case in each
+// constructor: callers only use rooms, runs, Fence, ServeConn and the callbacks. Authenticator is the connection-preface hook (NoAuth by default) where an HMAC
 // challenge-response will run before any frame.
 //
 // # Usage

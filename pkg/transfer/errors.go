@@ -67,6 +67,8 @@ var (
 	ErrClosed = errors.New("transfer: closed")
 	// ErrBadConfig means a configuration value is out of range.
 	ErrBadConfig = errors.New("transfer: bad config")
+	// ErrUnknownKind means a data transport Kind this build does not have.
+	ErrUnknownKind = errors.New("transfer: unknown data transport")
 	// ErrAuth means the connection preface (Authenticator) failed.
 	ErrAuth = errors.New("transfer: connection authentication failed")
 )

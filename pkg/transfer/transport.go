@@ -152,6 +152,10 @@ type Sink interface {
 	Fence(key Key) (done bool)
 	// FenceWait is Fence followed by the wait for the write in progress to end.
 	FenceWait(key Key)
+	// ServeConn serves one accepted data connection (authentication first) on its own
+	// goroutine until it ends or the sink closes; after Close it closes c at once. A
+	// same-host sink still takes chunk boundaries, checksums and DONE over it.
+	ServeConn(c net.Conn)
 	Close() error
 }
 
