@@ -29,8 +29,8 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if layout.TPSize != 1 {
-		return "", status.Errorf(codes.Unimplemented, "layout.rank: tp_size %d: one rank per daemon until fan-out lands", layout.TPSize)
+	if layout.Rank.Size != 1 {
+		return "", status.Errorf(codes.Unimplemented, "layout.rank: tp_size %d: one rank per daemon until fan-out lands", layout.Rank.Size)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -38,7 +38,7 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (string, error) {
 		if s.region.Path() == path && s.region.Layout().Compatible(layout) == nil {
 			return regionID(layout), nil
 		}
-		return "", status.Errorf(codes.AlreadyExists, "rank %d already registered as %s", layout.TPRank, s.region.Path())
+		return "", status.Errorf(codes.AlreadyExists, "rank %d already registered as %s", layout.Rank.TP, s.region.Path())
 	}
 	r, err := transfer.OpenRegion(path, layout)
 	if err != nil {
@@ -62,16 +62,13 @@ func (s *regionSlot) checkRank(field string, r *pb.Rank) error {
 	if err := validateRank(field, r); err != nil {
 		return err
 	}
-	rank, size := 0, 1
-	if r != nil && r.TpSize > 0 {
-		rank, size = int(r.TpRank), int(r.TpSize)
-	}
+	rank := rankFromProto(r)
 	region := s.get()
 	if region == nil {
 		return status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
 	}
-	if l := region.Layout(); rank != l.TPRank || size != l.TPSize {
-		return invalid(field, "tp_rank %d of tp_size %d: no region registered for it (this daemon serves %s)", rank, size, regionID(l))
+	if l := region.Layout(); rank != l.Rank {
+		return invalid(field, "tp_rank %d of tp_size %d: no region registered for it (this daemon serves %s)", rank.TP, rank.Size, regionID(l))
 	}
 	return nil
 }
@@ -99,4 +96,13 @@ func (s *regionSlot) close() {
 	}
 }
 
-func regionID(l transfer.Layout) string { return fmt.Sprintf("tp%d-of-%d", l.TPRank, l.TPSize) }
+// rank is the rank of the region this daemon serves (0 of 1 before one is
+// registered): the rank of every data-plane key it makes.
+func (s *regionSlot) rank() transfer.Rank {
+	if r := s.get(); r != nil {
+		return r.Layout().Rank
+	}
+	return transfer.Rank{TP: 0, Size: 1}
+}
+
+func regionID(l transfer.Layout) string { return fmt.Sprintf("tp%d-of-%d", l.Rank.TP, l.Rank.Size) }

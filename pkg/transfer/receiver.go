@@ -97,8 +97,10 @@ type Receiver struct {
 	events Events
 	log    *zap.Logger
 
-	mu     sync.Mutex
-	rooms  map[Key]*rxRoom
+	mu sync.Mutex
+	// rooms holds, per room and nonce, every rank expected: v1 frames name the room and
+	// nonce only, so a frame finds its room here when exactly one rank is expected.
+	rooms  map[wireKey][]*rxRoom
 	conns  map[net.Conn]struct{}
 	lns    map[net.Listener]struct{}
 	closed bool
@@ -119,7 +121,7 @@ func NewReceiver(region *Region, cfg ReceiverConfig, events Events) (*Receiver, 
 	}
 	return &Receiver{
 		region: region, cfg: cfg, events: events, log: cfg.Logger,
-		rooms: make(map[Key]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
+		rooms: make(map[wireKey][]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
 	}, nil
 }
 
@@ -167,9 +169,10 @@ type rxRoom struct {
 	grace    *time.Timer   // interrupts the stalled read of a pending fence; nil once handed back
 }
 
-// Expect registers a room. Dst must have one entry per buffer; AuxRow must be a row of the
-// region (or -1 when the region has no aux rows to fill). It fails with ErrDuplicateRoom if
-// the key is live. The destination pages are not checked here: the caller's edge checked
+// Expect registers a room's rank. Dst must have one entry per buffer; AuxRow must be a row
+// of the region (or -1 when the region has no aux rows to fill). It fails with
+// ErrDuplicateRoom if the key, rank included, is live; another rank of the same room is
+// another key (but see the package doc, Ranks on the wire). The destination pages are not checked here: the caller's edge checked
 // them once (ValidateRuns), and every chunk is checked against the region and against Dst
 // before a byte is written, so a page outside the region or named twice fails the room
 // (reason invalid) and is never written.
@@ -201,10 +204,13 @@ func (r *Receiver) Expect(e Expectation) error {
 	if r.closed {
 		return ErrClosed
 	}
-	if _, ok := r.rooms[e.Key]; ok {
-		return fmt.Errorf("%w: %v", ErrDuplicateRoom, e.Key)
+	w := e.Key.wire()
+	for _, other := range r.rooms[w] {
+		if other.key == e.Key {
+			return fmt.Errorf("%w: %v", ErrDuplicateRoom, e.Key)
+		}
 	}
-	r.rooms[e.Key] = room
+	r.rooms[w] = append(r.rooms[w], room)
 	return nil
 }
 
@@ -255,9 +261,13 @@ func (r *Receiver) fence(key Key) (bool, <-chan struct{}) {
 }
 
 func (r *Receiver) forget(room *rxRoom) {
+	w := room.key.wire()
 	r.mu.Lock()
-	if r.rooms[room.key] == room {
-		delete(r.rooms, room.key)
+	ranks := slices.DeleteFunc(r.rooms[w], func(x *rxRoom) bool { return x == room })
+	if len(ranks) == 0 {
+		delete(r.rooms, w)
+	} else {
+		r.rooms[w] = ranks
 	}
 	r.mu.Unlock()
 }
@@ -297,7 +307,24 @@ func (r *Receiver) interrupt(room *rxRoom) {
 func (r *Receiver) lookup(key Key) *rxRoom {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.rooms[key]
+	for _, room := range r.rooms[key.wire()] {
+		if room.key == key {
+			return room
+		}
+	}
+	return nil
+}
+
+// lookupFrame finds the room a frame is about. A v1 frame does not say which rank sent it:
+// when more than one rank of its room is expected it is nobody's, and is treated as a frame
+// for an unknown room (drained, never written), so no rank's pages take another's bytes.
+func (r *Receiver) lookupFrame(h *Header) *rxRoom {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ranks := r.rooms[h.wireKey()]; len(ranks) == 1 {
+		return ranks[0]
+	}
+	return nil
 }
 
 // finish moves a live room to a terminal outcome under room.mu and reports whether it did.
