@@ -188,7 +188,7 @@ func (d *DecodeData) Fence(key poll.Key) bool {
 	if rx == nil {
 		return true
 	}
-	return rx.Fence(tkey(key, d.slot.rank()))
+	return rx.Fence(d.slot.key(key))
 }
 
 // Forget implements conn.DecodeDataPlane.

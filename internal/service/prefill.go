@@ -197,7 +197,7 @@ func (d *PrefillData) Fence(key poll.Key) bool {
 	if s == nil {
 		return true
 	}
-	return s.Fence(tkey(key, d.slot.rank()))
+	return s.Fence(d.slot.key(key))
 }
 
 // Forget implements conn.PrefillDataPlane.
@@ -279,7 +279,7 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 			bytes += r.srcPages * b.ItemLen
 		}
 		sreq = transfer.SendRequest{
-			Peer: peer, Key: tkey(key, region.Layout().Rank),
+			Peer: peer, Key: d.slot.key(key),
 			Src: transfer.SamePages(nbuf, transfer.Coalesce(r.src)), Dst: transfer.SamePages(nbuf, r.dst), Aux: aux,
 			Done: func(err error) { d.done(key, bytes, err) },
 		}

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -96,13 +97,15 @@ func (s *regionSlot) close() {
 	}
 }
 
-// rank is the rank of the region this daemon serves (0 of 1 before one is
-// registered): the rank of every data-plane key it makes.
-func (s *regionSlot) rank() transfer.Rank {
+// key is the data-plane key of this daemon's share of the room: the rank
+// of the region it serves (0 of 1 before one is registered). A transfer
+// and its fence take their key from here, so a fence finds its transfer.
+func (s *regionSlot) key(k poll.Key) transfer.Key {
+	rank := transfer.Rank{TP: 0, Size: 1}
 	if r := s.get(); r != nil {
-		return r.Layout().Rank
+		rank = r.Layout().Rank
 	}
-	return transfer.Rank{TP: 0, Size: 1}
+	return tkey(k, rank)
 }
 
 func regionID(l transfer.Layout) string { return fmt.Sprintf("tp%d-of-%d", l.Rank.TP, l.Rank.Size) }
