@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -129,22 +130,21 @@ func TestExportedAPISpeaksOfRanksOnly(t *testing.T) {
 	}
 	for _, pkg := range []string{"poll", "conn", "transfer"} {
 		dir := filepath.Join("..", "..", "pkg", pkg)
-		fset := token.NewFileSet()
-		pkgs, err := parser.ParseDir(fset, dir, nil, parser.ParseComments)
+		entries, err := os.ReadDir(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for name, p := range pkgs {
-			if strings.HasSuffix(name, "_test") {
+		fset := token.NewFileSet()
+		for _, e := range entries {
+			if !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
 				continue
 			}
-			for path, f := range p.Files {
-				if strings.HasSuffix(path, "_test.go") {
-					continue
-				}
-				for _, bad := range oldRankNames(f) {
-					t.Errorf("%s: %s", fset.Position(bad.pos), bad.what)
-				}
+			f, err := parser.ParseFile(fset, filepath.Join(dir, e.Name()), nil, parser.ParseComments)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, bad := range oldRankNames(f) {
+				t.Errorf("%s: %s", fset.Position(bad.pos), bad.what)
 			}
 		}
 	}
