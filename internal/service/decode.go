@@ -245,6 +245,8 @@ func (s *DecodeServer) OpenReceiver(_ context.Context, req *pb.OpenReceiverReque
 	if err := checkBootstrapAddr("prefill_bootstrap_addr", req.PrefillBootstrapAddr); err != nil {
 		return nil, err
 	}
+	// expected_senders keeps its proto name for compatibility: the ranks
+	// expected.
 	if req.ExpectedSenders > poll.MaxRanks {
 		return nil, invalid("expected_senders", "at most %d", poll.MaxRanks)
 	}

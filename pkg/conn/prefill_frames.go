@@ -212,6 +212,8 @@ func (n *PrefillNode) updateRegistration(p *decodePeer, reg *pdlinkv1.Register) 
 // here is answered ENDED with its reason and creates nothing (R3).
 func (n *PrefillNode) handleMetadata(p *decodePeer, m *pdlinkv1.Metadata) ackResult {
 	key := poll.Key{Room: poll.RoomID(m.GetRoomId()), Nonce: poll.Nonce(m.GetNonce())}
+	// expected_senders is the frame's name for the ranks expected; the
+	// wire keeps it for compatibility.
 	a, err := n.stepFrame(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: p.id, Ranks: uint8(m.GetExpectedSenders())})
 	if a != ackApplied || !(err == nil || errors.Is(err, poll.ErrIllegalTransition)) {
 		return a
