@@ -65,6 +65,14 @@ func TestTwoRanksOfARoomAreTwoKeys(t *testing.T) {
 	if !bytes.Equal(g.dst.Buffer(0)[2*item:4*item], g.src.Buffer(0)[:2*item]) {
 		t.Fatal("rank 1's pages are not in place")
 	}
+	for _, k := range []Key{rank1, rank0} {
+		if !g.rcv.Fence(k) {
+			t.Fatalf("fence of idle %v not done", k)
+		}
+		if err := g.rcv.Expect(Expectation{Key: k, Dst: dst, AuxRow: -1}); err != nil {
+			t.Fatalf("expect %v after its fence: %v", k, err)
+		}
+	}
 }
 
 // A key shows its rank only when the room has several, so log lines of

@@ -98,9 +98,10 @@ type Receiver struct {
 	log    *zap.Logger
 
 	mu sync.Mutex
-	// rooms holds, per room and nonce, every rank expected: v1 frames name the room and
-	// nonce only, so a frame finds its room here when exactly one rank is expected.
-	rooms  map[wireKey][]*rxRoom
+	// rooms holds, per room and nonce, the ranks expected, linked by otherRank: v1 frames
+	// name the room and nonce only, so a frame finds its room here when exactly one rank
+	// is expected.
+	rooms  map[wireKey]*rxRoom
 	conns  map[net.Conn]struct{}
 	lns    map[net.Listener]struct{}
 	closed bool
@@ -121,7 +122,7 @@ func NewReceiver(region *Region, cfg ReceiverConfig, events Events) (*Receiver, 
 	}
 	return &Receiver{
 		region: region, cfg: cfg, events: events, log: cfg.Logger,
-		rooms: make(map[wireKey][]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
+		rooms: make(map[wireKey]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
 	}, nil
 }
 
@@ -153,9 +154,10 @@ const (
 // lands for the room, and the goroutine that empties it after a Fence hands the room back
 // (letGoFence).
 type rxRoom struct {
-	key    Key
-	auxRow int64
-	total  int64 // pages expected over all buffers
+	key       Key
+	auxRow    int64
+	total     int64   // pages expected over all buffers
+	otherRank *rxRoom // the next rank expected for the same room and nonce, under Receiver.mu
 
 	mu       sync.Mutex
 	writing  []*rxConn // connections reading a piece into the room's pages now
@@ -205,12 +207,13 @@ func (r *Receiver) Expect(e Expectation) error {
 		return ErrClosed
 	}
 	w := e.Key.wire()
-	for _, other := range r.rooms[w] {
+	for other := r.rooms[w]; other != nil; other = other.otherRank {
 		if other.key == e.Key {
 			return fmt.Errorf("%w: %v", ErrDuplicateRoom, e.Key)
 		}
 	}
-	r.rooms[w] = append(r.rooms[w], room)
+	room.otherRank = r.rooms[w]
+	r.rooms[w] = room
 	return nil
 }
 
@@ -263,13 +266,21 @@ func (r *Receiver) fence(key Key) (bool, <-chan struct{}) {
 func (r *Receiver) forget(room *rxRoom) {
 	w := room.key.wire()
 	r.mu.Lock()
-	ranks := slices.DeleteFunc(r.rooms[w], func(x *rxRoom) bool { return x == room })
-	if len(ranks) == 0 {
-		delete(r.rooms, w)
-	} else {
-		r.rooms[w] = ranks
+	defer r.mu.Unlock()
+	if r.rooms[w] == room {
+		if room.otherRank == nil {
+			delete(r.rooms, w)
+		} else {
+			r.rooms[w] = room.otherRank
+		}
+		return
 	}
-	r.mu.Unlock()
+	for prev := r.rooms[w]; prev != nil; prev = prev.otherRank {
+		if prev.otherRank == room {
+			prev.otherRank = room.otherRank
+			return
+		}
+	}
 }
 
 // letGoFence completes a pending fence on the connection goroutine that let go: the key is
@@ -307,7 +318,7 @@ func (r *Receiver) interrupt(room *rxRoom) {
 func (r *Receiver) lookup(key Key) *rxRoom {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, room := range r.rooms[key.wire()] {
+	for room := r.rooms[key.wire()]; room != nil; room = room.otherRank {
 		if room.key == key {
 			return room
 		}
@@ -321,8 +332,8 @@ func (r *Receiver) lookup(key Key) *rxRoom {
 func (r *Receiver) lookupFrame(h *Header) *rxRoom {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if ranks := r.rooms[h.wireKey()]; len(ranks) == 1 {
-		return ranks[0]
+	if room := r.rooms[h.wireKey()]; room != nil && room.otherRank == nil {
+		return room
 	}
 	return nil
 }
