@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
 )
@@ -87,4 +88,40 @@ func TestKeyStringShowsTheRankOnlyWhenThereAreSeveral(t *testing.T) {
 			t.Errorf("%#v.String() = %q, want %q", k, got, want)
 		}
 	}
+}
+
+// TestSenderTakesOneRankOfARoomAtATime: v1 frames cannot say which rank
+// they carry, so while one rank of a room is being sent another rank of
+// it is refused; and a fence of that other rank's key is not a fence of
+// the rank being sent, which completes.
+func TestSenderTakesOneRankOfARoomAtATime(t *testing.T) {
+	const item = 4096
+	l := UniformLayout(1, 8, item, 0, 0)
+	d := newGateDialer()
+	g := newRig(t, l, l, true, SenderConfig{ConnsPerPeer: 1, Dialer: d, MaxChunkBytes: item}, ReceiverConfig{})
+	t.Cleanup(d.lift)
+	rank0 := Key{Room: 1, Nonce: 1, Rank: Rank{TP: 0, Size: 2}}
+	rank1 := Key{Room: 1, Nonce: 1, Rank: Rank{TP: 1, Size: 2}}
+	runs := [][]Run{{{Start: 0, Count: 2}}}
+	if err := g.rcv.Expect(Expectation{Key: rank0, Dst: runs, AuxRow: -1}); err != nil {
+		t.Fatal(err)
+	}
+	d.shut()
+	done := g.send(t, rank0, runs, runs, nil)
+	waitFor(t, func() bool { return d.inW.Load() > 0 }) // rank 0's first chunk is being written
+	err := g.snd.Send(context.Background(), SendRequest{Peer: g.addr, Key: rank1, Src: runs, Dst: runs, Done: func(error) {}})
+	if !errors.Is(err, ErrDuplicateRoom) {
+		t.Fatalf("send %v while %v is in flight: %v, want ErrDuplicateRoom", rank1, rank0, err)
+	}
+	if !g.snd.Fence(rank1) {
+		t.Fatalf("fence of %v, which is not being sent, not done at once", rank1)
+	}
+	d.lift()
+	if err := waitDone(t, done); err != nil {
+		t.Fatalf("%v after a fence of %v: %v", rank0, rank1, err)
+	}
+	if r, ok := g.ev.get(rank0); !ok || r != "" {
+		t.Fatalf("%v: outcome %q (reported %v), want complete", rank0, r, ok)
+	}
+	g.rcv.Fence(rank0)
 }
