@@ -22,10 +22,10 @@ import (
 // DecodeNode is what DecodeServer needs beyond RoomOwner.
 type DecodeNode interface {
 	RoomOwner
-	Open(room poll.RoomID, prefillAddr string, parts int) (poll.Nonce, error)
+	Open(room poll.RoomID, prefillAddr string, ranks int) (poll.Nonce, error)
 	SendMetadata(room poll.RoomID, req conn.MetadataRequest) error
 	OnProgress(key poll.Key)
-	OnPartDone(key poll.Key, part int)
+	OnRankDone(key poll.Key, rank int)
 	OnFailed(key poll.Key, reason poll.Reason)
 	Fenced(key poll.Key)
 }
@@ -54,18 +54,18 @@ type DecodeData struct {
 
 // sentMetadata is what a room's first SendMetadata asked for.
 type sentMetadata struct {
-	tpRank, tpSize uint32
-	dst            []transfer.Run
-	auxIndex       uint32
-	done           chan struct{} // closed once the first call returned
-	err            error         // the first call's error; read after done
+	rank     transfer.Rank
+	dst      []transfer.Run
+	auxIndex uint32
+	done     chan struct{} // closed once the first call returned
+	err      error         // the first call's error; read after done
 }
 
 // conflict names what differs from the metadata already sent ("" if
 // nothing: the same request).
 func (m *sentMetadata) conflict(o *sentMetadata) string {
 	switch {
-	case m.tpRank != o.tpRank || m.tpSize != o.tpSize:
+	case m.rank != o.rank:
 		return "rank"
 	case !slices.Equal(m.dst, o.dst):
 		return "dst_pages"
@@ -163,11 +163,6 @@ func (d *DecodeData) Close() {
 	d.slot.close()
 }
 
-func tkey(k poll.Key) transfer.Key { return transfer.Key{Room: uint64(k.Room), Nonce: uint64(k.Nonce)} }
-func pkey(k transfer.Key) poll.Key {
-	return poll.Key{Room: poll.RoomID(k.Room), Nonce: poll.Nonce(k.Nonce)}
-}
-
 // Expect implements conn.DecodeDataPlane.
 func (d *DecodeData) Expect(md conn.Metadata) error {
 	d.mu.Lock()
@@ -183,7 +178,7 @@ func (d *DecodeData) Expect(md conn.Metadata) error {
 	if l.Aux.Rows == 0 {
 		auxRow = -1
 	}
-	return rx.Expect(transfer.Expectation{Key: tkey(md.Key), Dst: transfer.SamePages(len(l.Buffers), runs), AuxRow: auxRow})
+	return rx.Expect(transfer.Expectation{Key: tkey(md.Key, transfer.Rank(md.Rank)), Dst: transfer.SamePages(len(l.Buffers), runs), AuxRow: auxRow})
 }
 
 // Fence implements conn.DecodeDataPlane without waiting: the receiver
@@ -197,7 +192,7 @@ func (d *DecodeData) Fence(key poll.Key) bool {
 	if rx == nil {
 		return true
 	}
-	return rx.Fence(tkey(key))
+	return rx.Fence(d.slot.key(key))
 }
 
 // Forget implements conn.DecodeDataPlane.
@@ -215,7 +210,7 @@ func (e decodeEvents) Progress(k transfer.Key, n int64) {
 	e.d.node.OnProgress(pkey(k))
 }
 
-func (e decodeEvents) Complete(k transfer.Key) { e.d.node.OnPartDone(pkey(k), 0) }
+func (e decodeEvents) Complete(k transfer.Key) { e.d.node.OnRankDone(pkey(k), completedRank(k)) }
 
 func (e decodeEvents) Failed(k transfer.Key, r transfer.Reason, err error) {
 	e.d.log.Warn("room transfer failed", zap.Uint64("room", k.Room), zap.String("reason", string(r)), zap.Error(err))
@@ -254,8 +249,10 @@ func (s *DecodeServer) OpenReceiver(_ context.Context, req *pb.OpenReceiverReque
 	if err := checkBootstrapAddr("prefill_bootstrap_addr", req.PrefillBootstrapAddr); err != nil {
 		return nil, err
 	}
-	if req.ExpectedSenders > poll.MaxParts {
-		return nil, invalid("expected_senders", "at most %d", poll.MaxParts)
+	// expected_senders keeps its proto name for compatibility: the ranks
+	// expected.
+	if req.ExpectedSenders > poll.MaxRanks {
+		return nil, invalid("expected_senders", "at most %d", poll.MaxRanks)
 	}
 	if s.Data.slot.get() == nil {
 		return nil, status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
@@ -297,10 +294,8 @@ func (s *DecodeServer) SendMetadata(ctx context.Context, req *pb.SendMetadataReq
 	if l.Aux.Rows > 0 && int64(req.AuxIndex) >= l.Aux.Rows {
 		return nil, invalid("aux_index", "row %d of %d", req.AuxIndex, l.Aux.Rows)
 	}
-	mr := conn.MetadataRequest{DstPages: req.DstPages, AuxIndex: req.AuxIndex, TPSize: 1}
-	if req.Rank != nil && req.Rank.TpSize > 0 {
-		mr.TPRank, mr.TPSize = req.Rank.TpRank, req.Rank.TpSize
-	}
+	rank := rankFromProto(req.Rank)
+	mr := conn.MetadataRequest{DstPages: req.DstPages, AuxIndex: req.AuxIndex, Rank: connRank(rank)}
 	id := poll.RoomID(req.RoomId)
 	in, err := s.Node.Get(id)
 	if err != nil {
@@ -309,7 +304,7 @@ func (s *DecodeServer) SendMetadata(ctx context.Context, req *pb.SendMetadataReq
 	if in.State == poll.Failed {
 		return nil, roomEnded(in) // also for a retry: the room takes nothing now
 	}
-	want := &sentMetadata{tpRank: mr.TPRank, tpSize: mr.TPSize, dst: dst, auxIndex: req.AuxIndex, done: make(chan struct{})}
+	want := &sentMetadata{rank: rank, dst: dst, auxIndex: req.AuxIndex, done: make(chan struct{})}
 	md, first := s.Data.claimMetadata(in.Key, want)
 	if !first {
 		if field := md.conflict(want); field != "" {

@@ -22,7 +22,7 @@ import (
 // PrefillNode is what PrefillServer needs beyond RoomOwner.
 type PrefillNode interface {
 	RoomOwner
-	Open(room poll.RoomID, nonce poll.Nonce, parts int) (poll.RoomInfo, error)
+	Open(room poll.RoomID, nonce poll.Nonce, ranks int) (poll.RoomInfo, error)
 	FirstSend(room poll.RoomID) error
 	AwaitFailedVisible(ctx context.Context, room poll.RoomID) error
 	OnProgress(key poll.Key)
@@ -136,7 +136,7 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md conn.Metadata) {
 	}
 	var layout *pb.RegionLayout
 	for _, l := range peer.Layouts {
-		if l.GetRank().GetTpRank() == md.TPRank {
+		if rankFromProto(l.GetRank()).TP == md.Rank.TP {
 			layout = l
 		}
 	}
@@ -201,7 +201,7 @@ func (d *PrefillData) Fence(key poll.Key) bool {
 	if s == nil {
 		return true
 	}
-	return s.Fence(tkey(key))
+	return s.Fence(d.slot.key(key))
 }
 
 // Forget implements conn.PrefillDataPlane.
@@ -283,7 +283,7 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 			bytes += r.srcPages * b.ItemLen
 		}
 		sreq = transfer.SendRequest{
-			Peer: peer, Key: transfer.Key{Room: uint64(key.Room), Nonce: uint64(key.Nonce)},
+			Peer: peer, Key: d.slot.key(key),
 			Src: transfer.SamePages(nbuf, transfer.Coalesce(r.src)), Dst: transfer.SamePages(nbuf, r.dst), Aux: aux,
 			Done: func(err error) { d.done(key, bytes, err) },
 		}

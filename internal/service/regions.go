@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -29,8 +30,8 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if layout.TPSize != 1 {
-		return "", status.Errorf(codes.Unimplemented, "layout.rank: tp_size %d: one rank per daemon until fan-out lands", layout.TPSize)
+	if layout.Rank.Size != 1 {
+		return "", status.Errorf(codes.Unimplemented, "layout.rank: tp_size %d: one rank per daemon until fan-out lands", layout.Rank.Size)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -38,7 +39,7 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (string, error) {
 		if s.region.Path() == path && s.region.Layout().Compatible(layout) == nil {
 			return regionID(layout), nil
 		}
-		return "", status.Errorf(codes.AlreadyExists, "rank %d already registered as %s", layout.TPRank, s.region.Path())
+		return "", status.Errorf(codes.AlreadyExists, "rank %d already registered as %s", layout.Rank.TP, s.region.Path())
 	}
 	r, err := transfer.OpenRegion(path, layout)
 	if err != nil {
@@ -62,16 +63,13 @@ func (s *regionSlot) checkRank(field string, r *pb.Rank) error {
 	if err := validateRank(field, r); err != nil {
 		return err
 	}
-	rank, size := 0, 1
-	if r != nil && r.TpSize > 0 {
-		rank, size = int(r.TpRank), int(r.TpSize)
-	}
+	rank := rankFromProto(r)
 	region := s.get()
 	if region == nil {
 		return status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
 	}
-	if l := region.Layout(); rank != l.TPRank || size != l.TPSize {
-		return invalid(field, "tp_rank %d of tp_size %d: no region registered for it (this daemon serves %s)", rank, size, regionID(l))
+	if l := region.Layout(); rank != l.Rank {
+		return invalid(field, "tp_rank %d of tp_size %d: no region registered for it (this daemon serves %s)", rank.TP, rank.Size, regionID(l))
 	}
 	return nil
 }
@@ -99,4 +97,15 @@ func (s *regionSlot) close() {
 	}
 }
 
-func regionID(l transfer.Layout) string { return fmt.Sprintf("tp%d-of-%d", l.TPRank, l.TPSize) }
+// key is the data-plane key of this daemon's share of the room: the rank
+// of the region it serves (0 of 1 before one is registered). A transfer
+// and its fence take their key from here, so a fence finds its transfer.
+func (s *regionSlot) key(k poll.Key) transfer.Key {
+	rank := transfer.Rank{TP: 0, Size: 1}
+	if r := s.get(); r != nil {
+		rank = r.Layout().Rank
+	}
+	return tkey(k, rank)
+}
+
+func regionID(l transfer.Layout) string { return fmt.Sprintf("tp%d-of-%d", l.Rank.TP, l.Rank.Size) }

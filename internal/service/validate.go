@@ -77,6 +77,9 @@ func validateRank(field string, r *pb.Rank) error {
 	if r.TpSize < 1 || r.TpRank >= r.TpSize {
 		return invalid(field, "tp_rank %d must be below tp_size %d", r.TpRank, r.TpSize)
 	}
+	if r.TpSize > poll.MaxRanks {
+		return invalid(field, "tp_size %d: at most %d", r.TpSize, poll.MaxRanks)
+	}
 	return nil
 }
 
@@ -155,10 +158,7 @@ func layoutFromProto(field string, l *pb.RegionLayout) (transfer.Layout, error) 
 	if err := validateRank(field+".rank", l.Rank); err != nil {
 		return transfer.Layout{}, err
 	}
-	out := transfer.Layout{TPSize: 1}
-	if l.Rank != nil && l.Rank.TpSize > 0 {
-		out.TPRank, out.TPSize = int(l.Rank.TpRank), int(l.Rank.TpSize)
-	}
+	out := transfer.Layout{Rank: rankFromProto(l.Rank)}
 	for _, b := range l.Buffers {
 		out.Buffers = append(out.Buffers, transfer.BufferSpec{Offset: int64(b.Offset), Length: int64(b.Length), ItemLen: int64(b.ItemLen)})
 	}

@@ -96,7 +96,7 @@ func TestLayoutValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.TPRank != 1 || l.TPSize != 2 || len(l.Buffers) != 2 || l.Buffers[1].Pages() != 4 {
+	if l.Rank != (transfer.Rank{TP: 1, Size: 2}) || len(l.Buffers) != 2 || l.Buffers[1].Pages() != 4 {
 		t.Fatalf("layout %+v", l)
 	}
 }

@@ -263,7 +263,7 @@ func dial(target string) (*grpc.ClientConn, error) {
 }
 
 func layoutProto(tl transfer.Layout) *pb.RegionLayout {
-	l := &pb.RegionLayout{Rank: &pb.Rank{TpRank: uint32(tl.TPRank), TpSize: uint32(tl.TPSize)},
+	l := &pb.RegionLayout{Rank: &pb.Rank{TpRank: uint32(tl.Rank.TP), TpSize: uint32(tl.Rank.Size)},
 		Aux: &pb.AuxSpec{Offset: uint64(tl.Aux.Offset), RowLen: uint32(tl.Aux.RowLen), Rows: uint32(tl.Aux.Rows)}}
 	for _, b := range tl.Buffers {
 		l.Buffers = append(l.Buffers, &pb.BufferSpec{Offset: uint64(b.Offset), Length: uint64(b.Length), ItemLen: uint32(b.ItemLen)})

@@ -148,7 +148,7 @@ func (n *nodes) openBound(room poll.RoomID) poll.Key {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	if err := n.dec.SendMetadata(room, conn.MetadataRequest{TPSize: 1, DstPages: &pdlinkv1.PageList{Indices: []int32{1, 2, 3}}}); err != nil {
+	if err := n.dec.SendMetadata(room, conn.MetadataRequest{Rank: conn.Rank{Size: 1}, DstPages: &pdlinkv1.PageList{Indices: []int32{1, 2, 3}}}); err != nil {
 		n.t.Fatal(err)
 	}
 	k := poll.Key{Room: room, Nonce: nonce}
@@ -164,7 +164,7 @@ func (n *nodes) finish(k poll.Key) {
 	n.t.Helper()
 	_ = n.pre.FirstSend(k.Room)
 	n.dec.OnProgress(k)
-	n.dec.OnPartDone(k, 0)
+	n.dec.OnRankDone(k, 0)
 	if !n.until(2*time.Second, func() bool {
 		return n.state(n.pre, k.Room) == poll.Success && n.state(n.dec, k.Room) == poll.Success
 	}) {

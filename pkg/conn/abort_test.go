@@ -57,7 +57,7 @@ func TestAbortRacingLastChunkHasOneConsistentOutcome(t *testing.T) {
 		h.dec.OnProgress(key)
 		var wg sync.WaitGroup
 		wg.Add(2)
-		go func() { defer wg.Done(); h.dec.OnPartDone(key, 0) }() // the last chunk lands
+		go func() { defer wg.Done(); h.dec.OnRankDone(key, 0) }() // the last chunk lands
 		go func() {
 			defer wg.Done()
 			if i%2 == 0 {
@@ -192,7 +192,7 @@ func TestDecodeSideFailuresReachPrefill(t *testing.T) {
 }
 
 // R11: a room expecting two prefill ranks. Its STATUS is lost once: the
-// retransmit saves it. A part that never arrives fails the room at the
+// retransmit saves it. A rank that never arrives fails the room at the
 // deadline on both sides: never pinned.
 func TestMultiRankLostFrameOrPart_R11(t *testing.T) {
 	t.Run("lost_status", func(t *testing.T) {
@@ -201,8 +201,8 @@ func TestMultiRankLostFrameOrPart_R11(t *testing.T) {
 		key := h.open(1, 2)
 		h.runToEnd(key, 2)
 		h.expect(1, poll.Success, poll.Success)
-		if info, _ := h.pre.Get(1); info.Parts != 2 {
-			t.Fatalf("prefill expects %d parts", info.Parts)
+		if info, _ := h.pre.Get(1); info.Ranks != 2 {
+			t.Fatalf("prefill expects %d ranks", info.Ranks)
 		}
 		if h.dec.Counters().Retransmits == 0 {
 			t.Fatal("no retransmit")
@@ -214,8 +214,8 @@ func TestMultiRankLostFrameOrPart_R11(t *testing.T) {
 		h.waitBound(key, time.Second)
 		_ = h.pre.FirstSend(1)
 		h.dec.OnProgress(key)
-		h.dec.OnPartDone(key, 0)
-		h.dec.OnPartDone(key, 0) // a duplicate of the same rank does not count twice
+		h.dec.OnRankDone(key, 0)
+		h.dec.OnRankDone(key, 0) // a duplicate of the same rank does not count twice
 		if _, ok := h.until(tBound, func() bool { return h.bothTerminal(1) }); !ok {
 			t.Fatalf("pinned: prefill %v decode %v", h.preState(1), h.decState(1))
 		}

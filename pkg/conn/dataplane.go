@@ -7,17 +7,31 @@ import (
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
+// Rank names one tensor-parallel rank of an engine: rank TP of Size. It
+// is the proto's Rank (tp_rank, tp_size); Size 0 there means 0 of 1.
+type Rank struct{ TP, Size uint16 }
+
+// rankOf reads a frame's rank, already checked (validateRank) to fit.
+func rankOf(r *pdlinkv1.Rank) Rank {
+	return Rank{TP: uint16(r.GetTpRank()), Size: uint16(max(r.GetTpSize(), 1))}
+}
+
+func (r Rank) proto() *pdlinkv1.Rank {
+	return &pdlinkv1.Rank{TpRank: uint32(r.TP), TpSize: uint32(r.Size)}
+}
+
 // Metadata is one decode rank's METADATA for a room: where that rank's
 // pages go.
 type Metadata struct {
 	Key poll.Key
-	// TPRank and TPSize name the decode rank (0 of 1 when absent).
-	TPRank, TPSize uint32
-	DstPages       *pdlinkv1.PageList
-	AuxIndex       uint32
-	// ExpectedSenders is how many distinct prefill ranks must finish
-	// before decode reports Success (R11).
-	ExpectedSenders int
+	// Rank is the decode rank whose pages these are (0 of 1 when absent).
+	Rank     Rank
+	DstPages *pdlinkv1.PageList
+	AuxIndex uint32
+	// ExpectedRanks is how many distinct prefill ranks must finish before
+	// decode reports Success (R11). The frame's field keeps its old name,
+	// expected_senders, for compatibility.
+	ExpectedRanks int
 }
 
 // PeerInfo describes a peer daemon instance.

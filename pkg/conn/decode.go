@@ -274,15 +274,15 @@ func (n *DecodeNode) register(s *prefillSession) {
 }
 
 // Open creates a room for the scheduler (OpenReceiver), bound to the
-// prefill daemon at prefillAddr, expecting parts distinct prefill ranks
+// prefill daemon at prefillAddr, expecting ranks distinct prefill ranks
 // (0 means 1). It returns the nonce drawn for the room (crypto-random,
 // non-zero).
-func (n *DecodeNode) Open(room poll.RoomID, prefillAddr string, parts int) (poll.Nonce, error) {
+func (n *DecodeNode) Open(room poll.RoomID, prefillAddr string, ranks int) (poll.Nonce, error) {
 	if n.closed.Load() {
 		return 0, ErrClosedNode
 	}
-	if prefillAddr == "" || parts < 0 || parts > poll.MaxParts {
-		return 0, fmt.Errorf("%w: address %q parts %d", ErrBadArgument, prefillAddr, parts)
+	if prefillAddr == "" || ranks < 0 || ranks > poll.MaxRanks {
+		return 0, fmt.Errorf("%w: address %q ranks %d", ErrBadArgument, prefillAddr, ranks)
 	}
 	s, err := n.session(prefillAddr)
 	if err != nil {
@@ -295,7 +295,7 @@ func (n *DecodeNode) Open(room poll.RoomID, prefillAddr string, parts int) (poll
 	if n.dcfg.openHook != nil {
 		n.dcfg.openHook()
 	}
-	if err := n.step(poll.Event{Kind: poll.EvOpen, Key: poll.Key{Room: room, Nonce: nonce}, Peer: id, Parts: uint8(max(parts, 1))}); err != nil {
+	if err := n.step(poll.Event{Kind: poll.EvOpen, Key: poll.Key{Room: room, Nonce: nonce}, Peer: id, Ranks: uint8(max(ranks, 1))}); err != nil {
 		return 0, err
 	}
 	n.smu.Lock()
@@ -311,7 +311,8 @@ func (n *DecodeNode) Open(room poll.RoomID, prefillAddr string, parts int) (poll
 
 // MetadataRequest is one rank's destination for SendMetadata.
 type MetadataRequest struct {
-	TPRank, TPSize uint32
+	// Rank is the decode rank (Size 0 means 0 of 1).
+	Rank Rank
 	// DstPages must be valid for the region (the daemon's edge checked it
 	// against the region and package pagelist's bounds); it is not checked
 	// again here, and the peer refuses a frame whose list is malformed.

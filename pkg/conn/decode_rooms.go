@@ -18,8 +18,8 @@ import (
 // answers ENDED and the room fails at once with its reason (R3). It
 // returns without waiting for the ACK.
 func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
-	tpSize := max(req.TPSize, 1)
-	if err := validateRank(&pdlinkv1.Rank{TpRank: req.TPRank, TpSize: tpSize}); err != nil {
+	rank := Rank{TP: req.Rank.TP, Size: max(req.Rank.Size, 1)}
+	if err := validateRank(rank.proto()); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadArgument, err)
 	}
 	info, err := n.Get(room)
@@ -37,13 +37,13 @@ func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 	if s == nil {
 		return fmt.Errorf("%w: no session for peer %d", ErrClosedNode, info.Peer)
 	}
-	md := Metadata{Key: info.Key, TPRank: req.TPRank, TPSize: tpSize, DstPages: req.DstPages, AuxIndex: req.AuxIndex, ExpectedSenders: max(info.Parts, 1)}
+	md := Metadata{Key: info.Key, Rank: rank, DstPages: req.DstPages, AuxIndex: req.AuxIndex, ExpectedRanks: max(info.Ranks, 1)}
 	if err := n.dp.Expect(md); err != nil {
 		return err
 	}
 	env := &pdlinkv1.Envelope{Body: &pdlinkv1.Envelope_Metadata{Metadata: &pdlinkv1.Metadata{
-		RoomId: uint64(room), Nonce: uint64(info.Key.Nonce), Rank: &pdlinkv1.Rank{TpRank: req.TPRank, TpSize: tpSize},
-		DstPages: req.DstPages, AuxIndex: req.AuxIndex, ExpectedSenders: uint32(md.ExpectedSenders)}}}
+		RoomId: uint64(room), Nonce: uint64(info.Key.Nonce), Rank: rank.proto(),
+		DstPages: req.DstPages, AuxIndex: req.AuxIndex, ExpectedSenders: uint32(md.ExpectedRanks)}}}
 	key := info.Key
 	want := func() bool {
 		_, st, ok := n.roomDeadline(key.Room)
@@ -89,17 +89,17 @@ func (n *DecodeNode) metadataAcked(s *prefillSession, from poll.PeerID, key poll
 // ACK does not hold the room in Bootstrapping.
 func (n *DecodeNode) OnProgress(key poll.Key) { n.advance(key, false, 0) }
 
-// OnPartDone is the data plane's callback: every page and the aux row of
-// one prefill rank's part are written and verified (I8). When every
-// expected part is done the room is Success and prefill is told.
-func (n *DecodeNode) OnPartDone(key poll.Key, part int) {
-	if part < 0 || part >= poll.MaxParts {
+// OnRankDone is the data plane's callback: every page and the aux row
+// that prefill rank rank sends are written and verified (I8). When every
+// expected rank is done the room is Success and prefill is told.
+func (n *DecodeNode) OnRankDone(key poll.Key, rank int) {
+	if rank < 0 || rank >= poll.MaxRanks {
 		return
 	}
-	n.advance(key, true, uint8(part))
+	n.advance(key, true, uint8(rank))
 }
 
-func (n *DecodeNode) advance(key poll.Key, done bool, part uint8) {
+func (n *DecodeNode) advance(key poll.Key, done bool, rank uint8) {
 	n.mu.Lock()
 	now := n.now()
 	if info, err := n.t.Get(key.Room); err == nil && info.Key.Nonce == key.Nonce {
@@ -108,7 +108,7 @@ func (n *DecodeNode) advance(key poll.Key, done bool, part uint8) {
 		}
 		_ = n.t.Step(now, poll.Event{Kind: poll.EvFirstChunk, Key: key}) // or progress in Transferring
 		if done {
-			_ = n.t.Step(now, poll.Event{Kind: poll.EvDone, Key: key, Part: part})
+			_ = n.t.Step(now, poll.Event{Kind: poll.EvDone, Key: key, Rank: rank})
 		}
 	}
 	effs := n.takeLocked()

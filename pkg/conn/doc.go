@@ -36,8 +36,8 @@
 //	SendMetadata: Expect, METADATA ->  EvMetadata, Bind  (NOT_OPEN: retried
 //	EvMetadata on ACK APPLIED    <- ACK               until decode's deadline)
 //	pages arrive (data plane)      <- FirstSend (scheduler), pages move
-//	EvDone per part; Success:
-//	STATUS(Success)              -> EvDone for every part -> Success
+//	EvDone per rank; Success:
+//	STATUS(Success)              -> EvDone for every rank -> Success
 //	                             <- ACK
 //
 // Failures caused on one side (scheduler abort, timeout, data-plane error,
@@ -154,8 +154,8 @@
 //     Errors are poll's or this package's sentinels; map them to gRPC codes
 //     at the service edge.
 //  3. Route data-plane callbacks to the node: OnProgress, OnFailed,
-//     Fenced for a Fence that answered not done, and on decode OnPartDone
-//     once a part's pages and aux row are verified (I8). The data plane's
+//     Fenced for a Fence that answered not done, and on decode OnRankDone
+//     once a rank's pages and aux row are verified (I8). The data plane's
 //     Fence must be sticky and must not wait (see PrefillDataPlane).
 //  4. Serve Watch from Subscribe (bounded; Dropped counts what a slow
 //     reader missed) and metrics from Stats (rooms) and Counters (frames,

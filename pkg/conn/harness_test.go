@@ -279,37 +279,37 @@ func (h *harness) bothTerminal(rooms ...poll.RoomID) bool {
 
 // open opens room on both sides and sends decode's metadata; it returns
 // the room's key.
-func (h *harness) open(room poll.RoomID, parts int) poll.Key {
+func (h *harness) open(room poll.RoomID, ranks int) poll.Key {
 	h.t.Helper()
 	if _, err := h.pre.Open(room, 0, 0); err != nil {
 		h.t.Fatalf("prefill open %d: %v", room, err)
 	}
-	return h.openDecode(room, parts)
+	return h.openDecode(room, ranks)
 }
 
-func (h *harness) openDecode(room poll.RoomID, parts int) poll.Key {
+func (h *harness) openDecode(room poll.RoomID, ranks int) poll.Key {
 	h.t.Helper()
-	nonce, err := h.dec.Open(room, prefillAddr, parts)
+	nonce, err := h.dec.Open(room, prefillAddr, ranks)
 	if err != nil {
 		h.t.Fatalf("decode open %d: %v", room, err)
 	}
-	if err := h.dec.SendMetadata(room, MetadataRequest{TPSize: 1, DstPages: &pdlinkv1.PageList{Indices: []int32{1, 2, 3}}, AuxIndex: 4}); err != nil {
+	if err := h.dec.SendMetadata(room, MetadataRequest{Rank: Rank{Size: 1}, DstPages: &pdlinkv1.PageList{Indices: []int32{1, 2, 3}}, AuxIndex: 4}); err != nil {
 		h.t.Fatalf("send metadata %d: %v", room, err)
 	}
 	return poll.Key{Room: room, Nonce: nonce}
 }
 
 // transfer plays the data plane once prefill has bound the room: the
-// scheduler's Send on prefill, then every part landing on decode (unless
+// scheduler's Send on prefill, then every rank landing on decode (unless
 // decode fenced the room: a fenced receiver writes nothing).
-func (h *harness) transfer(key poll.Key, parts int) {
+func (h *harness) transfer(key poll.Key, ranks int) {
 	_ = h.pre.FirstSend(key.Room)
-	for p := range parts {
+	for p := range ranks {
 		if h.decDP.isFenced(key) {
 			return
 		}
 		h.dec.OnProgress(key)
-		h.dec.OnPartDone(key, p)
+		h.dec.OnRankDone(key, p)
 	}
 }
 

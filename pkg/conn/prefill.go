@@ -200,17 +200,17 @@ func (n *PrefillNode) listenLoop(ctx context.Context) error {
 }
 
 // Open creates a room for the scheduler (OpenSender): nonce 0 when the
-// scheduler does not know it (decode's METADATA binds it), parts 0 when
+// scheduler does not know it (decode's METADATA binds it), ranks 0 when
 // METADATA sets it. A room aborted by decode before it was opened is born
 // Failed (R4). It returns the room as created.
-func (n *PrefillNode) Open(room poll.RoomID, nonce poll.Nonce, parts int) (poll.RoomInfo, error) {
+func (n *PrefillNode) Open(room poll.RoomID, nonce poll.Nonce, ranks int) (poll.RoomInfo, error) {
 	if n.closed.Load() {
 		return poll.RoomInfo{}, ErrClosedNode
 	}
-	if parts < 0 || parts > poll.MaxParts {
-		return poll.RoomInfo{}, fmt.Errorf("%w: parts %d", ErrBadArgument, parts)
+	if ranks < 0 || ranks > poll.MaxRanks {
+		return poll.RoomInfo{}, fmt.Errorf("%w: ranks %d", ErrBadArgument, ranks)
 	}
-	if err := n.step(poll.Event{Kind: poll.EvOpen, Key: poll.Key{Room: room, Nonce: nonce}, Parts: uint8(parts)}); err != nil {
+	if err := n.step(poll.Event{Kind: poll.EvOpen, Key: poll.Key{Room: room, Nonce: nonce}, Ranks: uint8(ranks)}); err != nil {
 		return poll.RoomInfo{}, err
 	}
 	return n.Get(room)

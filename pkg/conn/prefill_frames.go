@@ -212,12 +212,14 @@ func (n *PrefillNode) updateRegistration(p *decodePeer, reg *pdlinkv1.Register) 
 // here is answered ENDED with its reason and creates nothing (R3).
 func (n *PrefillNode) handleMetadata(p *decodePeer, m *pdlinkv1.Metadata) ackResult {
 	key := poll.Key{Room: poll.RoomID(m.GetRoomId()), Nonce: poll.Nonce(m.GetNonce())}
-	a, err := n.stepFrame(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: p.id, Parts: uint8(m.GetExpectedSenders())})
+	// expected_senders is the frame's name for the ranks expected; the
+	// wire keeps it for compatibility.
+	a, err := n.stepFrame(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: p.id, Ranks: uint8(m.GetExpectedSenders())})
 	if a != ackApplied || !(err == nil || errors.Is(err, poll.ErrIllegalTransition)) {
 		return a
 	}
-	md := Metadata{Key: key, TPRank: m.GetRank().GetTpRank(), TPSize: max(m.GetRank().GetTpSize(), 1),
-		DstPages: m.GetDstPages(), AuxIndex: m.GetAuxIndex(), ExpectedSenders: int(m.GetExpectedSenders())}
+	md := Metadata{Key: key, Rank: rankOf(m.GetRank()),
+		DstPages: m.GetDstPages(), AuxIndex: m.GetAuxIndex(), ExpectedRanks: int(m.GetExpectedSenders())}
 	n.pmu.Lock()
 	info := p.infoLocked(n.core)
 	n.pmu.Unlock()
@@ -244,7 +246,7 @@ func (n *PrefillNode) handleAbort(p *decodePeer, key poll.Key, reason string) ac
 	return n.core.handleAbort(p, key, reason)
 }
 
-// handleStatus applies decode's STATUS: Success completes every part of
+// handleStatus applies decode's STATUS: Success completes every rank of
 // the room (decode reports Success once all of them are in place, I8);
 // Failed fails it.
 func (n *PrefillNode) handleStatus(p *decodePeer, s *pdlinkv1.Status) ackResult {
@@ -254,9 +256,9 @@ func (n *PrefillNode) handleStatus(p *decodePeer, s *pdlinkv1.Status) ackResult 
 		a, _ := n.stepFrame(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: p.id, Reason: r})
 		return a
 	}
-	parts := 1
+	ranks := 1
 	if info, err := n.Get(key.Room); err == nil && info.Key == key && info.Peer == p.id {
-		parts = max(info.Parts, 1)
+		ranks = max(info.Ranks, 1)
 		if info.State == poll.WaitingForInput {
 			// Decode has every page: the scheduler's Send happened even if
 			// its FirstSend has not reached us yet.
@@ -264,8 +266,8 @@ func (n *PrefillNode) handleStatus(p *decodePeer, s *pdlinkv1.Status) ackResult 
 		}
 	}
 	var a ackResult
-	for part := range parts {
-		a, _ = n.stepFrame(poll.Event{Kind: poll.EvDone, Key: key, Peer: p.id, Part: uint8(part)})
+	for rank := range ranks {
+		a, _ = n.stepFrame(poll.Event{Kind: poll.EvDone, Key: key, Peer: p.id, Rank: uint8(rank)})
 		if a != ackApplied {
 			break
 		}

@@ -17,14 +17,14 @@ type roomPlan struct {
 	openAt        int // tick at which decode opens it
 	prefillLag    int // ticks between decode's open and prefill's (negative: before)
 	prefillOpens  bool
-	parts         int
-	partsArriving int // parts the data plane delivers (< parts: a lost part)
+	ranks         int
+	ranksArriving int // ranks the data plane delivers (< ranks: a lost rank)
 	abortAt       int // tick of an abort, or -1
 	abortOnDecode bool
 }
 
 // A random fault schedule (loss, duplication, reordering, a partition of
-// random length, random aborts, lost parts, prefill opening late or never)
+// random length, random aborts, lost ranks, prefill opening late or never)
 // never pins a room: every room on both sides is terminal within its bound
 // after it opened, and prefill reports Success only if decode did (I8).
 func TestRandomFaultSchedulesNeverPinAndAgreeOnSuccess(t *testing.T) {
@@ -53,10 +53,10 @@ func TestRandomFaultSchedulesNeverPinAndAgreeOnSuccess(t *testing.T) {
 			p.openAt = rapid.IntRange(0, 100).Draw(rt, fmt.Sprintf("open%d", i))
 			p.prefillLag = rapid.IntRange(-20, 40).Draw(rt, fmt.Sprintf("lag%d", i))
 			p.prefillOpens = rapid.Float64().Draw(rt, fmt.Sprintf("popen%d", i)) < 0.9
-			p.parts = rapid.IntRange(1, 3).Draw(rt, fmt.Sprintf("parts%d", i))
-			p.partsArriving = p.parts
+			p.ranks = rapid.IntRange(1, 3).Draw(rt, fmt.Sprintf("ranks%d", i))
+			p.ranksArriving = p.ranks
 			if rapid.Float64().Draw(rt, fmt.Sprintf("lost%d", i)) < 0.15 {
-				p.partsArriving = rapid.IntRange(0, p.parts-1).Draw(rt, fmt.Sprintf("arriving%d", i))
+				p.ranksArriving = rapid.IntRange(0, p.ranks-1).Draw(rt, fmt.Sprintf("arriving%d", i))
 			}
 			p.abortAt = -1
 			if rapid.Float64().Draw(rt, fmt.Sprintf("abort%d", i)) < 0.2 {
@@ -94,12 +94,12 @@ func TestRandomFaultSchedulesNeverPinAndAgreeOnSuccess(t *testing.T) {
 					}
 				}
 				if tick == p.openAt {
-					nonce, err := h.dec.Open(room(i), prefillAddr, p.parts)
+					nonce, err := h.dec.Open(room(i), prefillAddr, p.ranks)
 					if err != nil {
 						rt.Fatalf("decode open: %v", err)
 					}
 					keys[i], opened[i] = poll.Key{Room: room(i), Nonce: nonce}, tick
-					_ = h.dec.SendMetadata(room(i), MetadataRequest{TPSize: 1, DstPages: pagesOf(i)})
+					_ = h.dec.SendMetadata(room(i), MetadataRequest{Rank: Rank{Size: 1}, DstPages: pagesOf(i)})
 				}
 				if tick == p.abortAt {
 					if p.abortOnDecode {
@@ -111,9 +111,9 @@ func TestRandomFaultSchedulesNeverPinAndAgreeOnSuccess(t *testing.T) {
 				if opened[i] >= 0 && !delivered[i] && h.preDP.bound(keys[i]) {
 					delivered[i] = true
 					_ = h.pre.FirstSend(room(i))
-					for part := 0; part < p.partsArriving && !h.decDP.isFenced(keys[i]); part++ {
+					for rank := 0; rank < p.ranksArriving && !h.decDP.isFenced(keys[i]); rank++ {
 						h.dec.OnProgress(keys[i])
-						h.dec.OnPartDone(keys[i], part)
+						h.dec.OnRankDone(keys[i], rank)
 					}
 				}
 				// The bound: terminal on both sides within tBound of opening.
@@ -137,8 +137,8 @@ func TestRandomFaultSchedulesNeverPinAndAgreeOnSuccess(t *testing.T) {
 			if ps == poll.Success && ds != poll.Success {
 				rt.Fatalf("room %d: prefill Success, decode %v (plan %+v)", room(i), ds, plans[i])
 			}
-			if ds == poll.Success && plans[i].partsArriving < plans[i].parts {
-				rt.Fatalf("room %d: decode Success with a part missing", room(i))
+			if ds == poll.Success && plans[i].ranksArriving < plans[i].ranks {
+				rt.Fatalf("room %d: decode Success with a rank missing", room(i))
 			}
 		}
 		h.checkInvariants()

@@ -161,7 +161,7 @@ func TestPrefillRestartMovesTheRoomsItNeverApplied_R10(t *testing.T) {
 	if r, _ := h.reason(h.dec, 1); r != poll.ReasonPeerRestarted {
 		t.Fatalf("the applied room failed %q, want peer_restarted", r)
 	}
-	if err := h.dec.SendMetadata(3, MetadataRequest{TPSize: 1, DstPages: pagesOf(3), AuxIndex: 4}); err != nil {
+	if err := h.dec.SendMetadata(3, MetadataRequest{Rank: Rank{Size: 1}, DstPages: pagesOf(3), AuxIndex: 4}); err != nil {
 		t.Fatalf("metadata of a moved room: %v", err)
 	}
 	// The retried METADATA goes again when the new REGISTER is

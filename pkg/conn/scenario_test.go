@@ -43,10 +43,10 @@ func TestHappyPathReachesSuccessOnBothSides(t *testing.T) {
 
 // runToEnd drives a room through the data plane once prefill binds it and
 // waits until both sides are terminal; it fails the test past tBound.
-func (h *harness) runToEnd(key poll.Key, parts int) {
+func (h *harness) runToEnd(key poll.Key, ranks int) {
 	h.t.Helper()
 	if h.waitBound(key, tBound) {
-		h.transfer(key, parts)
+		h.transfer(key, ranks)
 	}
 	if _, ok := h.until(tBound, func() bool { return h.bothTerminal(key.Room) }); !ok {
 		h.t.Fatalf("room %d pinned: prefill %v decode %v", key.Room, h.preState(key.Room), h.decState(key.Room))

@@ -22,7 +22,7 @@ func (e *scriptEnv) cmdOpen(a scriptArgs) error {
 	if err != nil {
 		return err
 	}
-	parts, err := a.intArg("parts", 0)
+	ranks, err := a.intArg("ranks", 0)
 	if err != nil {
 		return err
 	}
@@ -33,7 +33,7 @@ func (e *scriptEnv) cmdOpen(a scriptArgs) error {
 	desc := fmt.Sprintf("open %d on %v", room, s)
 	if s == sideDecode {
 		e.call(s, desc, func() string {
-			nonce, err := e.dec.Open(room, prefillAddr, parts)
+			nonce, err := e.dec.Open(room, prefillAddr, ranks)
 			if err != nil {
 				return e.answer(err, "")
 			}
@@ -48,7 +48,7 @@ func (e *scriptEnv) cmdOpen(a scriptArgs) error {
 		}
 	}
 	e.call(s, desc, func() string {
-		info, err := e.pre.Open(room, nonce, parts)
+		info, err := e.pre.Open(room, nonce, ranks)
 		if err != nil {
 			return e.answer(err, "")
 		}
@@ -83,15 +83,15 @@ func (e *scriptEnv) cmdMetadata(a scriptArgs) error {
 	if err != nil {
 		return err
 	}
-	req := MetadataRequest{DstPages: pages, AuxIndex: uint32(aux), TPSize: 1}
+	req := MetadataRequest{DstPages: pages, AuxIndex: uint32(aux), Rank: Rank{Size: 1}}
 	if r, ok := a.kv["rank"]; ok {
 		rank, size, _ := strings.Cut(r, "/")
-		rv, err1 := strconv.ParseUint(rank, 10, 32)
-		sv, err2 := strconv.ParseUint(size, 10, 32)
+		rv, err1 := strconv.ParseUint(rank, 10, 16)
+		sv, err2 := strconv.ParseUint(size, 10, 16)
 		if err1 != nil || err2 != nil {
 			return fmt.Errorf("rank %q: want R/S", r)
 		}
-		req.TPRank, req.TPSize = uint32(rv), uint32(sv)
+		req.Rank = Rank{TP: uint16(rv), Size: uint16(sv)}
 	}
 	if _, err := e.node(sideDecode); err != nil {
 		e.logf("error: %v", err)
@@ -133,7 +133,7 @@ func (e *scriptEnv) cmdSend(a scriptArgs) error {
 }
 
 // cmdDataPlane plays a data plane's callback: decode wrote and verified a
-// part (complete), bytes moved (progress), the transfer failed (fail).
+// rank (complete), bytes moved (progress), the transfer failed (fail).
 func (e *scriptEnv) cmdDataPlane(verb string, a scriptArgs) error {
 	room, err := a.room(0)
 	if err != nil {
@@ -162,7 +162,7 @@ func (e *scriptEnv) cmdDataPlane(verb string, a scriptArgs) error {
 	desc := fmt.Sprintf("%s %d on %v", verb, room, s)
 	switch verb {
 	case "complete":
-		part, err := a.intArg("part", 0)
+		rank, err := a.intArg("rank", 0)
 		if err != nil {
 			return err
 		}
@@ -172,7 +172,7 @@ func (e *scriptEnv) cmdDataPlane(verb string, a scriptArgs) error {
 		}
 		e.call(s, desc, func() string {
 			e.dec.OnProgress(key)
-			e.dec.OnPartDone(key, part)
+			e.dec.OnRankDone(key, rank)
 			return "ok"
 		})
 	case "progress":
@@ -263,7 +263,7 @@ func (e *scriptEnv) cmdStatus() {
 			if in.Visible != in.State {
 				line += " visible=" + in.Visible.String()
 			}
-			line += fmt.Sprintf(" parts=%d/%d", popcount(in.PartsDone), in.Parts)
+			line += fmt.Sprintf(" ranks=%d/%d", popcount(in.RanksDone), in.Ranks)
 			line += fmt.Sprintf(" deadline=+%v", time.Duration(in.Deadline-now))
 			e.logf("%s", line)
 		}

@@ -192,7 +192,7 @@ func (e *scriptEnv) describe(d linkDir, b []byte) string {
 		s = "register endpoint=" + b.Register.GetDataEndpoint()
 	case *pdlinkv1.Envelope_Metadata:
 		m := b.Metadata
-		s = fmt.Sprintf("metadata %s pages=%s aux=%d senders=%d", key(m.GetRoomId(), m.GetNonce()), formatPages(m.GetDstPages()), m.GetAuxIndex(), m.GetExpectedSenders())
+		s = fmt.Sprintf("metadata %s pages=%s aux=%d ranks=%d", key(m.GetRoomId(), m.GetNonce()), formatPages(m.GetDstPages()), m.GetAuxIndex(), m.GetExpectedSenders())
 	case *pdlinkv1.Envelope_Abort:
 		s = "abort " + key(b.Abort.GetRoomId(), b.Abort.GetNonce())
 		if b.Abort.GetReason() != "" {

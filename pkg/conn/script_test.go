@@ -36,11 +36,11 @@ var updateScripts = flag.Bool("update", false, "rewrite the expected output of t
 // Commands (room ids are numbers; <side> is prefill or decode; <dir> is
 // p->d, d->p or both):
 //
-//	open <room> on prefill [nonce=n1|N] [parts=N]   OpenSender
-//	open <room> on decode [parts=N]                OpenReceiver (draws the nonce)
+//	open <room> on prefill [nonce=n1|N] [ranks=N]   OpenSender
+//	open <room> on decode [ranks=N]                OpenReceiver (draws the nonce)
 //	metadata <room> pages=1,2,3|0+8 [aux=N] [rank=R/S]   SendMetadata
 //	send <room> pages=... [last]                   the prefill scheduler's Send
-//	complete <room> [part=N]                       decode's data plane wrote and verified a part
+//	complete <room> [rank=N]                       decode's data plane wrote and verified a rank's pages
 //	progress <room> on <side>                      the data plane moved bytes
 //	fail <room> <reason> [on <side>]               the data plane failed the transfer
 //	abort <room> on <side> [reason]                Abort

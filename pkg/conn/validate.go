@@ -90,7 +90,7 @@ func ValidateEnvelope(env *pdlinkv1.Envelope, lim Limits) error {
 		if m.GetRoomId() == 0 || m.GetRoomId() >= 1<<63 || m.GetNonce() == 0 {
 			return invalid("metadata room %d nonce %d", m.GetRoomId(), m.GetNonce())
 		}
-		if n := m.GetExpectedSenders(); n < 1 || n > poll.MaxParts {
+		if n := m.GetExpectedSenders(); n < 1 || n > poll.MaxRanks {
 			return invalid("expected_senders %d", n)
 		}
 		if err := validateRank(m.GetRank()); err != nil {
@@ -174,7 +174,7 @@ func validateRank(r *pdlinkv1.Rank) error {
 	if r == nil {
 		return nil
 	}
-	if r.GetTpSize() < 1 || r.GetTpSize() > poll.MaxParts || r.GetTpRank() >= r.GetTpSize() {
+	if r.GetTpSize() < 1 || r.GetTpSize() > poll.MaxRanks || r.GetTpRank() >= r.GetTpSize() {
 		return invalid("rank %d/%d", r.GetTpRank(), r.GetTpSize())
 	}
 	return nil

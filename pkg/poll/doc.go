@@ -19,16 +19,17 @@
 //	EvOpen       OpenSender; nonce usually 0         OpenReceiver with the nonce it drew
 //	             (unbound), peer usually NoPeer      and its prefill daemon as peer
 //	EvMetadata   decode's METADATA arrived: binds    prefill acknowledged its METADATA
-//	             nonce, peer and expected parts
+//	             nonce, peer and expected ranks
 //	EvFirstChunk scheduler's first Send              first chunk written
 //	EvProgress   pages sent                          pages written
-//	EvDone       decode's STATUS Success (per part)  pages + aux verified (per part);
+//	EvDone       decode's STATUS Success (per rank)  pages + aux verified (per rank);
 //	                                                 emits NotifyPeer(Success)
 //	EvPeerStatus decode's STATUS Failed              prefill's STATUS Failed
 //
-// Multi-rank (R11): a room expects Parts distinct parts (1..64, set on
-// Open or Metadata); it becomes Success when every distinct part is Done;
-// duplicate parts are ignored, each new part refreshes the idle deadline.
+// Multi-rank (R11): a room expects Ranks distinct sending ranks (1..64,
+// set on Open or Metadata); it becomes Success when every distinct rank
+// (Event.Rank, 0..Ranks-1) is Done; duplicate ranks are ignored, each new
+// rank refreshes the idle deadline.
 //
 // Failures caused here (timeout, local abort, shutdown) emit NotifyPeer to
 // the bound peer (R8). Failures the peer caused (EvAbortRemote,

@@ -26,7 +26,7 @@ var (
 	ErrTerminal = errors.New("poll: room is terminal")
 	// ErrNotTerminal: Clear of a room the scheduler cannot yet see as terminal.
 	ErrNotTerminal = errors.New("poll: room is not terminal")
-	// ErrInvalidEvent: the event or argument is malformed (unknown kind, missing nonce, bad part, bad reason, bad page token).
+	// ErrInvalidEvent: the event or argument is malformed (unknown kind, missing nonce, bad rank, bad reason, bad page token).
 	ErrInvalidEvent = errors.New("poll: invalid event")
 	// ErrResourceExhausted: Open beyond Config.MaxRooms.
 	ErrResourceExhausted = errors.New("poll: too many rooms")

@@ -3,7 +3,7 @@ package poll
 // move is one cell of the move table.
 type move struct {
 	legal  bool
-	to     State // target state (for EvDone: the target once every part is done)
+	to     State // target state (for EvDone: the target once every rank is done)
 	remove bool  // EvClear: the room leaves the table
 	rebind bool  // EvPeerReplaced: the room moves to Event.NewPeer
 }
@@ -17,9 +17,9 @@ var failKinds = [...]EventKind{EvPeerStatus, EvAbortLocal, EvAbortRemote, EvTime
 var moves = func() (m [numStates][numEventKinds]move) {
 	m[Bootstrapping][EvMetadata] = move{legal: true, to: WaitingForInput}
 	m[WaitingForInput][EvFirstChunk] = move{legal: true, to: Transferring}
-	m[Transferring][EvFirstChunk] = move{legal: true, to: Transferring} // another part's first chunk
+	m[Transferring][EvFirstChunk] = move{legal: true, to: Transferring} // another rank's first chunk
 	m[Transferring][EvProgress] = move{legal: true, to: Transferring}
-	m[Transferring][EvDone] = move{legal: true, to: Success} // stays Transferring until every part is done
+	m[Transferring][EvDone] = move{legal: true, to: Success} // stays Transferring until every rank is done
 	for _, s := range [...]State{Bootstrapping, WaitingForInput, Transferring} {
 		for _, k := range failKinds {
 			m[s][k] = move{legal: true, to: Failed}
@@ -127,12 +127,12 @@ func (t *Table) apply(now int64, r *room, ev *Event) error {
 		t.fail(now, r, local, notifiesPeer(ev.Kind))
 		return nil
 	case ev.Kind == EvMetadata:
-		if ev.Parts != 0 && r.parts != 0 && ev.Parts != r.parts {
+		if ev.Ranks != 0 && r.ranks != 0 && ev.Ranks != r.ranks {
 			t.reject(rejInvalid)
 			return ErrInvalidEvent
 		}
-		if ev.Parts != 0 {
-			r.parts = ev.Parts
+		if ev.Ranks != 0 {
+			r.ranks = ev.Ranks
 		}
 		if r.key.Nonce == 0 {
 			r.key.Nonce = ev.Key.Nonce
@@ -142,17 +142,17 @@ func (t *Table) apply(now int64, r *room, ev *Event) error {
 			t.linkPeer(r)
 		}
 	case ev.Kind == EvDone:
-		if int(ev.Part) >= r.expectedParts() {
+		if int(ev.Rank) >= r.expectedRanks() {
 			t.reject(rejInvalid)
 			return ErrInvalidEvent
 		}
-		bit := uint64(1) << ev.Part
-		if r.partsDone&bit != 0 {
-			return nil // duplicate part: idempotent
+		bit := uint64(1) << ev.Rank
+		if r.ranksDone&bit != 0 {
+			return nil // duplicate rank: idempotent
 		}
-		r.partsDone |= bit
-		if !r.allPartsDone() {
-			t.q.Touch(&r.entry, now) // a finished part is progress
+		r.ranksDone |= bit
+		if !r.allRanksDone() {
+			t.q.Touch(&r.entry, now) // a finished rank is progress
 			return nil
 		}
 	}

@@ -216,7 +216,7 @@ func TestMalformedEventsAreRejected(t *testing.T) {
 		"reason not in set":      {Kind: EvAbortLocal, Key: Key{Room: 1}, Reason: "oops"},
 		"uncleared as failure":   {Kind: EvAbortLocal, Key: Key{Room: 1}, Reason: ReasonUncleared},
 		"reason on progress":     {Kind: EvProgress, Key: Key{Room: 1}, Reason: ReasonChecksum},
-		"too many parts":         {Kind: EvOpen, Key: Key{Room: 2}, Parts: 65},
+		"too many ranks":         {Kind: EvOpen, Key: Key{Room: 2}, Ranks: 65},
 		"room id over 63 bits":   open(1<<63, 1, NoPeer),
 		"peer lost without peer": {Kind: EvPeerLost},
 		"replaced without peer":  {Kind: EvPeerReplaced, NewPeer: otherPeer},

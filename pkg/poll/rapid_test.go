@@ -147,14 +147,14 @@ func (m *machine) forward(rt *rapid.T) {
 		if rapid.Bool().Draw(rt, "progress") {
 			m.stepMaybeAbort(rt, Event{Kind: EvProgress, Key: Key{Room: k.Room}})
 		} else {
-			part := uint8(rapid.IntRange(0, info.Parts-1).Draw(rt, "part"))
-			for i := 0; i < info.Parts && rapid.IntRange(0, 3).Draw(rt, "missing") > 0; i++ {
-				if info.PartsDone&(1<<i) == 0 {
-					part = uint8(i) // a part not done yet
+			rank := uint8(rapid.IntRange(0, info.Ranks-1).Draw(rt, "rank"))
+			for i := 0; i < info.Ranks && rapid.IntRange(0, 3).Draw(rt, "missing") > 0; i++ {
+				if info.RanksDone&(1<<i) == 0 {
+					rank = uint8(i) // a rank not done yet
 					break
 				}
 			}
-			m.stepMaybeAbort(rt, Event{Kind: EvDone, Key: Key{Room: k.Room}, Part: part})
+			m.stepMaybeAbort(rt, Event{Kind: EvDone, Key: Key{Room: k.Room}, Rank: rank})
 		}
 	case Failed:
 		m.stepMaybeAbort(rt, Event{Kind: EvFenced, Key: Key{Room: k.Room}})
@@ -169,7 +169,7 @@ func (m *machine) open(rt *rapid.T) {
 		k.Nonce = 0
 	}
 	ev := Event{Kind: EvOpen, Key: k, Peer: rapid.SampledFrom(rapidPeers).Draw(rt, "peer"),
-		Parts: uint8(rapid.IntRange(0, 3).Draw(rt, "parts"))}
+		Ranks: uint8(rapid.IntRange(0, 3).Draw(rt, "ranks"))}
 	wantAbort := m.compatibleAborts(k)
 	existed := m.model[k.Room] != nil
 	err := m.step(rt, ev)
@@ -234,7 +234,7 @@ func (m *machine) frame(rt *rapid.T, kind EventKind) {
 		ev.Reason = rapid.SampledFrom(rapidReason).Draw(rt, "reason")
 	}
 	if kind == EvMetadata {
-		ev.Parts = uint8(rapid.IntRange(0, 3).Draw(rt, "parts"))
+		ev.Ranks = uint8(rapid.IntRange(0, 3).Draw(rt, "ranks"))
 	}
 	m.stepMaybeAbort(rt, ev)
 }
@@ -246,7 +246,7 @@ func (m *machine) local(rt *rapid.T, kind EventKind) {
 		ev.Key.Nonce = k.Nonce
 	}
 	if kind == EvDone {
-		ev.Part = uint8(rapid.IntRange(0, 3).Draw(rt, "part"))
+		ev.Rank = uint8(rapid.IntRange(0, 3).Draw(rt, "rank"))
 	}
 	if kind == EvAbortLocal {
 		ev.Reason = rapid.SampledFrom(rapidReason).Draw(rt, "reason")

@@ -72,8 +72,8 @@ type RoomInfo struct {
 	Reason  Reason // failure reason (Failed only)
 	// PeerReason is the reason the peer gave when it failed the room.
 	PeerReason     Reason
-	Parts          int    // expected parts
-	PartsDone      uint64 // bitmask of parts done
+	Ranks          int    // expected ranks
+	RanksDone      uint64 // bitmask of ranks done
 	CreatedAt      int64
 	StateEnteredAt int64
 	// Deadline: when the room fails (live) or is reaped (terminal).
@@ -99,7 +99,7 @@ func (t *Table) info(r *room) RoomInfo {
 	in := RoomInfo{
 		Key: r.key, Peer: r.peer, State: r.state, Visible: r.visible, Fenced: r.fenced,
 		Reason: r.reason.reason(), PeerReason: r.peerReason.reason(),
-		Parts: r.expectedParts(), PartsDone: r.partsDone,
+		Ranks: r.expectedRanks(), RanksDone: r.ranksDone,
 		CreatedAt: r.createdAt, StateEnteredAt: r.enteredAt, Deadline: t.q.Deadline(&r.entry),
 		History:        make([]HistoryEntry, r.histN),
 		HistoryDropped: int(r.histDropped),

@@ -14,8 +14,8 @@ type room struct {
 	fenced     bool
 	reason     reasonCode
 	peerReason reasonCode
-	parts      uint8 // expected parts; 0 = unset, means 1
-	partsDone  uint64
+	ranks      uint8 // expected ranks; 0 = unset, means 1
+	ranksDone  uint64
 	createdAt  int64
 	enteredAt  int64 // when the room entered its current state
 
@@ -48,21 +48,21 @@ func (r *room) record(limit int, at int64, from, to State, reason reasonCode) {
 	r.histDropped++
 }
 
-// expectedParts returns how many distinct parts must be Done.
-func (r *room) expectedParts() int {
-	if r.parts == 0 {
+// expectedRanks returns how many distinct ranks must be Done.
+func (r *room) expectedRanks() int {
+	if r.ranks == 0 {
 		return 1
 	}
-	return int(r.parts)
+	return int(r.ranks)
 }
 
-// allPartsDone reports whether every expected part reported Done.
-func (r *room) allPartsDone() bool {
-	n := r.expectedParts()
+// allRanksDone reports whether every expected rank reported Done.
+func (r *room) allRanksDone() bool {
+	n := r.expectedRanks()
 	if n == 64 {
-		return r.partsDone == ^uint64(0)
+		return r.ranksDone == ^uint64(0)
 	}
-	return r.partsDone == (uint64(1)<<n)-1
+	return r.ranksDone == (uint64(1)<<n)-1
 }
 
 // classOf maps a state to its inflight class. The mapping is a lookup, not

@@ -338,27 +338,27 @@ func TestPeerReplacedIsRefusedOnPrefill(t *testing.T) {
 	}
 }
 
-// R11: a room waits for every distinct part; duplicates do not count.
-func TestMultiRankNeedsEveryDistinctPart_R11(t *testing.T) {
+// R11: a room waits for every distinct rank; duplicates do not count.
+func TestMultiRankNeedsEveryDistinctRank_R11(t *testing.T) {
 	h := newHarness(t, Decode)
-	h.must(Event{Kind: EvOpen, Key: Key{1, 42}, Peer: testPeer, Parts: 3})
+	h.must(Event{Kind: EvOpen, Key: Key{1, 42}, Peer: testPeer, Ranks: 3})
 	h.must(ev(EvMetadata, 1, 42, testPeer))
 	h.must(local(EvFirstChunk, 1))
-	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Part: 0})
-	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Part: 0}) // duplicate
-	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Part: 2})
+	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Rank: 0})
+	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Rank: 0}) // duplicate
+	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Rank: 2})
 	h.expectState(1, Transferring)
-	h.expectErr(Event{Kind: EvDone, Key: Key{Room: 1}, Part: 3}, ErrInvalidEvent)
-	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Part: 1})
+	h.expectErr(Event{Kind: EvDone, Key: Key{Room: 1}, Rank: 3}, ErrInvalidEvent)
+	h.must(Event{Kind: EvDone, Key: Key{Room: 1}, Rank: 1})
 	h.expectState(1, Success)
 	if !h.has(EffNotifyPeer, 1, func(e Effect) bool { return e.Status == Success }) {
 		t.Fatal("decode must tell prefill Success")
 	}
-	// A lost part: the idle deadline fails the room instead of pinning it.
-	h.must(Event{Kind: EvOpen, Key: Key{2, 43}, Peer: testPeer, Parts: 2})
+	// A lost rank: the idle deadline fails the room instead of pinning it.
+	h.must(Event{Kind: EvOpen, Key: Key{2, 43}, Peer: testPeer, Ranks: 2})
 	h.must(ev(EvMetadata, 2, 43, testPeer))
 	h.must(local(EvFirstChunk, 2))
-	h.must(Event{Kind: EvDone, Key: Key{Room: 2}, Part: 0})
+	h.must(Event{Kind: EvDone, Key: Key{Room: 2}, Rank: 0})
 	h.advance(idleT)
 	h.expectState(2, Failed)
 }

@@ -139,7 +139,7 @@ func (t *Table) emit(e Effect) { t.effects = append(t.effects, e) }
 // validate rejects malformed events before they touch any state.
 func (t *Table) validate(ev *Event) error {
 	ok := ev.Kind > evNone && int(ev.Kind) < numEventKinds && ev.Kind != EvTimeout &&
-		uint64(ev.Key.Room) < 1<<63 && ev.Parts <= MaxParts && ev.Part < MaxParts
+		uint64(ev.Key.Room) < 1<<63 && ev.Ranks <= MaxRanks && ev.Rank < MaxRanks
 	if ok && ev.Kind.fromPeer() && ev.Key.Nonce == 0 {
 		ok = false
 	}
@@ -181,7 +181,7 @@ func (t *Table) open(now int64, ev *Event) error {
 		return ErrResourceExhausted
 	}
 	r := t.newRoom()
-	r.key, r.peer, r.parts, r.createdAt = ev.Key, ev.Peer, ev.Parts, now
+	r.key, r.peer, r.ranks, r.createdAt = ev.Key, ev.Peer, ev.Ranks, now
 	t.rooms[r.key.Room] = r
 	if tb, ok := t.takeAborts(ev.Key); ok {
 		// I4: the abort came first; the room is born Failed. No worker ever

@@ -17,7 +17,7 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the curr
 // (commands, errors, effects, states) with testdata/*.golden.
 //
 // Script lines: "side prefill|decode", "advance <duration>", "poll <ids>",
-// or "<event> <room> [nonce=N] [peer=P] [reason=R] [parts=N] [part=N]"
+// or "<event> <room> [nonce=N] [peer=P] [reason=R] [ranks=N] [rank=N]"
 // where <event> is an EventKind name (open, metadata, first_chunk, ...).
 func TestTraces(t *testing.T) {
 	scripts, _ := filepath.Glob("testdata/*.txt")
@@ -132,10 +132,10 @@ func parseEvent(f []string) (Event, error) {
 			ev.Key.Nonce = Nonce(v)
 		case "peer":
 			ev.Peer = PeerID(v)
-		case "parts":
-			ev.Parts = uint8(v)
-		case "part":
-			ev.Part = uint8(v)
+		case "ranks":
+			ev.Ranks = uint8(v)
+		case "rank":
+			ev.Rank = uint8(v)
 		default:
 			return ev, fmt.Errorf("unknown argument %q", name)
 		}

@@ -74,11 +74,11 @@ const (
 	// peer); decode: prefill acknowledged its metadata.
 	EvMetadata
 	// EvFirstChunk: prefill: the scheduler's first Send; decode: first
-	// chunk written. In Transferring it counts as progress (another part).
+	// chunk written. In Transferring it counts as progress (another rank).
 	EvFirstChunk
 	// EvProgress: bytes moved; refreshes the Transferring idle deadline.
 	EvProgress
-	// EvDone: one part (Event.Part) finished: decode: pages and aux
+	// EvDone: one rank (Event.Rank) finished: decode: pages and aux
 	// verified; prefill: decode's STATUS Success.
 	EvDone
 	// EvPeerStatus: the peer reported the room Failed (Event.Reason is the
@@ -131,8 +131,8 @@ func (k EventKind) fromPeer() bool {
 	return k == EvMetadata || k == EvPeerStatus || k == EvAbortRemote
 }
 
-// MaxParts is the largest number of parts (ranks) a room may expect.
-const MaxParts = 64
+// MaxRanks is the largest number of sending ranks a room may expect.
+const MaxRanks = 64
 
 // Event is one input to Step. It is a plain struct so Step does not
 // allocate.
@@ -151,10 +151,10 @@ type Event struct {
 	NewPeer PeerID
 	// Reason: for aborts and EvPeerStatus.
 	Reason Reason
-	// Parts: expected parts (1..64) on EvOpen or EvMetadata; 0 = unset.
-	Parts uint8
-	// Part: the part index on EvDone (0..Parts-1).
-	Part uint8
+	// Ranks: expected ranks (1..64) on EvOpen or EvMetadata; 0 = unset.
+	Ranks uint8
+	// Rank: the index of the sending rank that finished, on EvDone (0..Ranks-1).
+	Rank uint8
 }
 
 // EffectKind says what the driver must do.

@@ -102,7 +102,7 @@ func benchReceiverChild() int {
 	for in.Scan() {
 		i, _ := strconv.Atoi(strings.TrimPrefix(in.Text(), "expect "))
 		_, dst := sh.plan(i)
-		if err := rcv.Expect(Expectation{Key: Key{uint64(i), 1}, Dst: SamePages(2, dst), AuxRow: -1}); err != nil {
+		if err := rcv.Expect(Expectation{Key: Key{Room: uint64(i), Nonce: 1}, Dst: SamePages(2, dst), AuxRow: -1}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -185,7 +185,7 @@ func benchTransfer(b *testing.B, sh benchShape, cs Checksum) {
 	send := func(i int) {
 		expect(i)
 		s, d := sh.plan(i)
-		if err := snd.Send(context.Background(), SendRequest{Peer: addr, Key: Key{uint64(i), 1},
+		if err := snd.Send(context.Background(), SendRequest{Peer: addr, Key: Key{Room: uint64(i), Nonce: 1},
 			Src: SamePages(2, s), Dst: SamePages(2, d), Done: func(err error) { dones <- err }}); err != nil {
 			b.Fatal(err)
 		}

@@ -54,7 +54,7 @@ func TestCorruptChunkFailsOnlyItsRoom(t *testing.T) {
 	g := newRig(t, l, l, true, SenderConfig{ConnsPerPeer: 1, Dialer: d, MaxChunkBytes: 4 * item}, ReceiverConfig{})
 	fill(g.src.Buffer(0), 3)
 	fill(g.src.Buffer(1), 4)
-	keys := []Key{{1, 1}, {2, 1}, {3, 1}}
+	keys := []Key{{Room: 1, Nonce: 1}, {Room: 2, Nonce: 1}, {Room: 3, Nonce: 1}}
 	runs := [][]Run{{{0, 16}}, {{16, 16}}, {{32, 16}}}
 	var dones []chan error
 	for i, k := range keys {
@@ -99,7 +99,7 @@ func TestCorruptHeaderBreaksOnlyTheConnection(t *testing.T) {
 	g := newRig(t, l, l, true, SenderConfig{ConnsPerPeer: 1, Dialer: d, RedialMin: 1e6}, ReceiverConfig{})
 	fill(g.src.Buffer(0), 5)
 	memset(g.dst.Buffer(0), 0xAA)
-	k1, k2 := Key{1, 1}, Key{2, 1}
+	k1, k2 := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}
 	for _, k := range []Key{k1, k2} {
 		if err := g.rcv.Expect(Expectation{Key: k, Dst: [][]Run{{{int32(k.Room) * 10, 4}}}, AuxRow: -1}); err != nil {
 			t.Fatal(err)

@@ -19,7 +19,7 @@ func TestBrokenConnectionFailsItsRoomsAndPoolRedials(t *testing.T) {
 	l := UniformLayout(1, 128, item, 0, 0)
 	g := newRig(t, l, l, false, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: item, RedialMin: time.Millisecond},
 		ReceiverConfig{PieceBytes: item})
-	k1, k2 := Key{1, 1}, Key{2, 1}
+	k1, k2 := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}
 	var cut sync.Once
 	g.ev2(func(k Key) {
 		if k == k1 {
@@ -49,7 +49,7 @@ func TestStalledSenderFailsRoomAfterIdleTimeout(t *testing.T) {
 	const item = 4096
 	l := UniformLayout(1, 8, item, 0, 0)
 	rcv, _, ev, addr := rawReceiver(t, l, ReceiverConfig{IdleTimeout: 200 * time.Millisecond})
-	k, other := Key{1, 1}, Key{2, 1}
+	k, other := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}
 	rcv.Expect(Expectation{Key: k, Dst: [][]Run{{{0, 4}}}, AuxRow: -1})
 	rcv.Expect(Expectation{Key: other, Dst: [][]Run{{{4, 4}}}, AuxRow: -1})
 	c := dialRaw(t, addr)
@@ -127,7 +127,7 @@ func (d *gateDialer) chunksOf(k Key) int {
 	defer d.mu.Unlock()
 	n := 0
 	for _, h := range d.frames {
-		if h.Type == FrameChunk && h.Key() == k {
+		if h.Type == FrameChunk && h.wireKey() == k.wire() {
 			n++
 		}
 	}
@@ -143,7 +143,7 @@ func TestSenderFenceWaitsForInProgressRead_I9(t *testing.T) {
 	d := newGateDialer()
 	g := newRig(t, l, l, true, SenderConfig{ConnsPerPeer: 1, Dialer: d, MaxChunkBytes: item}, ReceiverConfig{})
 	t.Cleanup(d.lift)
-	k, next := Key{1, 1}, Key{2, 1}
+	k, next := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}
 	g.rcv.Expect(Expectation{Key: k, Dst: [][]Run{{{0, 32}}}, AuxRow: -1})
 	g.rcv.Expect(Expectation{Key: next, Dst: [][]Run{{{32, 4}}}, AuxRow: -1})
 	d.shut()
@@ -186,7 +186,7 @@ func TestSendBlocksWhenInflightBudgetUsed(t *testing.T) {
 	d := newGateDialer()
 	g := newRig(t, l, l, true, SenderConfig{Dialer: d, MaxInflightBytes: 16 * item}, ReceiverConfig{})
 	t.Cleanup(d.lift)
-	k1, k2 := Key{1, 1}, Key{2, 1}
+	k1, k2 := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}
 	g.rcv.Expect(Expectation{Key: k1, Dst: [][]Run{{{0, 16}}}, AuxRow: -1})
 	g.rcv.Expect(Expectation{Key: k2, Dst: [][]Run{{{16, 1}}}, AuxRow: -1})
 	d.shut()
@@ -237,7 +237,7 @@ func TestUnansweredPingBreaksConnection(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	start := time.Now()
-	if err := snd.Send(context.Background(), SendRequest{Peer: ln.Addr().String(), Key: Key{1, 1},
+	if err := snd.Send(context.Background(), SendRequest{Peer: ln.Addr().String(), Key: Key{Room: 1, Nonce: 1},
 		Src: [][]Run{{{0, 2}}}, Dst: [][]Run{{{0, 2}}}, Done: func(err error) { done <- err }}); err != nil {
 		t.Fatal(err)
 	}

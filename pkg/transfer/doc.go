@@ -23,6 +23,19 @@
 // DONE, and any earlier failure, with a RESULT frame. Idle senders ping; the receiver pongs.
 // wire.go holds the framing; its decoders never panic and are fuzzed.
 //
+// # Ranks on the wire
+//
+// A Key names one tensor-parallel rank's share of a room: Room, Nonce and Rank{TP, Size}.
+// Every data-plane key has its rank (Expect, Send, Fence, the events), and two ranks of one
+// room are two keys: fencing or completing one does not touch the other. Wire v1 frames
+// carry the room and nonce only (the rank goes into the header with wire v2), so each side
+// derives a frame's rank from what it registered: the receiver from the room's one
+// Expectation, whose Key (rank included) Progress, Complete and Failed report; the sender
+// from its job. Until then a Sender takes one rank of a room at a time (ErrDuplicateRoom
+// for another), and a Receiver with two ranks of one room expected writes neither one's
+// frames: they are drained and counted as for an unknown room, so no rank's pages can take
+// another rank's bytes. The daemons refuse a second rank at their edge meanwhile.
+//
 // # Receiver (decode)
 //
 // The driver registers each room with Expect (destination runs per buffer, aux row) before

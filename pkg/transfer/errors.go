@@ -61,7 +61,8 @@ var (
 	ErrUnknownPeer = errors.New("transfer: unknown peer")
 	// ErrFenced means Send was waiting for admission when its room was fenced; nothing was charged.
 	ErrFenced = errors.New("transfer: room fenced")
-	// ErrDuplicateRoom means a live room with the same key is already registered.
+	// ErrDuplicateRoom means a live room with the same key is already registered (a Sender
+	// takes one rank of a room at a time: see the package doc, Ranks on the wire).
 	ErrDuplicateRoom = errors.New("transfer: room already registered")
 	// ErrClosed means the sender or receiver was closed.
 	ErrClosed = errors.New("transfer: closed")

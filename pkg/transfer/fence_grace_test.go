@@ -272,7 +272,7 @@ func TestFencedIsReportedOnceTheWriterLetsGo(t *testing.T) {
 		g := newRig(t, l, l, true, SenderConfig{ConnsPerPeer: 1, Dialer: d, MaxChunkBytes: item, FenceGrace: time.Hour,
 			OnFenced: fl.on}, ReceiverConfig{})
 		t.Cleanup(d.lift)
-		k, queued, next := Key{1, 1}, Key{2, 1}, Key{3, 1}
+		k, queued, next := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}, Key{Room: 3, Nonce: 1}
 		for _, e := range []Expectation{{Key: k, Dst: [][]Run{{{0, 32}}}, AuxRow: -1},
 			{Key: queued, Dst: [][]Run{{{32, 4}}}, AuxRow: -1}, {Key: next, Dst: [][]Run{{{40, 4}}}, AuxRow: -1}} {
 			g.rcv.Expect(e)
@@ -317,7 +317,7 @@ func TestFencedIsReportedOnceTheWriterLetsGo(t *testing.T) {
 		fl := newFenceLog()
 		rcv, dst, _, addr := rawReceiver(t, l, ReceiverConfig{PieceBytes: item, FenceGrace: time.Hour, OnFenced: fl.on})
 		memset(dst.Buffer(0), 0xAA)
-		k, idle := Key{1, 1}, Key{2, 1}
+		k, idle := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}
 		for _, e := range []Expectation{{Key: k, Dst: [][]Run{{{0, 4}}}, AuxRow: -1}, {Key: idle, Dst: [][]Run{{{8, 4}}}, AuxRow: -1}} {
 			if err := rcv.Expect(e); err != nil {
 				t.Fatal(err)
@@ -368,7 +368,7 @@ func TestSendWaitingForAdmissionReturnsFencedWhenItsRoomIsFenced(t *testing.T) {
 	d := newGateDialer()
 	g := newRig(t, l, l, true, SenderConfig{ConnsPerPeer: 1, Dialer: d, MaxInflightBytes: 16 * item}, ReceiverConfig{})
 	t.Cleanup(d.lift)
-	stalled, queued, waiting, later := Key{1, 1}, Key{2, 1}, Key{3, 1}, Key{4, 1}
+	stalled, queued, waiting, later := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}, Key{Room: 3, Nonce: 1}, Key{Room: 4, Nonce: 1}
 	for i, k := range []Key{stalled, queued, waiting, later} {
 		g.rcv.Expect(Expectation{Key: k, Dst: [][]Run{{{int32(16 * i), 8}}}, AuxRow: -1})
 	}
@@ -396,7 +396,7 @@ func TestSendWaitingForAdmissionReturnsFencedWhenItsRoomIsFenced(t *testing.T) {
 	waitFor(t, func() bool { // known to the sender, so waiting for admission
 		g.snd.mu.Lock()
 		defer g.snd.mu.Unlock()
-		return g.snd.jobs[waiting] != nil
+		return g.snd.jobs[waiting.wire()] != nil
 	})
 	select {
 	case err := <-sent:

@@ -137,7 +137,7 @@ func TestDoneBeforeEveryPageFailsRoom_I8(t *testing.T) {
 	rcv, _, ev, addr := rawReceiver(t, l, ReceiverConfig{})
 	c := dialRaw(t, addr)
 	page := bytes.Repeat([]byte{1}, item)
-	missingBuffer, missingAux := Key{1, 1}, Key{2, 1}
+	missingBuffer, missingAux := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}
 	for _, k := range []Key{missingBuffer, missingAux} {
 		if err := rcv.Expect(Expectation{Key: k, Dst: SamePages(2, []Run{{int32(k.Room), 1}}), AuxRow: 0}); err != nil {
 			t.Fatal(err)

@@ -34,8 +34,7 @@ type AuxSpec struct {
 type Layout struct {
 	Buffers []BufferSpec `json:"buffers"`
 	Aux     AuxSpec      `json:"aux"`
-	TPRank  int          `json:"tp_rank"`
-	TPSize  int          `json:"tp_size"`
+	Rank    Rank         `json:"rank"`
 }
 
 // maxPagesPerBuffer keeps page indices within the int32 of a Run.
@@ -47,8 +46,8 @@ func (l Layout) Validate() error {
 	if len(l.Buffers) == 0 {
 		return fmt.Errorf("%w: no buffers", ErrInvalidLayout)
 	}
-	if l.TPSize < 1 || l.TPRank < 0 || l.TPRank >= l.TPSize {
-		return fmt.Errorf("%w: tp rank %d of size %d", ErrInvalidLayout, l.TPRank, l.TPSize)
+	if l.Rank.Size < 1 || l.Rank.TP >= l.Rank.Size {
+		return fmt.Errorf("%w: tp rank %d of size %d", ErrInvalidLayout, l.Rank.TP, l.Rank.Size)
 	}
 	type span struct {
 		name     string
@@ -124,9 +123,9 @@ func (l Layout) Compatible(other Layout) error {
 	if l.Aux.RowLen != other.Aux.RowLen {
 		return fmt.Errorf("%w: aux row_len %d, peer has %d", ErrIncompatibleLayout, l.Aux.RowLen, other.Aux.RowLen)
 	}
-	if l.TPSize != other.TPSize {
+	if l.Rank.Size != other.Rank.Size {
 		return fmt.Errorf("%w: tp size %d, peer has %d (tp fan-out is not supported yet)",
-			ErrIncompatibleLayout, l.TPSize, other.TPSize)
+			ErrIncompatibleLayout, l.Rank.Size, other.Rank.Size)
 	}
 	return nil
 }
@@ -134,7 +133,7 @@ func (l Layout) Compatible(other Layout) error {
 // UniformLayout is a helper for tests and demos: n buffers of pages pages of itemLen bytes
 // laid out back to back, followed by rows aux rows of rowLen bytes. TP rank 0 of 1.
 func UniformLayout(n int, pages, itemLen int64, rows, rowLen int64) Layout {
-	l := Layout{TPSize: 1}
+	l := Layout{Rank: Rank{Size: 1}}
 	var off int64
 	for range n {
 		l.Buffers = append(l.Buffers, BufferSpec{Offset: off, Length: pages * itemLen, ItemLen: itemLen})

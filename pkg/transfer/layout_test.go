@@ -20,7 +20,7 @@ func TestLayoutValidateAndCompatible(t *testing.T) {
 		{"partial page", func(l *Layout) { l.Buffers[0].Length = 4097 }},
 		{"overlap", func(l *Layout) { l.Buffers[1].Offset = 100 }},
 		{"aux overlaps", func(l *Layout) { l.Aux.Offset = 0 }},
-		{"tp rank", func(l *Layout) { l.TPRank = 1 }},
+		{"tp rank", func(l *Layout) { l.Rank.TP = 1 }},
 	}
 	for _, c := range bad {
 		l := UniformLayout(4, 16, 4096, 8, 64)

@@ -71,7 +71,7 @@ func (r *rawClient) sync() map[Key]uint32 {
 		if h.Type == FramePong {
 			return res
 		}
-		res[h.Key()] = h.Status
+		res[Key{Room: h.Room, Nonce: h.Nonce}] = h.Status
 	}
 }
 

@@ -97,8 +97,11 @@ type Receiver struct {
 	events Events
 	log    *zap.Logger
 
-	mu     sync.Mutex
-	rooms  map[Key]*rxRoom
+	mu sync.Mutex
+	// rooms holds, per room and nonce, the ranks expected, linked by otherRank: v1 frames
+	// name the room and nonce only, so a frame finds its room here when exactly one rank
+	// is expected.
+	rooms  map[wireKey]*rxRoom
 	conns  map[net.Conn]struct{}
 	lns    map[net.Listener]struct{}
 	closed bool
@@ -119,7 +122,7 @@ func NewReceiver(region *Region, cfg ReceiverConfig, events Events) (*Receiver, 
 	}
 	return &Receiver{
 		region: region, cfg: cfg, events: events, log: cfg.Logger,
-		rooms: make(map[Key]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
+		rooms: make(map[wireKey]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
 	}, nil
 }
 
@@ -151,9 +154,10 @@ const (
 // lands for the room, and the goroutine that empties it after a Fence hands the room back
 // (letGoFence).
 type rxRoom struct {
-	key    Key
-	auxRow int64
-	total  int64 // pages expected over all buffers
+	key       Key
+	auxRow    int64
+	total     int64   // pages expected over all buffers
+	otherRank *rxRoom // the next rank expected for the same room and nonce, under Receiver.mu
 
 	mu       sync.Mutex
 	writing  []*rxConn // connections reading a piece into the room's pages now
@@ -167,12 +171,13 @@ type rxRoom struct {
 	grace    *time.Timer   // interrupts the stalled read of a pending fence; nil once handed back
 }
 
-// Expect registers a room. Dst must have one entry per buffer; AuxRow must be a row of the
-// region (or -1 when the region has no aux rows to fill). It fails with ErrDuplicateRoom if
-// the key is live. The destination pages are not checked here: the caller's edge checked
-// them once (ValidateRuns), and every chunk is checked against the region and against Dst
-// before a byte is written, so a page outside the region or named twice fails the room
-// (reason invalid) and is never written.
+// Expect registers a room's rank. Dst must have one entry per buffer; AuxRow must be a row
+// of the region (or -1 when the region has no aux rows to fill). It fails with
+// ErrDuplicateRoom if the key, rank included, is live; another rank of the same room is
+// another key (but see the package doc, Ranks on the wire). The destination pages are not
+// checked here: the caller's edge checked them once (ValidateRuns), and every chunk is
+// checked against the region and against Dst before a byte is written, so a page outside
+// the region or named twice fails the room (reason invalid) and is never written.
 func (r *Receiver) Expect(e Expectation) error {
 	l := r.region.Layout()
 	if len(e.Dst) != len(l.Buffers) {
@@ -201,10 +206,14 @@ func (r *Receiver) Expect(e Expectation) error {
 	if r.closed {
 		return ErrClosed
 	}
-	if _, ok := r.rooms[e.Key]; ok {
-		return fmt.Errorf("%w: %v", ErrDuplicateRoom, e.Key)
+	w := e.Key.wire()
+	for other := r.rooms[w]; other != nil; other = other.otherRank {
+		if other.key == e.Key {
+			return fmt.Errorf("%w: %v", ErrDuplicateRoom, e.Key)
+		}
 	}
-	r.rooms[e.Key] = room
+	room.otherRank = r.rooms[w]
+	r.rooms[w] = room
 	return nil
 }
 
@@ -255,11 +264,23 @@ func (r *Receiver) fence(key Key) (bool, <-chan struct{}) {
 }
 
 func (r *Receiver) forget(room *rxRoom) {
+	w := room.key.wire()
 	r.mu.Lock()
-	if r.rooms[room.key] == room {
-		delete(r.rooms, room.key)
+	defer r.mu.Unlock()
+	if r.rooms[w] == room {
+		if room.otherRank == nil {
+			delete(r.rooms, w)
+		} else {
+			r.rooms[w] = room.otherRank
+		}
+		return
 	}
-	r.mu.Unlock()
+	for prev := r.rooms[w]; prev != nil; prev = prev.otherRank {
+		if prev.otherRank == room {
+			prev.otherRank = room.otherRank
+			return
+		}
+	}
 }
 
 // letGoFence completes a pending fence on the connection goroutine that let go: the key is
@@ -297,7 +318,24 @@ func (r *Receiver) interrupt(room *rxRoom) {
 func (r *Receiver) lookup(key Key) *rxRoom {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.rooms[key]
+	for room := r.rooms[key.wire()]; room != nil; room = room.otherRank {
+		if room.key == key {
+			return room
+		}
+	}
+	return nil
+}
+
+// lookupFrame finds the room a frame is about. A v1 frame does not say which rank sent it:
+// when more than one rank of its room is expected it is nobody's, and is treated as a frame
+// for an unknown room (drained, never written), so no rank's pages take another's bytes.
+func (r *Receiver) lookupFrame(h *Header) *rxRoom {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if room := r.rooms[h.wireKey()]; room != nil && room.otherRank == nil {
+		return room
+	}
+	return nil
 }
 
 // finish moves a live room to a terminal outcome under room.mu and reports whether it did.

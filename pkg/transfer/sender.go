@@ -123,9 +123,11 @@ type Sender struct {
 	cfg    SenderConfig
 	log    *zap.Logger
 
-	mu     sync.Mutex
-	peers  map[string]*peer
-	jobs   map[Key]*job
+	mu    sync.Mutex
+	peers map[string]*peer
+	// jobs is indexed by what v1 frames carry: one rank of a room at a time, since the
+	// receiver could not tell two ranks' frames apart (the job's key has its rank).
+	jobs   map[wireKey]*job
 	closed bool
 	wg     sync.WaitGroup
 
@@ -147,7 +149,7 @@ func NewSender(region *Region, cfg SenderConfig) (*Sender, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Sender{region: region, cfg: cfg, log: cfg.Logger, peers: make(map[string]*peer), jobs: make(map[Key]*job)}, nil
+	return &Sender{region: region, cfg: cfg, log: cfg.Logger, peers: make(map[string]*peer), jobs: make(map[wireKey]*job)}, nil
 }
 
 // AddPeer registers a decode peer's data address and region layout and starts its
@@ -202,7 +204,7 @@ func (s *Sender) Send(ctx context.Context, req SendRequest) error {
 	s.mu.Lock()
 	p := s.peers[req.Peer]
 	closed := s.closed
-	_, dup := s.jobs[req.Key]
+	_, dup := s.jobs[req.Key.wire()]
 	s.mu.Unlock()
 	switch {
 	case closed:
@@ -220,14 +222,14 @@ func (s *Sender) Send(ctx context.Context, req SendRequest) error {
 	// The job is known before it waits for admission, so a Fence of its key finds it and
 	// ends the wait.
 	s.mu.Lock()
-	if _, dup := s.jobs[req.Key]; dup || s.closed {
+	if _, dup := s.jobs[req.Key.wire()]; dup || s.closed {
 		s.mu.Unlock()
 		if dup {
 			return fmt.Errorf("%w: %v", ErrDuplicateRoom, req.Key)
 		}
 		return ErrClosed
 	}
-	s.jobs[req.Key] = j
+	s.jobs[req.Key.wire()] = j
 	s.mu.Unlock()
 	if err := p.acquire(ctx, j.charge, j.fenceCh); err != nil {
 		j.finalize(nil, false)
@@ -300,10 +302,10 @@ func (s *Sender) FenceWait(key Key) {
 
 func (s *Sender) fence(key Key) (bool, <-chan struct{}) {
 	s.mu.Lock()
-	j := s.jobs[key]
+	j := s.jobs[key.wire()]
 	s.mu.Unlock()
-	if j == nil {
-		return true, nil
+	if j == nil || j.req.Key != key {
+		return true, nil // another rank's job is not this key's
 	}
 	j.mu.Lock()
 	if !j.fenced {
@@ -480,8 +482,8 @@ func (j *job) setWriting(w bool) {
 func (j *job) finalize(err error, callDone bool) {
 	j.once.Do(func() {
 		j.s.mu.Lock()
-		if j.s.jobs[j.req.Key] == j {
-			delete(j.s.jobs, j.req.Key)
+		if w := j.req.Key.wire(); j.s.jobs[w] == j {
+			delete(j.s.jobs, w)
 		}
 		j.s.mu.Unlock()
 		j.mu.Lock()

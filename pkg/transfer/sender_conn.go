@@ -175,7 +175,7 @@ func (p *peer) runSlot(slot int) {
 			continue
 		}
 		backoff = cfg.RedialMin
-		tc := &txConn{p: p, conn: conn, awaiting: make(map[Key]*job), dead: make(chan struct{})}
+		tc := &txConn{p: p, conn: conn, awaiting: make(map[wireKey]*job), dead: make(chan struct{})}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -227,7 +227,7 @@ type txConn struct {
 	pingAt atomic.Int64 // unix nanos of the unanswered ping, 0 if none
 
 	mu       sync.Mutex
-	awaiting map[Key]*job
+	awaiting map[wireKey]*job // by the frames' key: a RESULT does not say which rank
 
 	dead    chan struct{} // closed when the reader ends
 	readErr error
@@ -309,7 +309,7 @@ func (tc *txConn) writeArmed(iov [][]byte) error {
 
 // sendJob writes a room's chunks and DONE. It returns an error only if the connection broke.
 func (tc *txConn) sendJob(j *job) error {
-	key := j.req.Key
+	key := j.req.Key.wire()
 	tc.mu.Lock()
 	tc.awaiting[key] = j
 	tc.mu.Unlock()
@@ -490,8 +490,8 @@ func (tc *txConn) readLoop() error {
 		case FramePong:
 		case FrameResult:
 			tc.mu.Lock()
-			j := tc.awaiting[h.Key()]
-			delete(tc.awaiting, h.Key())
+			j := tc.awaiting[h.wireKey()]
+			delete(tc.awaiting, h.wireKey())
 			tc.mu.Unlock()
 			if j == nil {
 				continue // a late result for a room already finished or fenced

@@ -8,14 +8,37 @@ import (
 	"time"
 )
 
-// Key names a room on the data plane: the router's room id and the nonce decoded drew for
-// it. Two requests sharing a room id never touch each other's state.
+// Rank names one tensor-parallel rank of an engine: rank TP of Size (the proto's Rank,
+// tp_rank and tp_size). The zero Rank is what a key of an engine without tensor
+// parallelism may leave out: callers say {0, 1}.
+type Rank struct {
+	TP   uint16 `json:"tp_rank"`
+	Size uint16 `json:"tp_size"`
+}
+
+// Key names one rank's share of a room on the data plane: the router's room id, the nonce
+// decoded drew for it, and the rank. Two requests sharing a room id never touch each other's
+// state, nor do two ranks of one room. Wire v1 frames carry the room and nonce only (see the
+// package doc, Ranks on the wire).
 type Key struct {
 	Room  uint64
 	Nonce uint64
+	Rank  Rank
 }
 
-func (k Key) String() string { return fmt.Sprintf("%d/%d", k.Room, k.Nonce) }
+// String is room/nonce, and the rank when the room has more than one, so that log lines of
+// engines without tensor parallelism read as they always did.
+func (k Key) String() string {
+	if k.Rank.Size > 1 {
+		return fmt.Sprintf("%d/%d rank %d/%d", k.Room, k.Nonce, k.Rank.TP, k.Rank.Size)
+	}
+	return fmt.Sprintf("%d/%d", k.Room, k.Nonce)
+}
+
+// wireKey is the part of a Key that wire v1 frames carry.
+type wireKey struct{ room, nonce uint64 }
+
+func (k Key) wire() wireKey { return wireKey{k.Room, k.Nonce} }
 
 // Reason is the closed set of failure reasons the data plane reports.
 type Reason string
@@ -165,8 +188,9 @@ type Sink interface {
 type Events interface {
 	// Progress reports that a chunk of the room was written and verified.
 	Progress(key Key, bytes int64)
-	// Complete reports that every page of every buffer and the aux row are in place and
-	// verified (I8). The room takes no more bytes.
+	// Complete reports that every page of every buffer and the aux row of key's rank are in
+	// place and verified (I8); key is the Expectation's, rank included. That rank's share
+	// of the room takes no more bytes; another rank's share of the room is not touched.
 	Complete(key Key)
 	// Failed reports that the room failed; no further byte is written for it.
 	Failed(key Key, reason Reason, err error)

@@ -81,8 +81,8 @@ type Header struct {
 	RunsCRC    uint32
 }
 
-// Key returns the room key the frame is about.
-func (h *Header) Key() Key { return Key{Room: h.Room, Nonce: h.Nonce} }
+// wireKey is the room the frame is about; v1 frames do not say which rank.
+func (h *Header) wireKey() wireKey { return wireKey{h.Room, h.Nonce} }
 
 // Encode writes h into b[:HeaderSize], including the header checksum.
 func (h *Header) Encode(b []byte) {
