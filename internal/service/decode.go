@@ -187,7 +187,7 @@ func (d *DecodeData) Fence(key poll.Key) {
 	rx := d.receiver
 	d.mu.Unlock()
 	if rx != nil {
-		rx.Fence(tkey(key))
+		rx.FenceWait(tkey(key)) // conn still expects the blocking fence (issue 12)
 	}
 }
 

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"flag"
 	"runtime"
 	"sync"
 	"testing"
@@ -11,6 +12,8 @@ import (
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 )
+
+var memoryRooms = flag.Int("memory-rooms", 10_000, "rooms BenchmarkDaemonMemoryPerLiveRoom opens")
 
 // BenchmarkDaemonMemoryPerLiveRoom measures what a live room costs across
 // the whole daemons, not the room table alone (pkg/poll's
@@ -27,9 +30,10 @@ import (
 //   - B/room: all three, one bound room on both daemons;
 //   - poll1000-us: a scheduler's Poll of 1000 of those rooms over gRPC.
 //
-// Run it with -run '^$' -bench DaemonMemoryPerLiveRoom -benchtime 1x.
+// Run it with -run '^$' -bench DaemonMemoryPerLiveRoom -benchtime 1x; add
+// -args -memory-rooms=100000 for issue 12's target size (about a minute).
 func BenchmarkDaemonMemoryPerLiveRoom(b *testing.B) {
-	const benchRooms = 10_000
+	benchRooms := *memoryRooms
 	for b.Loop() {
 		p := startPairWith(b, func(pre, dec *daemon.Config) {
 			for _, c := range []*daemon.Config{pre, dec} {
@@ -89,21 +93,30 @@ func BenchmarkDaemonMemoryPerLiveRoom(b *testing.B) {
 				DstPages: &pb.PageList{Indices: []int32{int32(int64(i) % pages)}}, AuxIndex: uint32(int64(i) % dec.layout.Aux.Rows)})
 			return err
 		})
-		for {
-			pr, err := p.prefill.Poll(ctx, &pb.PrefillServicePollRequest{RoomIds: ids})
-			if err != nil {
-				b.Fatal(err)
-			}
-			dr, err := p.decode.Poll(ctx, &pb.DecodeServicePollRequest{RoomIds: ids})
-			if err != nil {
-				b.Fatal(err)
-			}
+		// Poll takes at most 65536 ids: ask in batches, as a scheduler would.
+		const batch = 1 << 14
+		boundOnBoth := func() int {
 			waiting := 0
-			for i := range ids {
-				if pr.Statuses[i].State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT && dr.Statuses[i].State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT {
-					waiting++
+			for at := 0; at < len(ids); at += batch {
+				some := ids[at:min(at+batch, len(ids))]
+				pr, err := p.prefill.Poll(ctx, &pb.PrefillServicePollRequest{RoomIds: some})
+				if err != nil {
+					b.Fatal(err)
+				}
+				dr, err := p.decode.Poll(ctx, &pb.DecodeServicePollRequest{RoomIds: some})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range some {
+					if pr.Statuses[i].State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT && dr.Statuses[i].State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT {
+						waiting++
+					}
 				}
 			}
+			return waiting
+		}
+		for {
+			waiting := boundOnBoth()
 			if waiting == len(ids) {
 				break
 			}
@@ -123,7 +136,7 @@ func BenchmarkDaemonMemoryPerLiveRoom(b *testing.B) {
 		}
 		pollTook := time.Since(began) / polls
 		cancel()
-		per := func(from, to uint64) float64 { return (float64(to) - float64(from)) / benchRooms }
+		per := func(from, to uint64) float64 { return (float64(to) - float64(from)) / float64(benchRooms) }
 		b.ReportMetric(per(base, prefillOpen), "prefill-open-B/room")
 		b.ReportMetric(per(prefillOpen, decodeOpen), "decode-open-B/room")
 		b.ReportMetric(per(decodeOpen, bound), "bound-B/room")

@@ -189,7 +189,7 @@ func (d *PrefillData) Fence(key poll.Key) {
 	s := d.sender
 	d.mu.Unlock()
 	if s != nil {
-		s.Fence(transfer.Key{Room: uint64(key.Room), Nonce: uint64(key.Nonce)})
+		s.FenceWait(transfer.Key{Room: uint64(key.Room), Nonce: uint64(key.Nonce)}) // conn still expects the blocking fence (issue 12)
 	}
 }
 

@@ -35,33 +35,54 @@
 // page of every buffer and the aux row were written and verified and the DONE totals match
 // (I8). Failures carry a Reason: "checksum", "transfer_error" or "invalid".
 //
-// Fencing (R7): Fence(room) marks the room ended and waits until the piece being written for
-// it, if any, is done; every later byte for the room is drained and discarded. Each room
-// carries a writer count under its mutex; a connection goroutine increments it only while
-// the room is live, so after Fence returns no byte can land for the room.
+// Fencing (R7): Fence(room) marks the room ended and returns at once; every later byte for
+// the room is drained and discarded. Each room lists, under its mutex, the connection
+// goroutines reading a piece into its pages; one joins only while the room is live. Fence
+// reports done when the list is empty (I9: no byte can land any more). Otherwise the
+// goroutine whose piece lands last calls ReceiverConfig.OnFenced; if that piece has not
+// landed after FenceGrace, the fence sets that connection's read deadline to now, the read
+// fails and the connection breaks (its other rooms fail transfer_error). FenceWait is the
+// blocking form.
 //
 // # Sender (prefill)
 //
 // Per decode peer the Sender keeps ConnsPerPeer connections (--data-conns), each owned by a
 // slot goroutine that dials with a deadline, serves the connection and redials with
 // backoff. Rooms queue per peer; Send blocks while the peer's in-flight bytes exceed
-// MaxInflightBytes (backpressure). A room is sent on one connection, so its DONE follows its
-// chunks. Every write has a deadline scaled by its size. Fence(room) waits until no write
-// reads the room's source pages and stops any later read (I9); a room's Done callback runs
-// only after its writer let go of it. A broken connection fails the rooms written or
-// awaiting a result on it with transfer_error; rooms still queued go out on the next
-// connection.
+// MaxInflightBytes (backpressure), until its context ends or its room is fenced. A room is
+// sent on one connection, so its DONE follows its chunks. Every write has a deadline scaled
+// by its size. Fence(room) stops any later read of
+// the room's source pages, drops it from the queue with its budget, ends a Send of it that
+// waits for admission (ErrFenced) and returns at once: done when no worker reads the pages
+// (I9), else the worker that lets go calls SenderConfig.OnFenced, and a write still in
+// progress after FenceGrace has its deadline set to now, which breaks that connection (the
+// slot redials). A room's Done callback runs only after its writer let go of it, and never
+// once it was fenced. A broken connection fails the rooms written or awaiting a result on it
+// with transfer_error; rooms still queued go out on the next connection.
+//
+// # Fence contract (both sides)
+//
+// Fence never waits for I/O, so it may be called from a socket reader or a tick loop. When it
+// returns false, OnFenced(key) follows exactly once, on the transfer goroutine that let go,
+// under no transfer lock, within FenceGrace plus one piece (receiver) or one chunk write
+// (sender); it is never called for a Fence that returned true. The fence is sticky: the room
+// takes no more work, and its key stays taken (Send and Expect refuse it as a duplicate) until
+// the fence is done.
 //
 // # Goroutines and ownership
 //
 //   - Receiver: Serve's goroutine accepts; each accepted connection has exactly one
 //     goroutine, which reads it, writes its answers (RESULT, PONG) and is the only code that
-//     writes region memory for the chunks it reads. Events are called from it.
+//     writes region memory for the chunks it reads. Events and OnFenced are called from it.
 //   - Sender: each connection slot goroutine is the only writer of its connection and the
-//     only reader of source pages for the room it is sending; a second goroutine per
-//     connection reads RESULT and PONG frames. Done callbacks run on either of those, or on
-//     the goroutine that calls Close or RemovePeer.
-//   - Expect, Fence, Send, AddPeer and RemovePeer may be called from any goroutine.
+//     only reader of source pages for the room it is sending, with a checksum goroutine
+//     per room being written that reads the pages one or two chunks ahead; a second
+//     goroutine per connection reads RESULT and PONG frames. Done callbacks run on either of
+//     those, or on the goroutine that calls Close or RemovePeer; OnFenced on the slot or
+//     checksum goroutine that let go.
+//   - A pending fence's FenceGrace timer runs on its own goroutine; it only sets a deadline.
+//   - Expect, Fence, FenceWait, Send, AddPeer and RemovePeer may be called from any
+//     goroutine; Fence never blocks on I/O.
 //
 // # Transports
 //
@@ -84,8 +105,9 @@
 //  3. Expect each room (its METADATA: destination runs, aux row) before telling prefill to
 //     send.
 //  4. On Events.Complete report Success; on Events.Failed report Failed with the reason.
-//  5. Call Fence(room) whenever the room ends for any reason (abort, timeout, clear) and
-//     before the engine may reuse its pages; it also forgets the room.
+//  5. Call Fence(room) whenever the room ends for any reason (abort, timeout, clear); it
+//     also forgets the room. The engine may reuse the room's pages once the fence is done:
+//     Fence returned true, or OnFenced(room) arrived (or FenceWait returned).
 //  6. Close the Receiver, then the Region.
 //
 // Prefill (prefilld):
@@ -98,6 +120,8 @@
 //     decode confirmed every byte: report Success. Done(err) carries a Reason: report
 //     Failed.
 //  4. Before reporting a room Failed for any other cause (abort, timeout), call Fence(room);
-//     once it returns no worker reads the room's pages and Done will not run.
+//     Done will not run. No worker reads the room's pages once the fence is done: Fence
+//     returned true, or OnFenced(room) arrived (or FenceWait returned). A Send of the room
+//     still waiting for admission returns ErrFenced.
 //  5. Close the Sender, then the Region.
 package transfer

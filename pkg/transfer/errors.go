@@ -59,6 +59,8 @@ var (
 	ErrRejected = errors.New("transfer: receiver rejected the room")
 	// ErrUnknownPeer means Send named a peer that was not added with AddPeer.
 	ErrUnknownPeer = errors.New("transfer: unknown peer")
+	// ErrFenced means Send was waiting for admission when its room was fenced; nothing was charged.
+	ErrFenced = errors.New("transfer: room fenced")
 	// ErrDuplicateRoom means a live room with the same key is already registered.
 	ErrDuplicateRoom = errors.New("transfer: room already registered")
 	// ErrClosed means the sender or receiver was closed.

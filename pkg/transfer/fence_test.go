@@ -28,7 +28,7 @@ func TestFenceMidChunkNoByteLandsAfter_R7(t *testing.T) {
 	waitFor(t, func() bool { return bytes.Equal(dst.Pages(0, Run{0, 1}), payload[:item]) })
 
 	fenced := make(chan struct{})
-	go func() { rcv.Fence(k); close(fenced) }()
+	go func() { rcv.FenceWait(k); close(fenced) }()
 	select {
 	case <-fenced:
 		t.Fatal("Fence returned while a write into the room's pages was in progress")
@@ -90,7 +90,7 @@ func TestFenceWhileSenderStreamsNoByteLandsAfter_R7(t *testing.T) {
 				default:
 				}
 				close(fenceOnce)
-				g.rcv.Fence(key)
+				g.rcv.FenceWait(key)
 				mu.Lock()
 				after = snapshot(g.dst)
 				mu.Unlock()

@@ -24,8 +24,16 @@ type ReceiverConfig struct {
 	// HandshakeTimeout bounds the Authenticator preface. Default 10s.
 	HandshakeTimeout time.Duration
 	// PieceBytes is the most bytes read into a room's pages between two fence checks, so
-	// Fence waits for at most one piece. Default 256 KiB.
+	// a fence waits for at most one piece. Default 256 KiB.
 	PieceBytes int
+	// FenceGrace is how long a Fence that returned false lets the piece in progress for the
+	// room land before it interrupts the read (the connection's read deadline is set to
+	// now, so that connection breaks). Default 500ms.
+	FenceGrace time.Duration
+	// OnFenced, if set, is called once for a room whose Fence returned false, when the last
+	// write into its pages ends. It runs on the connection goroutine that wrote, under no
+	// transfer lock, and must not block.
+	OnFenced func(Key)
 	// Auth runs before any frame is read. Default NoAuth.
 	Auth Authenticator
 	// Logger defaults to zap.NewNop().
@@ -49,8 +57,11 @@ func (c *ReceiverConfig) setDefaults() error {
 	if c.PieceBytes == 0 {
 		c.PieceBytes = 256 << 10
 	}
-	if c.IdleTimeout < 0 || c.WriteTimeout < 0 || c.HandshakeTimeout < 0 || c.PieceBytes < 4096 {
-		return fmt.Errorf("%w: receiver timeouts must be positive and piece_bytes >= 4096", ErrBadConfig)
+	if c.FenceGrace == 0 {
+		c.FenceGrace = 500 * time.Millisecond
+	}
+	if c.IdleTimeout < 0 || c.WriteTimeout < 0 || c.HandshakeTimeout < 0 || c.PieceBytes < 4096 || c.FenceGrace <= 0 {
+		return fmt.Errorf("%w: receiver timeouts and fence_grace must be positive and piece_bytes >= 4096", ErrBadConfig)
 	}
 	if c.Auth == nil {
 		c.Auth = NoAuth{}
@@ -70,11 +81,12 @@ type Expectation struct {
 	AuxRow int64
 }
 
-// ReceiverStats counts frames that were received but not written.
+// ReceiverStats counts frames that were received but not written, and fence interventions.
 type ReceiverStats struct {
-	DiscardedChunks uint64 // chunks for unknown, fenced or terminal rooms, drained unread
-	DiscardedBytes  uint64
-	RejectedFrames  uint64 // frames that failed a room as invalid, or broke a connection
+	DiscardedChunks   uint64 // chunks for unknown, fenced or terminal rooms, drained unread
+	DiscardedBytes    uint64
+	RejectedFrames    uint64 // frames that failed a room as invalid, or broke a connection
+	StalledInterrupts uint64 // reads interrupted because a fenced room's piece did not land within FenceGrace
 }
 
 // Receiver is the decode-side Sink over stream connections (TCP, or MemNetwork pipes). It is
@@ -92,7 +104,7 @@ type Receiver struct {
 	closed bool
 	wg     sync.WaitGroup
 
-	discardedChunks, discardedBytes, rejected atomic.Uint64
+	discardedChunks, discardedBytes, rejected, interrupts atomic.Uint64
 }
 
 var _ Sink = (*Receiver)(nil)
@@ -113,7 +125,7 @@ func NewReceiver(region *Region, cfg ReceiverConfig, events Events) (*Receiver, 
 
 // Stats returns the discard and reject counters.
 func (r *Receiver) Stats() ReceiverStats {
-	return ReceiverStats{r.discardedChunks.Load(), r.discardedBytes.Load(), r.rejected.Load()}
+	return ReceiverStats{r.discardedChunks.Load(), r.discardedBytes.Load(), r.rejected.Load(), r.interrupts.Load()}
 }
 
 // rxBuf is one buffer's expected destination pages: sorted, coalesced runs, the position of
@@ -134,23 +146,25 @@ const (
 )
 
 // rxRoom is one expected room. Fields under mu; the write protocol is: a connection
-// goroutine increments writers under mu only while the room is live, writes one piece
-// without the lock, then decrements. Fence marks the room fenced under mu and waits until
-// writers is zero, so once Fence returns no byte lands for the room.
+// goroutine joins writing under mu only while the room is live, writes one piece without the
+// lock, then leaves. Fence marks the room fenced under mu; once writing is empty no byte
+// lands for the room, and the goroutine that empties it after a Fence hands the room back
+// (letGoFence).
 type rxRoom struct {
 	key    Key
 	auxRow int64
 	total  int64 // pages expected over all buffers
 
 	mu       sync.Mutex
-	idle     sync.Cond // signalled when writers drops to zero
-	writers  int
+	writing  []*rxConn // connections reading a piece into the room's pages now
 	state    outcome
 	reason   Reason
 	nextSeq  uint32
 	claimed  int64
 	verified int64
 	bufs     []rxBuf
+	letGo    chan struct{} // made by a Fence that found a write; closed when it ends
+	grace    *time.Timer   // interrupts the stalled read of a pending fence; nil once handed back
 }
 
 // Expect registers a room. Dst must have one entry per buffer; AuxRow must be a row of the
@@ -168,7 +182,6 @@ func (r *Receiver) Expect(e Expectation) error {
 		return fmt.Errorf("%w: row %d of %d", ErrAuxMismatch, e.AuxRow, l.Aux.Rows)
 	}
 	room := &rxRoom{key: e.Key, auxRow: e.AuxRow, bufs: make([]rxBuf, len(e.Dst))}
-	room.idle.L = &room.mu
 	for i, runs := range e.Dst {
 		s := slices.Clone(runs)
 		slices.SortFunc(s, func(a, b Run) int { return int(a.Start) - int(b.Start) })
@@ -195,29 +208,90 @@ func (r *Receiver) Expect(e Expectation) error {
 	return nil
 }
 
-// Fence ends the room: it returns once no write for it is in progress and guarantees that
-// no later byte is written for it, even if its chunks are still on the wire (they are
-// drained and discarded). It forgets the room. Idempotent; unknown keys are ignored. Call it
-// for every expected room when the room ends (clear, abort, timeout), before the engine may
-// reuse the pages. Fence waits for at most one piece (PieceBytes); if the connection writing
-// it stalls mid-piece, until the transfer-idle deadline (IdleTimeout) closes it.
-func (r *Receiver) Fence(key Key) {
-	r.mu.Lock()
-	room := r.rooms[key]
-	delete(r.rooms, key)
-	r.mu.Unlock()
+// Fence ends the room and returns at once: no later byte is written for it, even if its
+// chunks are still on the wire (they are drained and discarded), and the room is forgotten.
+// done is true when no write into its pages is in progress (I9). Otherwise the room stays
+// known (a second Expect of the key is refused) until the connection goroutine whose piece
+// is landing lets go and calls OnFenced(key); a piece still landing after FenceGrace is
+// interrupted, which breaks that connection, so every fence completes within FenceGrace plus
+// one piece (PieceBytes). Repeating a pending Fence returns false and changes nothing;
+// unknown keys are done. Call it for every expected room when the room ends (clear, abort,
+// timeout); the engine may reuse the pages once it is done.
+func (r *Receiver) Fence(key Key) (done bool) {
+	done, _ = r.fence(key)
+	return done
+}
+
+// FenceWait fences the room and waits until no write into its pages is in progress (I9).
+func (r *Receiver) FenceWait(key Key) {
+	if done, letGo := r.fence(key); !done {
+		<-letGo
+	}
+}
+
+func (r *Receiver) fence(key Key) (bool, <-chan struct{}) {
+	room := r.lookup(key)
 	if room == nil {
-		return
+		return true, nil
 	}
 	room.mu.Lock()
 	if room.state == live {
 		room.state = fenced
 	}
-	for room.writers > 0 {
-		room.idle.Wait()
+	if len(room.writing) > 0 {
+		if room.letGo == nil {
+			room.letGo = make(chan struct{})
+			room.grace = time.AfterFunc(r.cfg.FenceGrace, func() { r.interrupt(room) })
+		}
+		letGo := room.letGo
+		room.mu.Unlock()
+		r.log.Debug("room fenced", zap.Stringer("room", key), zap.Bool("done", false))
+		return false, letGo
 	}
 	room.mu.Unlock()
-	r.log.Debug("room fenced", zap.Stringer("room", key))
+	r.forget(room)
+	r.log.Debug("room fenced", zap.Stringer("room", key), zap.Bool("done", true))
+	return true, nil
+}
+
+func (r *Receiver) forget(room *rxRoom) {
+	r.mu.Lock()
+	if r.rooms[room.key] == room {
+		delete(r.rooms, room.key)
+	}
+	r.mu.Unlock()
+}
+
+// letGoFence completes a pending fence on the connection goroutine that let go: the key is
+// forgotten first, so a FenceWait caller or OnFenced may expect it again at once.
+func (r *Receiver) letGoFence(room *rxRoom) {
+	r.forget(room)
+	close(room.letGo)
+	r.log.Debug("fenced room let go", zap.Stringer("room", room.key))
+	if f := r.cfg.OnFenced; f != nil {
+		f(room.key)
+	}
+}
+
+// interrupt runs FenceGrace after a fence that found a write in the room's pages: every
+// connection still reading a piece into them has its read made to fail now.
+func (r *Receiver) interrupt(room *rxRoom) {
+	room.mu.Lock()
+	n := 0
+	if room.grace != nil {
+		n = len(room.writing)
+	}
+	if n > 0 { // counted first, so whoever sees the fence end sees the count
+		r.interrupts.Add(1)
+		for _, c := range room.writing {
+			c.c.SetReadDeadline(time.Now())
+		}
+	}
+	room.mu.Unlock()
+	if n > 0 {
+		r.log.Warn("stalled io interrupted", zap.Stringer("room", room.key), zap.Int("conns", n),
+			zap.Duration("grace", r.cfg.FenceGrace))
+	}
 }
 
 func (r *Receiver) lookup(key Key) *rxRoom {

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -256,22 +257,39 @@ func (c *rxConn) write(room *rxRoom, dst []byte, crc uint32) (uint32, int, error
 			room.mu.Unlock()
 			return crc, off, errFenced
 		}
-		room.writers++
+		room.writing = append(room.writing, c)
+		// Armed under mu, so a fence's interrupt (which sets it to now, under mu) is never
+		// overwritten by the read it interrupts.
+		c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
 		room.mu.Unlock()
-		err := c.readFull(p)
+		_, err := io.ReadFull(c.c, p)
 		if err == nil {
 			crc = crc32.Update(crc, castagnoli, p)
 		}
-		room.mu.Lock()
-		if room.writers--; room.writers == 0 {
-			room.idle.Broadcast()
+		if c.leave(room) {
+			c.r.letGoFence(room)
 		}
-		room.mu.Unlock()
 		if err != nil {
 			return crc, off, err
 		}
 	}
 	return crc, len(dst), nil
+}
+
+// leave ends this connection's write into room and reports whether it was the last one a
+// pending fence waited for.
+func (c *rxConn) leave(room *rxRoom) bool {
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	if i := slices.Index(room.writing, c); i >= 0 {
+		room.writing = slices.Delete(room.writing, i, i+1)
+	}
+	if len(room.writing) > 0 || room.grace == nil {
+		return false
+	}
+	room.grace.Stop()
+	room.grace = nil
+	return true
 }
 
 func (c *rxConn) done(h *Header) error {
@@ -307,7 +325,7 @@ func (c *rxConn) done(h *Header) error {
 	case h.Seq != room.nextSeq || int64(h.Pages) != room.total || room.claimed != room.total:
 		err = fmt.Errorf("%w: done after %d chunks and %d pages, room has %d chunks, %d of %d pages",
 			ErrRejected, h.Seq, h.Pages, room.nextSeq, room.claimed, room.total)
-	case room.verified != room.total || room.writers > 0:
+	case room.verified != room.total || len(room.writing) > 0:
 		err = fmt.Errorf("%w: done while pages are still landing", ErrRejected)
 	case h.PayloadLen != uint64(len(aux)):
 		err = fmt.Errorf("%w: aux row of %d bytes, want %d", ErrAuxMismatch, h.PayloadLen, len(aux))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -37,6 +38,14 @@ type SenderConfig struct {
 	MinWriteRate int64
 	// RedialMin and RedialMax bound the redial backoff. Defaults 50ms and 5s.
 	RedialMin, RedialMax time.Duration
+	// FenceGrace is how long a Fence that returned false lets the write in progress for the
+	// room finish before it interrupts it (the connection's write deadline is set to now, so
+	// that connection breaks). Default 500ms.
+	FenceGrace time.Duration
+	// OnFenced, if set, is called once for a room whose Fence returned false, when the last
+	// worker reading its source pages lets go. It runs on a transfer goroutine, under no
+	// transfer lock, and must not block.
+	OnFenced func(Key)
 	// Dialer defaults to a *net.Dialer.
 	Dialer Dialer
 	// Auth runs the connection preface before any chunk. Default NoAuth.
@@ -73,9 +82,11 @@ func (c *SenderConfig) setDefaults() error {
 	def(&c.WriteTimeout, 5*time.Second)
 	def(&c.RedialMin, 50*time.Millisecond)
 	def(&c.RedialMax, 5*time.Second)
+	def(&c.FenceGrace, 500*time.Millisecond)
 	if c.ConnsPerPeer < 1 || c.ConnsPerPeer > 64 || c.MaxChunkBytes < 1 || c.MaxChunkBytes > maxChunkPayload ||
 		c.MaxInflightBytes < 1 || c.MinWriteRate < 1 || c.DialTimeout < 0 || c.IdleTimeout < 0 ||
-		c.KeepAlive <= 0 || c.KeepAlive >= c.IdleTimeout || c.WriteTimeout < 0 || c.RedialMin <= 0 || c.RedialMax < c.RedialMin {
+		c.KeepAlive <= 0 || c.KeepAlive >= c.IdleTimeout || c.WriteTimeout < 0 || c.RedialMin <= 0 || c.RedialMax < c.RedialMin ||
+		c.FenceGrace <= 0 {
 		return fmt.Errorf("%w: sender config out of range", ErrBadConfig)
 	}
 	if c.Dialer == nil {
@@ -101,8 +112,8 @@ type SendRequest struct {
 	Aux      []byte
 	// Done is called exactly once, from a sender goroutine, after no worker reads the
 	// room's source pages any more: with nil once the receiver confirmed every page and
-	// the aux row (I8), or with an *Error carrying a Reason. It is not called if Fence(Key)
-	// returns first. It must not block.
+	// the aux row (I8), or with an *Error carrying a Reason. It is not called once
+	// Fence(Key) was called. It must not block.
 	Done func(err error)
 }
 
@@ -117,7 +128,17 @@ type Sender struct {
 	jobs   map[Key]*job
 	closed bool
 	wg     sync.WaitGroup
+
+	interrupts atomic.Uint64
 }
+
+// SenderStats counts the sender's fence interventions.
+type SenderStats struct {
+	StalledInterrupts uint64 // writes interrupted because a fenced room's worker held on past FenceGrace
+}
+
+// Stats returns the sender's counters.
+func (s *Sender) Stats() SenderStats { return SenderStats{StalledInterrupts: s.interrupts.Load()} }
 
 var _ Transport = (*Sender)(nil)
 
@@ -171,10 +192,12 @@ func (s *Sender) RemovePeer(addr string) {
 
 // Send checks req's shape and its source pages against the local region (the pages it will
 // read), pairs and coalesces its page runs and queues it on the peer. It blocks while the
-// peer's in-flight budget is used up, until ctx ends. Nothing is read or sent for a request
-// that fails these checks. The destination pages are the receiver's to check: it refuses a
-// chunk naming a page outside its region or its room's destination before writing a byte,
-// and the room fails with reason invalid.
+// peer's in-flight budget is used up, until ctx ends or the room is fenced (ErrFenced, with
+// reason fenced: the fence's caller knows why the room ended); a Send that returns an error
+// charged nothing. Nothing is read or sent for a request that
+// fails these checks. The destination pages are the receiver's to check: it refuses a chunk
+// naming a page outside its region or its room's destination before writing a byte, and the
+// room fails with reason invalid.
 func (s *Sender) Send(ctx context.Context, req SendRequest) error {
 	s.mu.Lock()
 	p := s.peers[req.Peer]
@@ -193,14 +216,12 @@ func (s *Sender) Send(ctx context.Context, req SendRequest) error {
 	if err != nil {
 		return err
 	}
-	if err := p.acquire(ctx, j.charge); err != nil {
-		return err
-	}
 	j.peer = p
+	// The job is known before it waits for admission, so a Fence of its key finds it and
+	// ends the wait.
 	s.mu.Lock()
 	if _, dup := s.jobs[req.Key]; dup || s.closed {
 		s.mu.Unlock()
-		p.release(j.charge)
 		if dup {
 			return fmt.Errorf("%w: %v", ErrDuplicateRoom, req.Key)
 		}
@@ -208,6 +229,18 @@ func (s *Sender) Send(ctx context.Context, req SendRequest) error {
 	}
 	s.jobs[req.Key] = j
 	s.mu.Unlock()
+	if err := p.acquire(ctx, j.charge, j.fenceCh); err != nil {
+		j.finalize(nil, false)
+		return err
+	}
+	j.mu.Lock()
+	fenced := j.fenced
+	j.admitted = !fenced
+	j.mu.Unlock()
+	if fenced { // fenced between admission and here: the fence did not see the charge
+		p.release(j.charge)
+		return fail(ReasonFenced, ErrFenced)
+	}
 	if !p.enqueue(j) {
 		j.finish(fail(ReasonTransferError, ErrUnknownPeer))
 	}
@@ -224,8 +257,8 @@ func (s *Sender) plan(req SendRequest, peerLayout Layout) (*job, error) {
 	if n := len(req.Aux); n != 0 && int64(n) != peerLayout.Aux.RowLen {
 		return nil, fmt.Errorf("%w: aux row of %d bytes, peer rows are %d", ErrAuxMismatch, n, peerLayout.Aux.RowLen)
 	}
-	j := &job{s: s, req: req, aux: append([]byte(nil), req.Aux...), segs: make([][]Segment, len(req.Src))}
-	j.idle.L = &j.mu
+	j := &job{s: s, req: req, aux: append([]byte(nil), req.Aux...), segs: make([][]Segment, len(req.Src)),
+		fenceCh: make(chan struct{})}
 	for i := range req.Src {
 		if err := ValidateRuns(req.Src[i], local.Buffers[i].Pages()); err != nil {
 			return nil, fmt.Errorf("buffer %d source: %w", i, err)
@@ -246,25 +279,52 @@ func (s *Sender) plan(req SendRequest, peerLayout Layout) (*job, error) {
 	return j, nil
 }
 
-// Fence stops the room: it waits until no worker reads its source pages and makes sure none
-// will again (I9). After it returns, the room's Done callback has completed or will never
-// run. Unknown keys are ignored. It waits for at most the write in progress, which is bounded
-// by its deadline (WriteTimeout + bytes/MinWriteRate).
-func (s *Sender) Fence(key Key) {
+// Fence stops the room and returns at once: no worker starts reading its source pages
+// again, its queued work and budget are dropped, a Send of it waiting for admission returns
+// ErrFenced, and its Done callback will not run (if Done is running, Fence returns after it).
+// done is true when no worker reads the room's pages now (I9). Otherwise the worker that lets
+// go calls OnFenced(key); a write still in progress after FenceGrace is interrupted, which
+// breaks its connection, so every fence completes within FenceGrace plus one chunk write.
+// Repeating a pending Fence returns false and changes nothing. Unknown keys are done.
+func (s *Sender) Fence(key Key) (done bool) {
+	done, _ = s.fence(key)
+	return done
+}
+
+// FenceWait fences the room and waits until no worker reads its source pages (I9).
+func (s *Sender) FenceWait(key Key) {
+	if done, letGo := s.fence(key); !done {
+		<-letGo
+	}
+}
+
+func (s *Sender) fence(key Key) (bool, <-chan struct{}) {
 	s.mu.Lock()
 	j := s.jobs[key]
 	s.mu.Unlock()
 	if j == nil {
-		return
+		return true, nil
 	}
 	j.mu.Lock()
-	j.stopped = true
-	for j.readers > 0 {
-		j.idle.Wait()
+	if !j.fenced {
+		j.fenced, j.stopped = true, true
+		close(j.fenceCh)
+	}
+	if j.readers > 0 {
+		if j.letGo == nil {
+			j.letGo = make(chan struct{})
+			j.grace = time.AfterFunc(s.cfg.FenceGrace, j.interrupt)
+		}
+		letGo := j.letGo
+		j.mu.Unlock()
+		s.log.Debug("room fenced", zap.Stringer("room", key), zap.Bool("done", false))
+		return false, letGo
 	}
 	j.mu.Unlock()
+	j.peer.drop(j)
 	j.finalize(nil, false)
-	s.log.Debug("room fenced", zap.Stringer("room", key))
+	s.log.Debug("room fenced", zap.Stringer("room", key), zap.Bool("done", true))
+	return true, nil
 }
 
 // Close stops every peer; unfinished rooms fail with transfer_error. It waits for all
@@ -282,25 +342,32 @@ func (s *Sender) Close() error {
 	return nil
 }
 
-// job is one room on the sender. The fence protocol mirrors the receiver's: the writer
+// job is one room on the sender. The fence protocol mirrors the receiver's: a worker
 // increments readers under mu only while the job is not stopped, reads the source pages
-// (checksum and socket write), then decrements; Fence sets stopped and waits for zero.
+// (checksum and socket write), then decrements; Fence sets stopped, and the decrement that
+// reaches zero after it hands the room back (letGoFence).
 type job struct {
 	s      *Sender
-	peer   *peer
+	peer   *peer // immutable once the job is in Sender.jobs
 	req    SendRequest
 	aux    []byte
 	segs   [][]Segment
 	pages  int64
 	charge int64
+	// fenceCh is closed by the first Fence; it ends a wait for admission.
+	fenceCh chan struct{}
 
 	mu        sync.Mutex
-	idle      sync.Cond
 	readers   int
-	stopped   bool // fenced or failed: no further read of source pages
+	tc        *txConn // the connection whose writer holds the job, nil before
+	stopped   bool    // fenced or failed: no further read of source pages
+	fenced    bool
+	admitted  bool // charge is held in peer.inflight
 	writing   bool // a connection's writer holds the job
 	hasResult bool
 	result    error
+	letGo     chan struct{} // made by a Fence that found readers; closed when they let go
+	grace     *time.Timer   // interrupts the stalled write of a pending fence
 	once      sync.Once
 }
 
@@ -315,12 +382,68 @@ func (j *job) acquire() bool {
 	return true
 }
 
+// acquireWrite is acquire for the connection writer about to write n bytes of the job: it
+// also arms the write deadline under mu, so an interrupt (which sets it to now, under mu)
+// can never be overwritten by the write it interrupts.
+func (j *job) acquireWrite(tc *txConn, n int64) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.stopped {
+		return false
+	}
+	j.readers++
+	j.tc = tc
+	tc.armWrite(n)
+	return true
+}
+
+// release ends a read of the source pages. The last reader to let go may be the checksum
+// goroutine, after the writer gave the job up and its outcome was recorded: then it
+// finalizes the job, as finish and setWriting would have had the read been over.
 func (j *job) release() {
 	j.mu.Lock()
-	if j.readers--; j.readers == 0 {
-		j.idle.Broadcast()
+	j.readers--
+	letGo := j.readers == 0 && j.letGo != nil && j.grace != nil
+	if letGo {
+		j.grace.Stop()
+		j.grace = nil // marks the pending fence as handed back
+	}
+	ready := j.readers == 0 && !j.writing && j.hasResult
+	res := j.result
+	j.mu.Unlock()
+	switch {
+	case letGo:
+		j.letGoFence()
+	case ready:
+		j.finalize(res, true)
+	}
+}
+
+// letGoFence completes a pending fence on the worker that let go: the budget and key are
+// freed first, so a FenceWait caller or OnFenced may reuse the key at once.
+func (j *job) letGoFence() {
+	j.finalize(nil, false)
+	close(j.letGo)
+	j.s.log.Debug("fenced room let go", zap.Stringer("room", j.req.Key))
+	if f := j.s.cfg.OnFenced; f != nil {
+		f(j.req.Key)
+	}
+}
+
+// interrupt runs FenceGrace after a fence that found a worker in the room's pages: if the
+// worker still holds them, the write in progress is made to fail now.
+func (j *job) interrupt() {
+	j.mu.Lock()
+	stalled := j.grace != nil && j.readers > 0 && j.tc != nil
+	if stalled { // counted first, so whoever sees the fence end sees the count
+		j.s.interrupts.Add(1)
+		j.tc.conn.SetWriteDeadline(time.Now())
 	}
 	j.mu.Unlock()
+	if stalled {
+		j.s.log.Warn("stalled io interrupted", zap.Stringer("room", j.req.Key), zap.String("peer", j.req.Peer),
+			zap.Duration("grace", j.s.cfg.FenceGrace))
+	}
 }
 
 // finish records the room's outcome (first one wins) and finalizes once the writer has let
@@ -361,7 +484,12 @@ func (j *job) finalize(err error, callDone bool) {
 			delete(j.s.jobs, j.req.Key)
 		}
 		j.s.mu.Unlock()
-		if j.peer != nil {
+		j.mu.Lock()
+		charged := j.admitted
+		j.admitted = false
+		callDone = callDone && !j.fenced
+		j.mu.Unlock()
+		if charged {
 			j.peer.release(j.charge)
 		}
 		if !callDone {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,7 +39,9 @@ func newPeer(s *Sender, addr string, layout Layout) *peer {
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
-func (p *peer) acquire(ctx context.Context, n int64) error {
+// acquire takes n bytes of the in-flight budget, waiting while it is used up until ctx ends,
+// the peer closes or fenced is closed (ErrFenced, reason fenced).
+func (p *peer) acquire(ctx context.Context, n int64, fenced <-chan struct{}) error {
 	for {
 		p.mu.Lock()
 		if p.closed {
@@ -57,6 +60,8 @@ func (p *peer) acquire(ctx context.Context, n int64) error {
 			return ctx.Err()
 		case <-p.done:
 			return ErrClosed
+		case <-fenced:
+			return fail(ReasonFenced, ErrFenced)
 		case <-ch:
 		}
 	}
@@ -77,16 +82,31 @@ func (p *peer) signal() {
 	}
 }
 
+// enqueue queues an admitted job; one fenced meanwhile is left out (its fence freed it).
 func (p *peer) enqueue(j *job) bool {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return false
 	}
-	p.queue = append(p.queue, j)
+	j.mu.Lock()
+	fenced := j.fenced
+	j.mu.Unlock()
+	if !fenced {
+		p.queue = append(p.queue, j)
+	}
 	p.mu.Unlock()
 	p.signal()
 	return true
+}
+
+// drop removes a fenced job from the queue, if it is still there.
+func (p *peer) drop(j *job) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i := slices.Index(p.queue, j); i >= 0 {
+		p.queue = slices.Delete(p.queue, i, i+1)
+	}
 }
 
 // pop hands the next job that is not stopped to a writer, or nil.
@@ -269,9 +289,19 @@ func (tc *txConn) writeLoop() error {
 	}
 }
 
+// write writes n bytes under a deadline scaled by their size.
 func (tc *txConn) write(iov [][]byte, n int64) error {
+	tc.armWrite(n)
+	return tc.writeArmed(iov)
+}
+
+func (tc *txConn) armWrite(n int64) {
 	cfg := &tc.p.s.cfg
 	tc.conn.SetWriteDeadline(deadlineFor(cfg.WriteTimeout, n, cfg.MinWriteRate))
+}
+
+// writeArmed writes iov under the deadline armWrite set.
+func (tc *txConn) writeArmed(iov [][]byte) error {
 	bufs := net.Buffers(iov)
 	_, err := bufs.WriteTo(tc.conn)
 	return err
@@ -394,16 +424,16 @@ func (tc *txConn) writeJob(j *job) (bool, error) {
 				return false, nil // stopped by Fence
 			}
 		}
-		if !j.acquire() {
-			return false, nil
-		}
 		tc.meta = AppendRuns(append(tc.meta[:0], make([]byte, HeaderSize)...), c.runs)
 		h := Header{Type: FrameChunk, Flags: flags, Room: j.req.Key.Room, Nonce: j.req.Key.Nonce, Seq: uint32(seq),
 			Buffer: uint32(c.buf), NumRuns: uint32(len(c.runs)), Pages: uint32(CountPages(c.runs)),
 			PayloadLen: uint64(c.bytes), PayloadCRC: crc, RunsCRC: RunsChecksum(tc.meta[HeaderSize:])}
 		h.Encode(tc.meta)
 		c.iov[0] = tc.meta
-		err := tc.write(c.iov, int64(len(tc.meta))+c.bytes)
+		if !j.acquireWrite(tc, int64(len(tc.meta))+c.bytes) {
+			return false, nil
+		}
+		err := tc.writeArmed(c.iov)
 		j.release()
 		if err != nil {
 			return false, err

@@ -127,13 +127,16 @@ type Transport interface {
 	// RemovePeer forgets a peer; its rooms fail with transfer_error.
 	RemovePeer(addr string)
 	// Send validates req and queues it. It blocks while the peer's in-flight byte budget is
-	// used up (backpressure) until ctx ends. On a nil return req.Done is called exactly once,
-	// unless Fence(req.Key) returns first.
+	// used up (backpressure) until ctx ends or the room is fenced (ErrFenced). On a nil
+	// return req.Done is called exactly once, unless Fence(req.Key) is called first.
 	Send(ctx context.Context, req SendRequest) error
-	// Fence stops the room: it returns only once no worker reads the room's source pages
-	// and guarantees none will again (I9). After Fence returns the room's Done callback has
-	// either completed or will never run.
-	Fence(key Key)
+	// Fence stops the room and returns at once: no worker starts reading its source pages
+	// again and its Done callback will not run. done reports that no worker reads them now
+	// (I9); otherwise the implementation's OnFenced callback reports the moment the last
+	// one lets go, within its FenceGrace plus one write.
+	Fence(key Key) (done bool)
+	// FenceWait is Fence followed by the wait for the last worker to let go.
+	FenceWait(key Key)
 	Close() error
 }
 
@@ -142,9 +145,13 @@ type Transport interface {
 type Sink interface {
 	// Expect registers a room's destination pages and aux row before its bytes may land.
 	Expect(e Expectation) error
-	// Fence ends the room: it returns once no write for the room is in progress and
-	// guarantees no later byte is written for it (R7). It also forgets the room.
-	Fence(key Key)
+	// Fence ends the room and returns at once: no later byte is written for it (R7) and it
+	// is forgotten. done reports that no write for it is in progress (I9); otherwise the
+	// implementation's OnFenced callback reports the moment the last one ends, within its
+	// FenceGrace plus one piece.
+	Fence(key Key) (done bool)
+	// FenceWait is Fence followed by the wait for the write in progress to end.
+	FenceWait(key Key)
 	Close() error
 }
 
