@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 )
 
 // An iperf3 run that moved nothing is no reference: with a zero rate the
@@ -38,8 +40,11 @@ func TestIperf3RunThatMovedNothingIsNoReference(t *testing.T) {
 // `pdctl bench --json --profile DIR` reports every figure issue 12 asks
 // for, each in its unit and consistent with the others, and leaves a CPU
 // profile of each daemon. A short run: 6 rooms of 256 tokens, 16-token
-// chunks, forward passes at the default 20,000 tokens/s (0.8 ms a chunk).
+// chunks, forward passes at 2,000 tokens/s (8 ms a chunk: long next to
+// a loaded machine's timer wake-ups, see below).
 func TestBenchJSONReportsEveryFigureAndProfilesBothDaemons(t *testing.T) {
+	const tokensPerS, chunkTokens, chunks = 2000, 16, 16
+	pass := time.Duration(chunkTokens) * time.Second / tokensPerS
 	bin, profiles := daemons(t), t.TempDir()
 	root := newRootCommand()
 	var out, errOut bytes.Buffer
@@ -47,7 +52,8 @@ func TestBenchJSONReportsEveryFigureAndProfilesBothDaemons(t *testing.T) {
 	root.SetErr(&errOut)
 	root.SetArgs([]string{"bench", "--bin-dir", bin, "--json", "--profile", profiles,
 		"--requests", "6", "--concurrency", "2", "--layers", "1", "--bytes-per-token", "1024", "--pages", "64",
-		"--min-tokens", "256", "--max-tokens", "256", "--chunk-pages", "1"})
+		"--min-tokens", "256", "--max-tokens", "256", "--chunk-pages", "1",
+		"--prefill-tokens-per-s", strconv.Itoa(tokensPerS)})
 	if err := root.Execute(); err != nil {
 		t.Fatalf("pdctl bench: %v\n%s", err, errOut.String())
 	}
@@ -86,11 +92,16 @@ func TestBenchJSONReportsEveryFigureAndProfilesBothDaemons(t *testing.T) {
 		t.Fatalf("%v failures, %v GB moved; want none and 6 rooms of 256 KiB", num("failures"), gb)
 	}
 	near("gb_per_s", num("gb_per_s"), gb/num("seconds"))
-	near("prefill_tokens_per_s", num("prefill_tokens_per_s"), 20000)
-	// Each room's 16 chunks come one forward pass (0.8 ms) apart: from
-	// its first Send to Success takes at least 15 passes, 12 ms.
-	if p50, p99 := num("first_send_to_success_p50_ms"), num("first_send_to_success_p99_ms"); p50 < 12 || p99 < p50 {
-		t.Errorf("first Send -> Success p50 %v ms, p99 %v ms: want p50 >= 12 ms (15 forward passes) and p99 >= p50", p50, p99)
+	near("prefill_tokens_per_s", num("prefill_tokens_per_s"), tokensPerS)
+	// Each room's chunks come one forward pass apart: its last Send waits
+	// for the end of its last pass, booked chunks-1 passes after the end
+	// of its first. The first Send goes out when the scheduler wakes after
+	// the first pass, late by a timer wake-up on a loaded machine (at
+	// 0.8 ms a pass, p50 came out at 10.9 ms of a 12 ms "bound"): allow one
+	// pass for it.
+	minMS := float64((chunks-2)*pass) / float64(time.Millisecond)
+	if p50, p99 := num("first_send_to_success_p50_ms"), num("first_send_to_success_p99_ms"); p50 < minMS || p99 < p50 {
+		t.Errorf("first Send -> Success p50 %v ms, p99 %v ms: want p50 >= %v ms (%d forward passes of %v) and p99 >= p50", p50, p99, minMS, chunks-2, pass)
 	}
 	if p50, p99 := num("last_chunk_to_success_p50_ms"), num("last_chunk_to_success_p99_ms"); p50 <= 0 || p99 < p50 || p50 > num("first_send_to_success_p50_ms") {
 		t.Errorf("last chunk -> Success p50 %v ms, p99 %v ms: want 0 < p50 <= p99 and p50 <= first Send -> Success p50", p50, p99)

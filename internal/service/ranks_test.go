@@ -49,7 +49,7 @@ func TestCompletionOfAnotherRankDoesNotCompleteTheRoom_R11(t *testing.T) {
 		t.Fatal(err)
 	}
 	node := &tableNode{t: table}
-	d := NewDecodeData(transfer.ReceiverConfig{}, zaptest.NewLogger(t))
+	d := NewDecodeData(transfer.KindTCP, transfer.ReceiverConfig{}, zaptest.NewLogger(t))
 	d.SetNode(node)
 	room := poll.Key{Room: 7, Nonce: 42}
 	node.step(poll.Event{Kind: poll.EvOpen, Key: room, Peer: 1, Ranks: 2})
@@ -85,7 +85,7 @@ func TestCompletionOfAnotherRankDoesNotCompleteTheRoom_R11(t *testing.T) {
 // ends that expectation and the room's key may be expected again.
 func TestDecodeFenceEndsTheExpectationOfItsRank(t *testing.T) {
 	reg := newRegion(t)
-	d := NewDecodeData(transfer.ReceiverConfig{}, zaptest.NewLogger(t))
+	d := NewDecodeData(transfer.KindTCP, transfer.ReceiverConfig{}, zaptest.NewLogger(t))
 	d.SetNode(&tableNode{})
 	if _, err := d.slot.register(reg.path, layoutPB(reg.layout)); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package testbed
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/pdlink/pdlink/internal/sim"
@@ -26,6 +27,7 @@ type Background struct {
 	stop   chan struct{}
 	once   sync.Once
 	report chan *sim.Report
+	ended  atomic.Int64
 }
 
 // StartBackground runs w on s (w.Requests, Progress and Stop are set here)
@@ -37,6 +39,7 @@ func StartBackground(ctx context.Context, t testing.TB, s *sim.Sim, w sim.Config
 	var warmOnce sync.Once
 	w.Requests, w.Stop = BackgroundBound, b.stop
 	w.Progress = func(done, _ int) {
+		b.ended.Add(1)
 		if done >= warm {
 			warmOnce.Do(func() { close(warmed) })
 		}
@@ -55,6 +58,10 @@ func StartBackground(ctx context.Context, t testing.TB, s *sim.Sim, w sim.Config
 	})
 	return b
 }
+
+// Ended is how many requests ended so far: a test that needs rooms to run
+// after some moment (a reload, a heal) reads it then and waits for more.
+func (b *Background) Ended() int { return int(b.ended.Load()) }
 
 // Stop makes the workload start no more requests; those in flight run to
 // their end. It does not wait.

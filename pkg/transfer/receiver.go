@@ -174,10 +174,10 @@ type rxRoom struct {
 // Expect registers a room's rank. Dst must have one entry per buffer; AuxRow must be a row
 // of the region (or -1 when the region has no aux rows to fill). It fails with
 // ErrDuplicateRoom if the key, rank included, is live; another rank of the same room is
-// another key (but see the package doc, Ranks on the wire). The destination pages are not checked here: the caller's edge checked
-// them once (ValidateRuns), and every chunk is checked against the region and against Dst
-// before a byte is written, so a page outside the region or named twice fails the room
-// (reason invalid) and is never written.
+// another key (but see the package doc, Ranks on the wire). The destination pages are not
+// checked here: the caller's edge checked them once (ValidateRuns), and every chunk is
+// checked against the region and against Dst before a byte is written, so a page outside
+// the region or named twice fails the room (reason invalid) and is never written.
 func (r *Receiver) Expect(e Expectation) error {
 	l := r.region.Layout()
 	if len(e.Dst) != len(l.Buffers) {

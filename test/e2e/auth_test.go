@@ -6,12 +6,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pdlink/pdlink/internal/proc"
 	"github.com/pdlink/pdlink/internal/sim"
+	"github.com/pdlink/pdlink/internal/testbed"
 )
 
 func tokenFile(t *testing.T, token string) string {
@@ -88,60 +89,66 @@ func TestSharedTokenWorksAndAWrongTokenIsRefusedAndCounted(t *testing.T) {
 // token file that went bad on SIGHUP keeps the daemon running on the
 // tokens in force and counts a reload error.
 func TestTokenRotationUnderLoadKeepsRoomsSucceeding(t *testing.T) {
+	const promoteDelay, afterPromotion = time.Second, 20
 	file := tokenFile(t, strings.Repeat("o", 40))
-	pre, dec, cfg := pairProcs(t, "--auth-token-file="+file, "--auth-token-promote-delay=1s", "--auth-token-overlap=10s")
+	pre, dec, cfg := pairProcs(t, "--auth-token-file="+file, "--auth-token-promote-delay="+promoteDelay.String(), "--auth-token-overlap=10s")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cfg.Requests, cfg.Concurrency, cfg.Tick = 600, 2, 2*time.Millisecond
+	cfg.Concurrency, cfg.Tick = 2, 2*time.Millisecond
 	engines, err := sim.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer engines.Close()
-	oldTokenRooms := make(chan struct{}) // closed once rooms have ended on the old token
-	var once sync.Once
-	cfg.Progress = func(n, _ int) {
-		if n >= 20 {
-			once.Do(func() { close(oldTokenRooms) })
-		}
-	}
-	done := make(chan *sim.Report, 1)
-	go func() {
-		rep, err := engines.Run(ctx, cfg)
-		if err != nil {
-			t.Error(err)
-		}
-		done <- rep
-	}()
+	// The rooms run until both daemons sign with the new token and rooms
+	// ran on it: a fixed number of rooms could all end before the reloads
+	// or the promotions on a fast machine, and prove nothing.
+	bg := testbed.StartBackground(ctx, t, engines, cfg, 20)
 	select {
-	case <-oldTokenRooms:
+	case <-bg.Warm: // rooms ended on the old token
 	case <-ctx.Done():
 		t.Fatal("no room ended on the old token")
 	}
 	if err := os.WriteFile(file, []byte(strings.Repeat("n", 40)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []interface{ Signal(os.Signal) error }{pre.Cmd.Process, dec.Cmd.Process} {
-		if err := p.Signal(syscall.SIGHUP); err != nil {
+	reloadsOK := func(p *proc.Process) float64 {
+		return metric(t, p.HTTPAddr, `pdlink_auth_token_reloads_total{result="ok"`)
+	}
+	// A rolling reload, not an atomic one: decoded reloads once prefilld did.
+	for _, p := range []*proc.Process{pre, dec} {
+		if err := p.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond) // a rolling reload, not an atomic one
+		if _, ok := testbed.Eventually(10*time.Second, func() bool { return reloadsOK(p) == 1 }); !ok {
+			t.Fatalf("%s counted no reload 10s after its SIGHUP", p.Name)
+		}
 	}
-	rep := <-done
+	// Each daemon promotes the new token promoteDelay after its reload,
+	// which was counted by now; then rooms run on the new token alone.
+	promoted := time.Now().Add(promoteDelay)
+	ended := -1
+	if _, ok := testbed.Eventually(30*time.Second, func() bool {
+		if time.Now().Before(promoted) {
+			return false
+		}
+		if ended < 0 {
+			ended = bg.Ended()
+		}
+		return bg.Ended() >= ended+afterPromotion
+	}); !ok {
+		t.Fatalf("fewer than %d rooms ended after the promotions", afterPromotion)
+	}
+	rep := bg.Report()
 	if rep == nil {
 		t.Fatal("no report")
 	}
-	if rep.Outcomes["decode:success"] != cfg.Requests || rep.Corrupt != 0 {
-		t.Fatalf("rooms failed during the rotation: %v", rep.Outcomes)
+	if rep.Outcomes["decode:success"] != rep.Requests || rep.Outcomes["prefill:success"] != rep.Requests || rep.Corrupt != 0 {
+		t.Fatalf("rooms failed during the rotation: %d rooms, %v", rep.Requests, rep.Outcomes)
 	}
-	// The workload must outlast both promotions (reloads ~0.3 s apart,
-	// promote delay 1 s) or the test proves nothing.
-	if rep.Elapsed < 2*time.Second {
-		t.Fatalf("workload ended after %v, before both daemons signed with the new token", rep.Elapsed)
-	}
-	for _, p := range []string{pre.HTTPAddr, dec.HTTPAddr} {
-		if n := metric(t, p, `pdlink_auth_token_reloads_total{result="ok"`); n != 1 {
-			t.Errorf("%s reloads ok = %v, want 1", p, n)
+	for _, p := range []*proc.Process{pre, dec} {
+		if n := reloadsOK(p); n != 1 {
+			t.Errorf("%s reloads ok = %v, want 1", p.Name, n)
 		}
 	}
 	// A broken file on the next SIGHUP: counted, and the daemon serves on.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -13,19 +14,28 @@ import (
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/internal/sim"
+	"github.com/pdlink/pdlink/internal/testbed"
 )
 
-// pdctl watch streams transitions from either daemon and pdctl rooms
-// lists a live room with its state.
+// pdctl watch streams transitions from either daemon until interrupted
+// (or for --for), and pdctl rooms lists a live room with its state.
 func TestPdctlWatchAndRooms(t *testing.T) {
 	pre, dec, cfg := pairProcs(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
+	// --for ends a watch on its own and that is a clean exit.
+	if out, err := exec.CommandContext(ctx, bin("pdctl"), "watch", "--addr", "unix://"+pre.GRPCAddr, "--for", "200ms").CombinedOutput(); err != nil {
+		t.Fatalf("pdctl watch --for 200ms: %v\n%s", err, out)
+	}
+
+	// The watchers run until they saw the rooms succeed, then are
+	// interrupted: a --for window would start at the process start, and on
+	// a loaded machine the rooms could end after it.
 	var watchers []*exec.Cmd
 	var outs []*syncBuilder
 	for _, p := range []string{pre.GRPCAddr, dec.GRPCAddr} {
-		cmd := exec.CommandContext(ctx, bin("pdctl"), "watch", "--addr", "unix://"+p, "--for", "4s")
+		cmd := exec.CommandContext(ctx, bin("pdctl"), "watch", "--addr", "unix://"+p)
 		out := &syncBuilder{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
@@ -33,14 +43,14 @@ func TestPdctlWatchAndRooms(t *testing.T) {
 		}
 		watchers, outs = append(watchers, cmd), append(outs, out)
 	}
-	for _, o := range outs { // each watcher says when it is subscribed
-		deadline := time.Now().Add(10 * time.Second)
-		for !strings.Contains(o.String(), "watching ") {
-			if time.Now().After(deadline) {
-				t.Fatalf("pdctl watch never subscribed: %s", o)
-			}
-			time.Sleep(10 * time.Millisecond)
+	waitOutput := func(o *syncBuilder, what, want string) {
+		t.Helper()
+		if _, ok := testbed.Eventually(20*time.Second, func() bool { return strings.Contains(o.String(), want) }); !ok {
+			t.Fatalf("pdctl watch %s within 20s:\n%s", what, o)
 		}
+	}
+	for _, o := range outs { // each watcher says when it is subscribed
+		waitOutput(o, "never subscribed", "watching ")
 	}
 	cfg.Requests, cfg.Concurrency = 5, 2
 	rep, err := sim.Run(ctx, cfg)
@@ -48,11 +58,12 @@ func TestPdctlWatchAndRooms(t *testing.T) {
 		t.Fatalf("sim: %v %v", rep, err)
 	}
 	for i, w := range watchers {
-		if err := w.Wait(); err != nil {
-			t.Fatalf("pdctl watch: %v\n%s", err, outs[i])
+		waitOutput(outs[i], "saw no success", "-> success")
+		if err := w.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
 		}
-		if !strings.Contains(outs[i].String(), "-> success") {
-			t.Errorf("pdctl watch saw no success:\n%s", outs[i])
+		if err := w.Wait(); err != nil {
+			t.Fatalf("pdctl watch after an interrupt: %v\n%s", err, outs[i])
 		}
 	}
 
