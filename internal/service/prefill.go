@@ -229,6 +229,12 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	if err != nil {
 		return err
 	}
+	return d.take(ctx, req, region, src, false)
+}
+
+// take checks a Send against its room and appends its pages; stepped says
+// the room's FirstSend was already stepped for this Send.
+func (d *PrefillData) take(ctx context.Context, req *pb.SendRequest, region *transfer.Region, src []transfer.Run, stepped bool) error {
 	d.mu.Lock()
 	r := d.waitBound(ctx, poll.RoomID(req.RoomId))
 	if r == nil {
@@ -270,6 +276,18 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 		}
 		aux = region.AuxRow(int64(req.AuxIndex))
 	}
+	if !stepped {
+		// The room moves to Transferring (a later Send's refreshes its
+		// idle deadline) before its pages may go: a transfer completing
+		// first would leave decode's Success no state to land on. All is
+		// checked again after, as another Send may have come in between.
+		key := r.key
+		d.mu.Unlock()
+		if err := d.node.FirstSend(key.Room); err != nil {
+			return d.notSendable(key.Room, err)
+		}
+		return d.take(ctx, req, region, src, true)
+	}
 	nbuf := len(region.Layout().Buffers)
 	key, tk := r.key, d.slot.key(r.key)
 	if !r.opened {
@@ -299,10 +317,6 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	r.started = req.Last
 	sender := d.sender
 	d.mu.Unlock()
-
-	if err := d.node.FirstSend(key.Room); err != nil {
-		return d.notSendable(key.Room, err)
-	}
 	if !req.Last {
 		return nil
 	}
