@@ -129,7 +129,7 @@ func (n *DecodeNode) Abort(ctx context.Context, room poll.RoomID, reason poll.Re
 func (n *DecodeNode) Subscribe(buf int) *Subscription { return n.subscribe(buf) }
 
 // Peers returns the prefill daemons this node talks to.
-func (n *DecodeNode) Peers() []PeerInfo { return n.link.peers() }
+func (n *DecodeNode) Peers() []PeerInfo { return n.link.peerInfos() }
 
 // Counters returns the frame and peer counters.
 func (n *DecodeNode) Counters() Counters { return n.link.counters() }
@@ -171,7 +171,7 @@ func (n *DecodeNode) farewell(t target)        { n.link.farewell(t) }
 func (n *DecodeNode) fence(k poll.Key) bool { return n.dp.Fence(k) }
 func (n *DecodeNode) forget(k poll.Key)     { n.dp.Forget(k) }
 
-// The room side of the decode link (decodeRoomSide).
+// The room side of the decode link (roomSide, link.go).
 
 func (n *DecodeNode) peerLost(id poll.PeerID) {
 	_ = n.step(poll.Event{Kind: poll.EvPeerLost, Peer: id})
@@ -186,9 +186,9 @@ func (n *DecodeNode) peerGone(id poll.PeerID, fields ...zap.Field) { n.peerDepar
 func (n *DecodeNode) liveRooms() uint32 { return uint32(n.Stats().Inflight) }
 
 // frameIn applies a room frame from the prefill instance behind from.
-func (n *DecodeNode) frameIn(from sessTarget, ft FrameType, env *pdlinkv1.Envelope) ackResult {
+func (n *DecodeNode) frameIn(from target, ft FrameType, env *pdlinkv1.Envelope) ackResult {
 	if n.dcfg.roomFrameHook != nil {
-		n.dcfg.roomFrameHook(from.id, env.GetSeq(), ft)
+		n.dcfg.roomFrameHook(from.peerID(), env.GetSeq(), ft)
 	}
 	switch ft {
 	case FrameAbort:
@@ -201,10 +201,10 @@ func (n *DecodeNode) frameIn(from sessTarget, ft FrameType, env *pdlinkv1.Envelo
 		}
 		r, _ := poll.ParseReason(st.GetReason())
 		key := poll.Key{Room: poll.RoomID(st.GetRoomId()), Nonce: poll.Nonce(st.GetNonce())}
-		a, _ := n.stepFrame(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from.id, Reason: r})
+		a, _ := n.stepFrame(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from.peerID(), Reason: r})
 		return a
 	case FrameAbortAck:
-		n.log.Debug("abort acknowledged", zap.Uint64("room", env.GetAbortAck().GetRoomId()), zap.String("addr", from.s.addr))
+		n.log.Debug("abort acknowledged", zap.Uint64("room", env.GetAbortAck().GetRoomId()), zap.Uint32("peer", uint32(from.peerID())))
 		return ackApplied
 	default: // REGISTER, METADATA: decode never receives them
 		return ackRejected(RejectInvalid)

@@ -11,31 +11,6 @@ import (
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
-// decodeRoomSide is what a decode link delivers to the room side (the
-// DecodeNode) and asks of it. Every delivery is a direct call on the
-// goroutine that read the frame (a session's receive worker) or on the tick
-// worker; the owner goroutine of PLAN step 3 turns these calls into Events.
-// Deliveries about one peer come in the order the transport delivered the
-// frames.
-type decodeRoomSide interface {
-	// frameIn is a valid, non-duplicate room frame (ABORT, STATUS,
-	// ABORT_ACK, or one decode never receives) from the prefill instance
-	// behind from; the answer is the frame's ACK. from is the handle to
-	// pass back to the link's send for replies about the frame.
-	frameIn(from sessTarget, ft FrameType, env *pdlinkv1.Envelope) ackResult
-	// peerLost: the prefill behind id was silent for HeartbeatMisses
-	// intervals.
-	peerLost(id poll.PeerID)
-	// peerRestarted: a new instance replaced old behind the same session,
-	// now known as id; the REGISTER to it is already on its way, and the
-	// old instance's queued frames are dropped after this returns.
-	peerRestarted(old, id poll.PeerID)
-	// peerGone: the prefill behind id said goodbye; the link forgot it.
-	peerGone(id poll.PeerID, fields ...zap.Field)
-	// liveRooms is the live-room count heartbeats carry.
-	liveRooms() uint32
-}
-
 // decodeLink is decoded's link: one session per prefill address (dialed
 // lazily, registered first, registered again after the prefill restarts),
 // heartbeats and liveness, dedupe per prefill incarnation, GOODBYE and
@@ -48,7 +23,7 @@ type decodeLink struct {
 	*core
 	dataEndpoint string
 	layouts      func() []*pdlinkv1.RegionLayout
-	room         decodeRoomSide
+	room         roomSide
 
 	smu      sync.Mutex
 	sessions map[string]*prefillSession // by bootstrap address
@@ -57,7 +32,7 @@ type decodeLink struct {
 	departed map[*prefillSession]int64 // said goodbye: Conn open until then + a heartbeat bound
 }
 
-func newDecodeLink(c *core, dataEndpoint string, layouts func() []*pdlinkv1.RegionLayout, room decodeRoomSide) *decodeLink {
+func newDecodeLink(c *core, dataEndpoint string, layouts func() []*pdlinkv1.RegionLayout, room roomSide) *decodeLink {
 	return &decodeLink{core: c, dataEndpoint: dataEndpoint, layouts: layouts, room: room,
 		sessions: make(map[string]*prefillSession), byID: make(map[poll.PeerID]*prefillSession)}
 }
@@ -277,8 +252,8 @@ func (l *decodeLink) closeSessions() {
 	}
 }
 
-// peers returns the prefill daemons this link talks to.
-func (l *decodeLink) peers() []PeerInfo {
+// peerInfos returns the prefill daemons this link talks to.
+func (l *decodeLink) peerInfos() []PeerInfo {
 	l.smu.Lock()
 	defer l.smu.Unlock()
 	out := make([]PeerInfo, 0, len(l.sessions))
