@@ -63,8 +63,7 @@ func (c *core) sayGoodbye(ctx context.Context) {
 // peer reason shutdown), frames queued for it are dropped, and it is
 // counted as a goodbye, not as lost.
 func (c *core) peerDeparted(id poll.PeerID, fields ...zap.Field) {
-	c.ctr.peerGoodbyes.Add(1)
-	dropped := c.out.cancelPeer(id)
+	dropped := c.lk.departed(id)
 	rooms := c.roomsBoundTo(id)
 	c.log.Info("peer said goodbye", append(fields, zap.Uint32("peer", uint32(id)),
 		zap.Int("rooms_failed", len(rooms)), zap.Int("frames_dropped", dropped))...)

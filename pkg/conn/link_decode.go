@@ -20,7 +20,7 @@ import (
 // fields of the shared core (the room table's neighbour); only link code
 // touches them outside the core's own retransmit and drain waits.
 type decodeLink struct {
-	*core
+	linkBase
 	dataEndpoint string
 	layouts      func() []*pdlinkv1.RegionLayout
 	room         roomSide
@@ -33,7 +33,7 @@ type decodeLink struct {
 }
 
 func newDecodeLink(c *core, dataEndpoint string, layouts func() []*pdlinkv1.RegionLayout, room roomSide) *decodeLink {
-	return &decodeLink{core: c, dataEndpoint: dataEndpoint, layouts: layouts, room: room,
+	return &decodeLink{linkBase: linkBase{c}, dataEndpoint: dataEndpoint, layouts: layouts, room: room,
 		sessions: make(map[string]*prefillSession), byID: make(map[poll.PeerID]*prefillSession)}
 }
 

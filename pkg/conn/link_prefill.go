@@ -20,7 +20,7 @@ import (
 // The codec, outbox, counters, clock, log and supervisor it uses are still
 // fields of the shared core (see decodeLink).
 type prefillLink struct {
-	*core
+	linkBase
 	acceptRegister func(PeerInfo) error
 	room           roomSide
 
@@ -37,7 +37,7 @@ type prefillLink struct {
 }
 
 func newPrefillLink(c *core, addr string, acceptRegister func(PeerInfo) error, room roomSide) *prefillLink {
-	return &prefillLink{core: c, addr: addr, acceptRegister: acceptRegister, room: room,
+	return &prefillLink{linkBase: linkBase{c}, addr: addr, acceptRegister: acceptRegister, room: room,
 		peers: make(map[string]*decodePeer), byID: make(map[poll.PeerID]*decodePeer), byEndpoint: make(map[string]*decodePeer)}
 }
 

@@ -172,7 +172,7 @@ func (c *core) sendOutcome(dest target, e poll.Effect) {
 	} else {
 		env.Body = &pdlinkv1.Envelope_Status{Status: &pdlinkv1.Status{RoomId: uint64(k.Room), Nonce: uint64(k.Nonce), State: pdlinkv1.RoomState_ROOM_STATE_SUCCESS}}
 	}
-	c.sendReliable(dest, env, k, c.now()+int64(c.cfg.NotifyHorizon), nil, nil)
+	c.lk.send(dest, env, k, c.now()+int64(c.cfg.NotifyHorizon))
 }
 
 func (n *PrefillNode) unknownToPeer(target)  {}

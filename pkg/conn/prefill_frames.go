@@ -69,7 +69,7 @@ func (c *core) handleAbort(dest target, key poll.Key, reason string) ackResult {
 	if a == ackApplied {
 		c.afterFence(key, func() {
 			env := &pdlinkv1.Envelope{Body: &pdlinkv1.Envelope_AbortAck{AbortAck: &pdlinkv1.AbortAck{RoomId: uint64(key.Room), Nonce: uint64(key.Nonce)}}}
-			c.sendReliable(dest, env, key, c.now()+int64(c.cfg.NotifyHorizon), nil, nil)
+			c.lk.send(dest, env, key, c.now()+int64(c.cfg.NotifyHorizon))
 		})
 	}
 	return a
