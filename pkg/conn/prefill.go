@@ -21,6 +21,10 @@ type PrefillConfig struct {
 	// AcceptRegister, if set, vets a decode peer's REGISTER (for example
 	// its region layouts against ours); an error rejects it as invalid.
 	AcceptRegister func(PeerInfo) error
+
+	// roomFrameHook, if set (tests), runs as the link delivers a room frame
+	// to the node, on the listener worker.
+	roomFrameHook func(from poll.PeerID, seq uint64, ft FrameType)
 }
 
 // PrefillNode is prefilld's room owner: it binds the bootstrap socket,

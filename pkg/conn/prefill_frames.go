@@ -32,6 +32,9 @@ func (n *PrefillNode) handleMetadata(p *decodePeer, m *pdlinkv1.Metadata) ackRes
 // frameIn applies a room frame from the decode peer behind from.
 func (n *PrefillNode) frameIn(from target, ft FrameType, env *pdlinkv1.Envelope) ackResult {
 	p := from.(*decodePeer)
+	if n.pcfg.roomFrameHook != nil {
+		n.pcfg.roomFrameHook(p.id, env.GetSeq(), ft)
+	}
 	switch ft {
 	case FrameMetadata:
 		return n.handleMetadata(p, env.GetMetadata())
