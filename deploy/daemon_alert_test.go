@@ -36,7 +36,11 @@ func TestStalledSchedulerFiresOverdueAlertOnRealDaemons(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build daemons: %v\n%s", err, out)
 	}
-	deadlines := []string{"--bootstrap-timeout=8s", "--waiting-timeout=8s", "--heartbeat-interval=200ms"}
+	// The alert fires about 2.5 s after the rooms are overdue (half their
+	// deadline): the rooms' 16 s deadline leaves 5 s for a slow scrape,
+	// where 8 s left 0.3 s and one failed scrape would have reset the
+	// alert's pending timer until the rooms timed out.
+	deadlines := []string{"--bootstrap-timeout=16s", "--waiting-timeout=16s", "--heartbeat-interval=200ms"}
 	start := func(name string, extra ...string) *proc.Process {
 		args := append([]string{"--grpc-listen=unix://" + filepath.Join(t.TempDir(), name+".sock"),
 			"--http-listen=127.0.0.1:0"}, append(extra, deadlines...)...)
@@ -132,8 +136,8 @@ scrape_configs:
 	opened := time.Now()
 	eventually(ctx, t, "PdlinkRoomsOverdue firing for decode", firing("decode"))
 	eventually(ctx, t, "PdlinkRoomsOverdue firing for prefill", firing("prefill"))
-	if since := time.Since(opened); since < 4*time.Second {
-		t.Fatalf("alert fired after %v, before the rooms were overdue (4s of an 8s deadline)", since)
+	if since := time.Since(opened); since < 8*time.Second {
+		t.Fatalf("alert fired after %v, before the rooms were overdue (8s of a 16s deadline)", since)
 	}
 	// The pin alert must not fire: the reaper works, nothing passed its
 	// deadline yet.

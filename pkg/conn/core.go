@@ -44,6 +44,8 @@ type core struct {
 	ctr   counters
 	out   *outbox
 	hooks sideHooks
+	// lk is the room code's way into the link machinery (link.go).
+	lk linkBase
 
 	// mu guards t, hidden and parked. Transitions are published while it
 	// is held (takeLocked), so every subscriber sees them in table order.
@@ -112,6 +114,7 @@ func newCore(cfg Config, side poll.Side) (*core, error) {
 		performHook: cfg.performHook,
 	}
 	c.limiter.clock = c.clock
+	c.lk = linkBase{c}
 	return c, nil
 }
 
@@ -232,7 +235,7 @@ func (c *core) perform(effs []poll.Effect) {
 			// The room's METADATA, unanswered or refused by the instance
 			// that restarted, goes to the new one once it registered us.
 			c.log.Debug("room moved to the restarted peer's new instance", zap.Uint64("room", uint64(e.Key.Room)), zap.Uint32("peer", uint32(e.Peer)))
-			c.out.awaitRegister(e.Key)
+			c.lk.rebound(e.Key)
 		case poll.EffReaped, poll.EffRemoved:
 			if e.Kind == poll.EffReaped {
 				c.log.Info("uncleared room reaped", zap.Uint64("room", uint64(e.Key.Room)), zap.Stringer("state", e.Status))
@@ -264,149 +267,6 @@ func (c *core) onTick() {
 	now := c.now()
 	c.retransmit(now)
 	c.hooks.maintain(now)
-}
-
-// envelope returns an envelope header for this node.
-func (c *core) envelope(seq uint64) *pdlinkv1.Envelope {
-	return &pdlinkv1.Envelope{ProtocolVersion: ProtocolVersion, SenderInstance: c.cfg.Instance, Epoch: c.cfg.Epoch, Seq: seq}
-}
-
-// transmit encodes env and sends one copy.
-func (c *core) transmit(dest target, env *pdlinkv1.Envelope) ([]byte, error) {
-	frame, err := c.codec.Encode(env)
-	if err != nil {
-		c.ctr.sendErrors.Add(1)
-		c.log.Error("cannot encode frame", zap.Error(err))
-		return nil, err
-	}
-	c.send(dest, env, frame)
-	return frame, nil
-}
-
-func (c *core) send(dest target, env *pdlinkv1.Envelope, frame []byte) {
-	if ft, ok := FrameTypeOf(env); ok {
-		c.ctr.frames[Sent][ft].Add(1)
-	}
-	if err := dest.transmit(frame); err != nil {
-		c.ctr.sendErrors.Add(1)
-		c.log.Debug("frame send failed", zap.Error(err))
-	}
-}
-
-// sendReliable sends env (body set) with a fresh seq and keeps it for
-// retransmission until acknowledged or giveUp (node time).
-func (c *core) sendReliable(dest target, env *pdlinkv1.Envelope, key poll.Key, giveUp int64, want func() bool, onAck func(poll.PeerID, ackResult) bool) {
-	ft, _ := FrameTypeOf(env)
-	p := &pending{ft: ft, dest: dest, key: key, giveUp: giveUp, want: want, onAck: onAck}
-	now := c.now()
-	hdr := c.envelope(0)
-	env.ProtocolVersion, env.SenderInstance, env.Epoch = hdr.ProtocolVersion, hdr.SenderInstance, hdr.Epoch
-	// The seq is drawn by the outbox so retransmits and ACKs agree on it;
-	// p is complete before the outbox (and its retransmit worker) sees it.
-	env.Seq = c.out.nextSeq()
-	frame, err := c.codec.Encode(env)
-	if err != nil {
-		c.ctr.sendErrors.Add(1)
-		c.log.Error("cannot encode frame", zap.Error(err))
-		return
-	}
-	p.seq, p.frame = env.Seq, frame
-	c.out.add(now, p)
-	c.send(dest, env, frame)
-}
-
-// retransmit resends due frames and abandons expired ones.
-func (c *core) retransmit(now int64) {
-	resend, expired := c.out.due(now)
-	for _, p := range expired {
-		c.ctr.giveUps.Add(1)
-		c.log.Debug("reliable frame abandoned at its deadline", zap.Stringer("type", p.ft), zap.Uint64("seq", p.seq), zap.Uint64("room", uint64(p.key.Room)))
-	}
-	for _, p := range resend {
-		if p.frame == nil {
-			continue
-		}
-		if p.want != nil && !p.want() {
-			c.out.drop(p.seq)
-			continue
-		}
-		c.ctr.retransmits.Add(1)
-		c.ctr.frames[Sent][p.ft].Add(1)
-		if err := p.dest.transmit(p.frame); err != nil {
-			c.ctr.sendErrors.Add(1)
-		}
-	}
-}
-
-// resendRegistered sends at once the frames that waited for the peer to
-// acknowledge our REGISTER (about rooms poll moved to it, Rebound) instead
-// of leaving them to their backoff.
-func (c *core) resendRegistered(id poll.PeerID) {
-	for _, p := range c.out.registered(id) {
-		if p.want != nil && !p.want() {
-			c.out.drop(p.seq)
-			continue
-		}
-		c.ctr.retransmits.Add(1)
-		c.ctr.frames[Sent][p.ft].Add(1)
-		if err := p.dest.transmit(p.frame); err != nil {
-			c.ctr.sendErrors.Add(1)
-		}
-	}
-}
-
-// sendAck answers a reliable frame.
-func (c *core) sendAck(dest target, seq uint64, a ackResult) {
-	env := c.envelope(0)
-	env.Body = &pdlinkv1.Envelope_Ack{Ack: &pdlinkv1.Ack{AckedSeq: seq, Result: a.result, Reason: a.reason}}
-	_, _ = c.transmit(dest, env)
-}
-
-// handleAck completes the frame an ACK answers (if it went to that peer).
-func (c *core) handleAck(from poll.PeerID, a *pdlinkv1.Ack) {
-	p := c.out.take(a.GetAckedSeq(), from)
-	if p == nil {
-		return // a duplicate ACK, or for a frame already given up
-	}
-	res := ackResult{result: a.GetResult(), reason: a.GetReason()}
-	if p.onAck == nil && !res.final() {
-		// unknown_peer: the frame was not applied; register, then retry.
-		c.hooks.unknownToPeer(p.dest)
-		c.out.requeue(c.now(), p)
-		return
-	}
-	if p.onAck != nil && !p.onAck(from, res) {
-		if c.now() < p.giveUp {
-			c.out.requeue(c.now(), p)
-		}
-	}
-}
-
-// decodeFrame decodes and validates one frame, counting a rejection.
-func (c *core) decodeFrame(frame []byte, from string) (*pdlinkv1.Envelope, FrameType, bool) {
-	env, err := c.codec.Decode(frame)
-	if err != nil {
-		r, _ := RejectReasonOf(err)
-		c.reject(r, from, err)
-		return nil, 0, false
-	}
-	ft, _ := FrameTypeOf(env)
-	c.ctr.frames[Received][ft].Add(1)
-	return env, ft, true
-}
-
-// reject counts a rejected frame and logs it, rate limited per reason.
-func (c *core) reject(r RejectReason, from string, err error) {
-	c.ctr.rejected[r].Add(1)
-	if r == RejectDuplicate {
-		// A retransmit that crossed its ACK: answered again, part of
-		// at-least-once delivery, nothing for an operator to act on.
-		c.log.Debug("frame rejected", zap.Stringer("reason", r), zap.String("from", from))
-		return
-	}
-	if n, ok := c.limiter.allow(r); ok {
-		c.log.Warn("frame rejected", zap.Stringer("reason", r), zap.String("from", from), zap.Error(err), zap.Uint64("suppressed", n))
-	}
 }
 
 // answer turns the outcome of stepping a peer's frame into its ACK. echo
@@ -482,26 +342,4 @@ func (c *core) roomDeadline(id poll.RoomID) (int64, poll.State, bool) {
 		return 0, poll.StateNone, false
 	}
 	return info.Deadline, info.State, true
-}
-
-// logLimiter lets one log line per reason through per second and counts
-// the others.
-type logLimiter struct {
-	clock      Clock
-	mu         sync.Mutex
-	last       [numRejectReasons]time.Time
-	suppressed [numRejectReasons]uint64
-}
-
-func (l *logLimiter) allow(r RejectReason) (uint64, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.clock.Now()
-	if !l.last[r].IsZero() && now.Sub(l.last[r]) < time.Second {
-		l.suppressed[r]++
-		return 0, false
-	}
-	n := l.suppressed[r]
-	l.last[r], l.suppressed[r] = now, 0
-	return n, true
 }

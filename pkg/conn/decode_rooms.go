@@ -31,10 +31,8 @@ func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 		// read as Failed to the scheduler (I9).
 		return fmt.Errorf("%w: %v", ErrNotBootstrapping, info.Visible)
 	}
-	n.smu.Lock()
-	s := n.byID[info.Peer]
-	n.smu.Unlock()
-	if s == nil {
+	s, ok := n.link.sessionOf(info.Peer)
+	if !ok {
 		return fmt.Errorf("%w: no session for peer %d", ErrClosedNode, info.Peer)
 	}
 	md := Metadata{Key: info.Key, Rank: rank, DstPages: req.DstPages, AuxIndex: req.AuxIndex, ExpectedRanks: max(info.Ranks, 1)}
@@ -49,15 +47,16 @@ func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 		_, st, ok := n.roomDeadline(key.Room)
 		return ok && st == poll.Bootstrapping
 	}
-	n.sendReliable(currentInstance{s: s}, env, key, info.Deadline, want, func(from poll.PeerID, a ackResult) bool {
-		return n.metadataAcked(s, from, key, a)
+	n.link.sendFollowing(s, env, key, info.Deadline, want, func(from poll.PeerID, a ackResult) bool {
+		return n.metadataAcked(from, key, a)
 	})
 	return nil
 }
 
 // metadataAcked applies the answer of prefill instance from to a
-// METADATA; false retries it.
-func (n *DecodeNode) metadataAcked(s *prefillSession, from poll.PeerID, key poll.Key, a ackResult) bool {
+// METADATA; false retries it. The link answered unknown_peer itself
+// (register, then retry).
+func (n *DecodeNode) metadataAcked(from poll.PeerID, key poll.Key, a ackResult) bool {
 	switch a.result {
 	case pdlinkv1.AckResult_ACK_RESULT_APPLIED:
 		_ = n.step(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: from})
@@ -70,10 +69,6 @@ func (n *DecodeNode) metadataAcked(s *prefillSession, from poll.PeerID, key poll
 			_ = n.step(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from, Reason: r})
 		}
 	case pdlinkv1.AckResult_ACK_RESULT_REJECTED:
-		if a.unknownPeer() {
-			n.register(s) // prefill forgot us (restart or long loss): register, then retry
-			return false
-		}
 		reason := poll.ReasonInvalid
 		if a.reason == RejectForeignRoom.String() {
 			reason = poll.ReasonCollision
@@ -134,39 +129,17 @@ func (n *DecodeNode) Abort(ctx context.Context, room poll.RoomID, reason poll.Re
 func (n *DecodeNode) Subscribe(buf int) *Subscription { return n.subscribe(buf) }
 
 // Peers returns the prefill daemons this node talks to.
-func (n *DecodeNode) Peers() []PeerInfo {
-	n.smu.Lock()
-	defer n.smu.Unlock()
-	out := make([]PeerInfo, 0, len(n.sessions))
-	for _, s := range n.sessions {
-		out = append(out, PeerInfo{ID: s.id, Instance: s.instance, Epoch: s.epoch, Addr: s.addr, Up: s.up, LastHeard: n.wall(s.lastHeard)})
-	}
-	return out
-}
+func (n *DecodeNode) Peers() []PeerInfo { return n.link.peerInfos() }
 
 // Counters returns the frame and peer counters.
-func (n *DecodeNode) Counters() Counters {
-	s := n.ctr.snapshot()
-	n.smu.Lock()
-	for _, x := range n.sessions {
-		if x.up {
-			s.PeersUp++
-		} else {
-			s.PeersDown++
-		}
-	}
-	n.smu.Unlock()
-	return s
-}
+func (n *DecodeNode) Counters() Counters { return n.link.counters() }
 
 func (n *DecodeNode) notify(e poll.Effect) {
-	n.smu.Lock()
-	s := n.byID[e.Peer]
-	n.smu.Unlock()
-	if s == nil {
+	dest, ok := n.link.target(e.Peer)
+	if !ok {
 		return // that prefill instance restarted: its rooms are gone
 	}
-	n.sendOutcome(sessTarget{s: s, id: e.Peer}, e)
+	n.sendOutcome(dest, e)
 }
 
 // roomsBoundTo lists the live rooms bound to a peer id.
@@ -190,147 +163,50 @@ func (c *core) roomsBoundTo(id poll.PeerID) []poll.Key {
 	}
 }
 
-func (n *DecodeNode) unknownToPeer(t target) {
-	if st, ok := t.(sessTarget); ok {
-		n.register(st.s)
-	}
-}
+func (n *DecodeNode) unknownToPeer(t target)   { n.link.unknownToPeer(t) }
+func (n *DecodeNode) maintain(now int64)       { n.link.maintain(now) }
+func (n *DecodeNode) goodbyeTargets() []target { return n.link.goodbyeTargets() }
+func (n *DecodeNode) farewell(t target)        { n.link.farewell(t) }
 
 func (n *DecodeNode) fence(k poll.Key) bool { return n.dp.Fence(k) }
 func (n *DecodeNode) forget(k poll.Key)     { n.dp.Forget(k) }
 
-// maintain sends heartbeats on every session (also to a lost prefill, so
-// it is found again) and declares silent ones lost (R10).
-func (n *DecodeNode) maintain(now int64) {
-	n.closeDeparted(now, false)
-	bound := int64(n.cfg.HeartbeatMisses) * int64(n.cfg.HeartbeatInterval)
-	var lost []poll.PeerID
-	var hb []sessTarget
-	n.smu.Lock()
-	for _, s := range n.sessions {
-		if s.farewell {
-			continue // it acknowledged our goodbye: it forgot us, we stay quiet
-		}
-		if s.up && now-s.lastHeard > bound {
-			s.up = false
-			lost = append(lost, s.id)
-		}
-		if now-s.lastHB >= int64(n.cfg.HeartbeatInterval) {
-			s.lastHB = now
-			hb = append(hb, sessTarget{s: s, id: s.id})
-		}
-	}
-	n.smu.Unlock()
-	for _, id := range lost {
-		n.ctr.peerLost.Add(1)
-		n.log.Warn("peer lost", zap.Uint32("peer", uint32(id)))
-		_ = n.step(poll.Event{Kind: poll.EvPeerLost, Peer: id})
-	}
-	if len(hb) > 0 {
-		live := uint32(n.Stats().Inflight)
-		for _, t := range hb {
-			n.sendHeartbeat(t, live)
-		}
-	}
+// The room side of the decode link (roomSide, link.go).
+
+func (n *DecodeNode) peerLost(id poll.PeerID) {
+	_ = n.step(poll.Event{Kind: poll.EvPeerLost, Peer: id})
 }
 
-// handle processes one frame from a prefill session. A frame from a new
-// instance with a higher epoch means the prefill restarted: we register
-// again, and each room bound to the old instance takes poll's
-// EvPeerReplaced move: one whose METADATA the old instance never applied
-// moves to the new instance and its METADATA goes again once the REGISTER
-// is acknowledged; the others fail with peer_restarted at once (R10).
-func (n *DecodeNode) handle(s *prefillSession, frame []byte) {
-	env, ft, ok := n.decodeFrame(frame, s.addr)
-	if !ok {
-		return
-	}
-	if n.frameHook != nil {
-		n.frameHook(ft)
-	}
-	seq := env.GetSeq()
-	var restarted poll.PeerID
-	n.smu.Lock()
-	switch {
-	case s.instance == "":
-		s.instance, s.epoch = env.GetSenderInstance(), env.GetEpoch()
-	case env.GetSenderInstance() != s.instance || env.GetEpoch() != s.epoch:
-		if env.GetEpoch() <= s.epoch {
-			n.smu.Unlock()
-			n.reject(RejectStaleEpoch, s.addr, nil)
-			return
-		}
-		restarted = s.id // stays in byID until its rooms moved or failed
-		n.nextID++
-		s.id = n.nextID
-		n.byID[s.id] = s
-		s.instance, s.epoch = env.GetSenderInstance(), env.GetEpoch()
-		s.dd = newDedupe(n.cfg.DedupeWindow)
-		s.registered, s.registering = false, false
-	}
-	s.lastHeard = n.now()
-	if !s.up {
-		s.up = true
-		n.log.Info("peer is back", zap.String("addr", s.addr))
-	}
-	t := sessTarget{s: s, id: s.id}
-	var dupAck ackResult
-	dup := false
-	if seq != 0 {
-		dupAck, dup = s.dd.get(seq)
-	}
-	n.smu.Unlock()
+func (n *DecodeNode) peerRestarted(old, id poll.PeerID) {
+	_ = n.step(poll.Event{Kind: poll.EvPeerReplaced, Peer: old, NewPeer: id})
+}
 
-	if restarted != poll.NoPeer {
-		n.ctr.peerRestarts.Add(1)
-		n.log.Warn("peer restarted", zap.String("addr", s.addr), zap.Uint32("old_peer", uint32(restarted)), zap.String("instance", env.GetSenderInstance()))
-		// REGISTER first: the notices about the failed rooms (poll tells
-		// the new instance, which may have applied a frame of one before
-		// we saw the restart) follow it on the same connection.
-		n.register(s)
-		_ = n.step(poll.Event{Kind: poll.EvPeerReplaced, Peer: restarted, NewPeer: t.id})
-		// What is left for the old instance (its REGISTER, notices about
-		// its rooms) dies with it; METADATA follows the session.
-		n.out.cancelPeer(restarted)
-		n.smu.Lock()
-		delete(n.byID, restarted)
-		n.smu.Unlock()
+func (n *DecodeNode) peerGone(id poll.PeerID, fields ...zap.Field) { n.peerDeparted(id, fields...) }
+
+func (n *DecodeNode) liveRooms() uint32 { return uint32(n.Stats().Inflight) }
+
+// frameIn applies a room frame from the prefill instance behind from.
+func (n *DecodeNode) frameIn(from target, ft FrameType, env *pdlinkv1.Envelope) ackResult {
+	if n.dcfg.roomFrameHook != nil {
+		n.dcfg.roomFrameHook(from.peerID(), env.GetSeq(), ft)
 	}
-	if dup {
-		n.reject(RejectDuplicate, s.addr, nil)
-		n.sendAck(t, seq, dupAck)
-		return
-	}
-	var a ackResult
 	switch ft {
-	case FrameAck:
-		n.handleAck(t.id, env.GetAck())
-		return
-	case FrameHeartbeat:
-		return
 	case FrameAbort:
 		ab := env.GetAbort()
-		a = n.handleAbort(t, poll.Key{Room: poll.RoomID(ab.GetRoomId()), Nonce: poll.Nonce(ab.GetNonce())}, ab.GetReason())
+		return n.handleAbort(from, poll.Key{Room: poll.RoomID(ab.GetRoomId()), Nonce: poll.Nonce(ab.GetNonce())}, ab.GetReason())
 	case FrameStatus:
 		st := env.GetStatus()
 		if st.GetState() != pdlinkv1.RoomState_ROOM_STATE_FAILED {
-			a = ackRejected(RejectInvalid) // prefill never reports Success
-			break
+			return ackRejected(RejectInvalid) // prefill never reports Success
 		}
 		r, _ := poll.ParseReason(st.GetReason())
 		key := poll.Key{Room: poll.RoomID(st.GetRoomId()), Nonce: poll.Nonce(st.GetNonce())}
-		a, _ = n.stepFrame(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: t.id, Reason: r})
+		a, _ := n.stepFrame(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from.peerID(), Reason: r})
+		return a
 	case FrameAbortAck:
-		n.log.Debug("abort acknowledged", zap.Uint64("room", env.GetAbortAck().GetRoomId()), zap.String("addr", s.addr))
-		a = ackApplied
-	case FrameGoodbye:
-		a = n.handleGoodbye(s, t)
+		n.log.Debug("abort acknowledged", zap.Uint64("room", env.GetAbortAck().GetRoomId()), zap.Uint32("peer", uint32(from.peerID())))
+		return ackApplied
 	default: // REGISTER, METADATA: decode never receives them
-		a = ackRejected(RejectInvalid)
+		return ackRejected(RejectInvalid)
 	}
-	n.finishFrame(t, s.addr, seq, a, func(seq uint64, a ackResult) {
-		n.smu.Lock()
-		s.dd.put(seq, a)
-		n.smu.Unlock()
-	})
 }

@@ -18,9 +18,28 @@
 //	                          jitter until the ACK or the frame's give-up
 //	                          deadline; a dedupe window per peer incarnation
 //	                          re-acks duplicates without re-applying them
-//	nodes (prefill*.go,       one poll.Table behind one mutex; transitions
-//	decode*.go, core.go,      published under it, other effects performed
-//	fence.go)                 outside it; fences; peers, heartbeats, epochs
+//	links (link.go,           the transport side of a node: sockets and
+//	link_prefill.go,          sessions, frame intake, reliable sends,
+//	link_decode.go,           peers (prefill: registry by instance, id and
+//	goodbye.go,               endpoint; decode: one session per prefill
+//	supervisor.go)            address, REGISTER), heartbeats and liveness,
+//	                          GOODBYE and departures
+//	rooms (core.go, fence.go, one poll.Table behind one mutex; transitions
+//	read.go, drain.go,        published under it, other effects performed
+//	prefill.go,               outside it; fences, parked calls, Watch,
+//	prefill_frames.go,        drain; the room frames (METADATA, ABORT,
+//	decode.go,                STATUS, ABORT_ACK) and the scheduler and
+//	decode_rooms.go,          data-plane calls
+//	dataplane.go)
+//
+// The seam between the two is one place (link.go): a link delivers to its
+// room side only through roomSide (frameIn, whose answer is the frame's
+// ACK; peerLost, peerRestarted, peerGone; liveRooms for heartbeats), as a
+// direct call on the goroutine that read the frame or on the tick worker;
+// the room side reaches peers only through its link (target handles,
+// linkBase.send, decodeLink.sendFollowing/session, peerInfos, counters).
+// The owner goroutine of pkg/room's PLAN (step 3) replaces the direct
+// calls by a bounded event queue.
 //
 // # Protocol
 //
@@ -119,12 +138,18 @@
 // Each node runs, under a supervisor that recovers panics, logs them at
 // Error, counts them (Counters.WorkerRestarts) and restarts the worker with
 // backoff (R6):
-//   - the tick worker: poll Tick, fence retries, retransmits, heartbeats,
-//     peer liveness;
-//   - prefill: one listener worker, the only reader of the bootstrap socket
-//     (re-binds the address if the socket dies);
-//   - decode: one worker per prefill address, the only reader of its Conn
-//     (dials again if the Conn dies, then registers again).
+//   - the tick worker (core.go, the room side's): poll Tick and fence
+//     retries, then the link's retransmits, heartbeats and peer liveness;
+//   - prefill: one listener worker (the link's, link_prefill.go), the only
+//     reader of the bootstrap socket (re-binds the address if the socket
+//     dies); the room frames it reads run the room side on it;
+//   - decode: one worker per prefill address (the link's, link_decode.go),
+//     the only reader of its Conn (dials again if the Conn dies, then
+//     registers again); the room frames it reads run the room side on it.
+//
+// So a room side that blocks in a delivery holds that reader (its peer's
+// frames wait), never the tick worker: heartbeats keep leaving and the
+// peer keeps counting this node up.
 //
 // Scheduler calls and data-plane callbacks run on their callers'
 // goroutines; no goroutine of the node waits for a fence. Locks: the table

@@ -101,7 +101,7 @@ wait:
 
 	notices := w.settle(waitCtx, p.TerminalGrace)
 	rep.Invisible = len(w.pending)
-	rep.UnackedNotices = c.out.roomFrames()
+	rep.UnackedNotices = c.lk.unackedRoomFrames()
 	rep.Capped = waitCtx.Err() != nil
 	if notices {
 		c.sayGoodbye(capCtx)
@@ -231,10 +231,8 @@ func (w *drainWatch) settle(ctx context.Context, grace time.Duration) bool {
 	armed := time.Time{}
 	for {
 		w.recheck()
-		c.out.mu.Lock()
-		removed := c.out.removed
-		c.out.mu.Unlock()
-		acked := c.out.roomFrames() == 0
+		removed := c.lk.frameAcked()
+		acked := c.lk.unackedRoomFrames() == 0
 		waiting := len(w.pending) > 0
 		if !waiting && !w.lastEnd.IsZero() && armed != w.lastEnd {
 			stopGrace()
@@ -254,7 +252,7 @@ func (w *drainWatch) settle(ctx context.Context, grace time.Duration) bool {
 		case <-removed:
 		case <-graceEnd:
 		case <-ctx.Done():
-			return c.out.roomFrames() == 0
+			return c.lk.unackedRoomFrames() == 0
 		}
 	}
 }

@@ -131,7 +131,7 @@ func (c *core) Clear(ids []poll.RoomID, errs []error) {
 // and ZeroMQ may drop what was queued.
 func (c *core) Shutdown(ctx context.Context) {
 	_ = c.step(poll.Event{Kind: poll.EvShutdown})
-	c.out.waitUntil(ctx, func() bool { return c.out.roomFrames() == 0 })
+	c.lk.awaitRoomFramesAcked(ctx)
 	// Even with the drain spent, one GOODBYE goes out.
 	c.sayGoodbye(ctx)
 }

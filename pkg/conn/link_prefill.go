@@ -1,0 +1,499 @@
+package conn
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"go.uber.org/zap"
+
+	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
+)
+
+// prefillLink is prefilld's link: the bootstrap socket and its listener
+// worker, the registry of decode peers (learnt from REGISTER only, by
+// instance, id and data endpoint), dedupe per peer incarnation, heartbeats
+// and liveness, GOODBYE and departures. It reaches the room side only
+// through room; the room side reaches peers only through its methods.
+//
+// The codec, outbox, counters, clock, log and supervisor it uses are still
+// fields of the shared core (see decodeLink).
+type prefillLink struct {
+	linkBase
+	acceptRegister func(PeerInfo) error
+	room           roomSide
+
+	lnMu sync.Mutex
+	ln   Listener
+	addr string
+
+	pmu        sync.Mutex
+	peers      map[string]*decodePeer // by instance id
+	byID       map[poll.PeerID]*decodePeer
+	byEndpoint map[string]*decodePeer
+	nextID     poll.PeerID
+	departed   map[string]departure // by instance id: said goodbye (goodbye.go)
+}
+
+func newPrefillLink(c *core, addr string, acceptRegister func(PeerInfo) error, room roomSide) *prefillLink {
+	return &prefillLink{linkBase: linkBase{c}, addr: addr, acceptRegister: acceptRegister, room: room,
+		peers: make(map[string]*decodePeer), byID: make(map[poll.PeerID]*decodePeer), byEndpoint: make(map[string]*decodePeer)}
+}
+
+// bind binds the bootstrap socket; the node starts listenLoop, its only
+// reader, once the workers run.
+func (l *prefillLink) bind(ctx context.Context) error {
+	ln, err := l.cfg.Transport.Listen(ctx, l.addr)
+	if err != nil {
+		return err
+	}
+	l.lnMu.Lock()
+	l.ln, l.addr = ln, ln.Addr()
+	l.lnMu.Unlock()
+	return nil
+}
+
+// Addr returns the bound bootstrap address.
+func (l *prefillLink) Addr() string {
+	l.lnMu.Lock()
+	defer l.lnMu.Unlock()
+	return l.addr
+}
+
+// closeSocket closes the bootstrap socket (the node stops).
+func (l *prefillLink) closeSocket() {
+	l.lnMu.Lock()
+	if l.ln != nil {
+		_ = l.ln.Close()
+		l.ln = nil
+	}
+	l.lnMu.Unlock()
+}
+
+// target returns where a frame to decode peer id goes, or false once
+// that peer restarted or was forgotten.
+func (l *prefillLink) target(id poll.PeerID) (*decodePeer, bool) {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	p := l.byID[id]
+	return p, p != nil
+}
+
+// peerInfo describes the peer behind from for the data plane.
+func (l *prefillLink) peerInfo(from *decodePeer) PeerInfo {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	return from.infoLocked(l.core)
+}
+
+// decodePeer is one registered decode instance. Fields after l are
+// guarded by the link's pmu.
+type decodePeer struct {
+	l         *prefillLink
+	id        poll.PeerID
+	instance  string
+	epoch     uint64
+	endpoint  string
+	layouts   []*pdlinkv1.RegionLayout
+	route     Route
+	lastHeard int64
+	lastHB    int64
+	up        bool
+	farewell  bool // acknowledged our GOODBYE
+	dd        *dedupe
+}
+
+func (p *decodePeer) peerID() poll.PeerID { return p.id }
+
+func (p *decodePeer) transmit(frame []byte) error {
+	p.l.pmu.Lock()
+	route := p.route
+	p.l.pmu.Unlock()
+	return p.l.sendRoute(route, frame)
+}
+
+func (p *decodePeer) infoLocked(c *core) PeerInfo {
+	return PeerInfo{ID: p.id, Instance: p.instance, Epoch: p.epoch, Addr: p.endpoint, Layouts: p.layouts, Up: p.up, LastHeard: c.wall(p.lastHeard)}
+}
+
+// routeTarget answers a dialer that is not a registered peer.
+type routeTarget struct {
+	l     *prefillLink
+	route Route
+}
+
+func (r routeTarget) peerID() poll.PeerID         { return poll.NoPeer }
+func (r routeTarget) transmit(frame []byte) error { return r.l.sendRoute(r.route, frame) }
+
+func (l *prefillLink) sendRoute(route Route, frame []byte) error {
+	l.lnMu.Lock()
+	ln := l.ln
+	l.lnMu.Unlock()
+	if ln == nil || route == "" {
+		return ErrClosed
+	}
+	return ln.Send(context.Background(), route, frame)
+}
+
+// listenLoop is the supervised receive worker. When the socket dies it
+// returns an error; the supervisor counts it and runs the loop again,
+// which binds the address anew (R6, R12).
+func (l *prefillLink) listenLoop(ctx context.Context) error {
+	l.lnMu.Lock()
+	ln := l.ln
+	l.lnMu.Unlock()
+	if ln == nil {
+		var err error
+		if ln, err = l.cfg.Transport.Listen(ctx, l.Addr()); err != nil {
+			return fmt.Errorf("rebind %s: %w", l.Addr(), err)
+		}
+		l.lnMu.Lock()
+		l.ln = ln
+		l.lnMu.Unlock()
+		l.log.Info("bootstrap socket bound again", zap.String("addr", ln.Addr()))
+	}
+	for {
+		route, frame, err := ln.Recv(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			l.lnMu.Lock()
+			if l.ln == ln {
+				l.ln = nil
+			}
+			l.lnMu.Unlock()
+			_ = ln.Close()
+			return fmt.Errorf("bootstrap socket: %w", err)
+		}
+		l.handle(route, frame)
+	}
+}
+
+// peerInfos returns the registered decode peers.
+func (l *prefillLink) peerInfos() []PeerInfo {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	out := make([]PeerInfo, 0, len(l.peers))
+	for _, p := range l.peers {
+		out = append(out, p.infoLocked(l.core))
+	}
+	return out
+}
+
+// counters returns the frame and peer counters.
+func (l *prefillLink) counters() Counters {
+	s := l.ctr.snapshot()
+	l.pmu.Lock()
+	for _, p := range l.peers {
+		if p.up {
+			s.PeersUp++
+		} else {
+			s.PeersDown++
+		}
+	}
+	l.pmu.Unlock()
+	return s
+}
+
+// notify sends decode the outcome a NotifyPeer effect asks for: ABORT for
+// a failure caused here (R8), STATUS otherwise.
+
+// maintain sends heartbeats, declares silent peers lost (R10) and forgets
+// peers lost for long.
+func (l *prefillLink) maintain(now int64) {
+	bound := int64(l.cfg.HeartbeatMisses) * int64(l.cfg.HeartbeatInterval)
+	var lost []poll.PeerID
+	var hb []*decodePeer
+	l.pmu.Lock()
+	l.expireDeparturesLocked(now)
+	for inst, p := range l.peers {
+		if p.farewell {
+			continue // it acknowledged our goodbye: it forgot us, we stay quiet
+		}
+		silent := now - p.lastHeard
+		if p.up && silent > bound {
+			p.up = false
+			lost = append(lost, p.id)
+		}
+		if !p.up && silent > int64(l.cfg.PeerForgetAfter) {
+			delete(l.peers, inst)
+			delete(l.byID, p.id)
+			if l.byEndpoint[p.endpoint] == p {
+				delete(l.byEndpoint, p.endpoint)
+			}
+			continue
+		}
+		if now-p.lastHB >= int64(l.cfg.HeartbeatInterval) {
+			p.lastHB = now
+			hb = append(hb, p)
+		}
+	}
+	l.pmu.Unlock()
+	for _, id := range lost {
+		l.ctr.peerLost.Add(1)
+		l.log.Warn("peer lost", zap.Uint32("peer", uint32(id)))
+		l.room.peerLost(id)
+	}
+	if len(hb) > 0 {
+		live := l.room.liveRooms()
+		for _, p := range hb {
+			l.sendHeartbeat(p, live)
+		}
+	}
+}
+
+// handle processes one frame from the bootstrap socket. It never returns
+// an error: a bad frame is rejected, counted and, when it asked for one,
+// answered; the listener goes on (R12).
+func (l *prefillLink) handle(route Route, frame []byte) {
+	env, ft, ok := l.decodeFrame(frame, string(route))
+	if !ok {
+		return
+	}
+	if l.frameHook != nil {
+		l.frameHook(ft)
+	}
+	seq := env.GetSeq()
+	now := l.now()
+	l.pmu.Lock()
+	if l.departedLocked(env) {
+		l.pmu.Unlock()
+		l.answerDeparted(route, env, ft)
+		return
+	}
+	p := l.peers[env.GetSenderInstance()]
+	if p == nil || env.GetEpoch() != p.epoch {
+		l.pmu.Unlock()
+		l.handleStranger(route, env, ft, p)
+		return
+	}
+	p.lastHeard = now
+	if !p.up {
+		p.up = true
+		l.log.Info("peer is back", zap.String("peer", p.instance))
+	}
+	if seq != 0 {
+		if a, dup := p.dd.get(seq); dup {
+			l.pmu.Unlock()
+			l.reject(RejectDuplicate, p.instance, nil)
+			l.sendAck(p, seq, a)
+			return
+		}
+		// Only a fresh reliable frame may move where we answer this peer:
+		// a replayed HEARTBEAT or ACK (seq 0) or a duplicate from another
+		// connection must not redirect its frames to whoever replayed it.
+		// A decode's DEALER keeps its identity across reconnects, so a
+		// genuine peer's route does not change between REGISTERs anyway.
+		p.route = route
+	}
+	l.pmu.Unlock()
+
+	var a ackResult
+	switch ft {
+	case FrameRegister:
+		a = l.updateRegistration(p, env.GetRegister())
+	case FrameMetadata, FrameAbort, FrameStatus, FrameAbortAck:
+		a = l.room.frameIn(p, ft, env)
+	case FrameAck:
+		l.handleAck(p.id, env.GetAck())
+		return
+	case FrameHeartbeat:
+		return
+	case FrameGoodbye:
+		a = l.handleGoodbye(p)
+	}
+	l.finishFrame(p, p.instance, seq, a, func(seq uint64, a ackResult) {
+		l.pmu.Lock()
+		p.dd.put(seq, a)
+		l.pmu.Unlock()
+	})
+}
+
+// handleStranger handles a frame from an instance that is not (or no
+// longer, at this epoch) registered: only REGISTER is accepted. A
+// HEARTBEAT is answered with ours, so a decode daemon sees our epoch and
+// registers again after we restarted.
+func (l *prefillLink) handleStranger(route Route, env *pdlinkv1.Envelope, ft FrameType, known *decodePeer) {
+	rt := routeTarget{l: l, route: route}
+	if known != nil && env.GetEpoch() < known.epoch {
+		l.reject(RejectStaleEpoch, env.GetSenderInstance(), nil)
+		return
+	}
+	switch ft {
+	case FrameRegister:
+		l.register(route, env)
+	case FrameHeartbeat:
+		l.reject(RejectUnknownPeer, env.GetSenderInstance(), nil)
+		l.sendHeartbeat(rt, 0)
+	case FrameAck:
+		l.reject(RejectUnknownPeer, env.GetSenderInstance(), nil)
+	default:
+		l.reject(RejectUnknownPeer, env.GetSenderInstance(), nil)
+		l.sendAck(rt, env.GetSeq(), ackRejected(RejectUnknownPeer))
+	}
+}
+
+// register admits a new decode instance. Another instance at the same data
+// endpoint with an older epoch is the same daemon restarted: every room
+// bound to it fails with peer_restarted at once (R10).
+func (l *prefillLink) register(route Route, env *pdlinkv1.Envelope) {
+	reg := env.GetRegister()
+	rt := routeTarget{l: l, route: route}
+	info := PeerInfo{Instance: reg.GetInstanceId(), Epoch: env.GetEpoch(), Addr: reg.GetDataEndpoint(), Layouts: reg.GetLayouts(), Up: true}
+	if l.acceptRegister != nil {
+		if err := l.acceptRegister(info); err != nil {
+			l.reject(RejectInvalid, info.Instance, err)
+			l.sendAck(rt, env.GetSeq(), ackRejected(RejectInvalid))
+			return
+		}
+	}
+	now := l.now()
+	var replaced []poll.PeerID
+	l.pmu.Lock()
+	if old := l.peers[info.Instance]; old != nil {
+		// Same instance, newer epoch: a restart that kept its id.
+		replaced = append(replaced, old.id)
+		l.dropPeerLocked(old)
+	}
+	if old := l.byEndpoint[info.Addr]; old != nil {
+		if old.epoch >= info.Epoch {
+			l.pmu.Unlock()
+			l.reject(RejectStaleEpoch, info.Instance, nil)
+			l.sendAck(rt, env.GetSeq(), ackRejected(RejectStaleEpoch))
+			return
+		}
+		replaced = append(replaced, old.id)
+		l.dropPeerLocked(old)
+	}
+	if len(l.peers) >= l.cfg.MaxPeers {
+		l.pmu.Unlock()
+		l.reject(RejectTooManyPeers, info.Instance, nil)
+		l.sendAck(rt, env.GetSeq(), ackRejected(RejectTooManyPeers))
+		return
+	}
+	l.nextID++
+	if l.nextID == poll.NoPeer {
+		l.nextID++
+	}
+	p := &decodePeer{l: l, id: l.nextID, instance: info.Instance, epoch: info.Epoch, endpoint: info.Addr, layouts: info.Layouts,
+		route: route, lastHeard: now, up: true, dd: newDedupe(l.cfg.DedupeWindow)}
+	l.peers[p.instance], l.byID[p.id], l.byEndpoint[p.endpoint] = p, p, p
+	p.dd.put(env.GetSeq(), ackApplied)
+	l.pmu.Unlock()
+
+	for _, id := range replaced {
+		l.ctr.peerRestarts.Add(1)
+		l.out.cancelPeer(id)
+		l.log.Warn("peer restarted", zap.Uint32("old_peer", uint32(id)), zap.String("instance", p.instance), zap.String("endpoint", p.endpoint))
+		l.room.peerRestarted(id, poll.NoPeer)
+	}
+	l.log.Info("peer registered", zap.String("peer", p.instance), zap.String("endpoint", p.endpoint), zap.Uint32("id", uint32(p.id)))
+	l.sendAck(p, env.GetSeq(), ackApplied)
+}
+
+func (l *prefillLink) dropPeerLocked(p *decodePeer) {
+	delete(l.peers, p.instance)
+	delete(l.byID, p.id)
+	if l.byEndpoint[p.endpoint] == p {
+		delete(l.byEndpoint, p.endpoint)
+	}
+}
+
+// updateRegistration handles a REGISTER from a peer already registered at
+// this epoch (a retry after its ACK was lost): idempotent.
+func (l *prefillLink) updateRegistration(p *decodePeer, reg *pdlinkv1.Register) ackResult {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	if reg.GetDataEndpoint() != p.endpoint {
+		return ackRejected(RejectInvalid) // an instance does not move its data endpoint
+	}
+	p.layouts = reg.GetLayouts()
+	return ackApplied
+}
+
+// goodbyeTargets are the decode peers heard from within the heartbeat
+// bound.
+func (l *prefillLink) goodbyeTargets() []target {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	var out []target
+	for _, p := range l.peers {
+		if p.up {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (l *prefillLink) farewell(t target) {
+	if p, ok := t.(*decodePeer); ok {
+		l.pmu.Lock()
+		p.farewell = true
+		l.pmu.Unlock()
+	}
+}
+
+// handleGoodbye forgets a registered decode peer that is leaving. A
+// repeat (our ACK was lost) finds it gone and changes nothing.
+func (l *prefillLink) handleGoodbye(p *decodePeer) ackResult {
+	l.pmu.Lock()
+	if l.peers[p.instance] != p {
+		l.pmu.Unlock()
+		return ackApplied
+	}
+	l.dropPeerLocked(p)
+	l.departLocked(p.instance, p.epoch, l.now())
+	l.pmu.Unlock()
+	l.room.peerGone(p.id, zap.String("peer_instance", p.instance), zap.String("endpoint", p.endpoint))
+	return ackApplied
+}
+
+// departLocked remembers a departed incarnation, bounded by MaxPeers (the
+// oldest goes first) and by PeerForgetAfter (see expireDeparturesLocked).
+func (l *prefillLink) departLocked(instance string, epoch uint64, now int64) {
+	if l.departed == nil {
+		l.departed = make(map[string]departure)
+	}
+	if _, ok := l.departed[instance]; !ok && len(l.departed) >= l.cfg.MaxPeers {
+		oldest, at := "", int64(0)
+		for inst, d := range l.departed {
+			if oldest == "" || d.at < at {
+				oldest, at = inst, d.at
+			}
+		}
+		delete(l.departed, oldest)
+	}
+	l.departed[instance] = departure{epoch: epoch, at: now}
+}
+
+func (l *prefillLink) expireDeparturesLocked(now int64) {
+	for inst, d := range l.departed {
+		if now-d.at > int64(l.cfg.PeerForgetAfter) {
+			delete(l.departed, inst)
+		}
+	}
+}
+
+// departedLocked reports whether env comes from an incarnation that said
+// goodbye (a newer one is a new peer).
+func (l *prefillLink) departedLocked(env *pdlinkv1.Envelope) bool {
+	d, ok := l.departed[env.GetSenderInstance()]
+	return ok && env.GetEpoch() <= d.epoch
+}
+
+// answerDeparted handles a frame from a departed incarnation: its GOODBYE
+// again is a duplicate, acknowledged (idempotent); its HEARTBEATs and ACKs
+// until it hears that ACK are expected and dropped; any other frame is
+// refused as stale_epoch without an answer, so it cannot register again.
+func (l *prefillLink) answerDeparted(route Route, env *pdlinkv1.Envelope, ft FrameType) {
+	switch ft {
+	case FrameGoodbye:
+		l.reject(RejectDuplicate, env.GetSenderInstance(), nil) // as a duplicate of a live peer's would be
+		l.sendAck(routeTarget{l: l, route: route}, env.GetSeq(), ackApplied)
+	case FrameHeartbeat, FrameAck:
+	default:
+		l.reject(RejectStaleEpoch, env.GetSenderInstance(), nil)
+	}
+}
