@@ -31,10 +31,9 @@ type PrefillNode interface {
 }
 
 // PrefillData adapts the --data-transport's transfer.Transport to the
-// prefill node's data plane.
-// It gathers a room's chunks (the scheduler's Send calls) and starts the
-// transfer with the last one: one SendRequest per room, as pkg/transfer
-// wants it.
+// prefill node's data plane. Each room is one stream: its first Send opens
+// it, every Send appends its pages at once, the last carries the aux row
+// and closes it.
 type PrefillData struct {
 	log  *zap.Logger
 	kind transfer.Kind
@@ -60,7 +59,8 @@ type prefillRoom struct {
 	src      []transfer.Run // pages handed over so far, in position order
 	srcPages int64
 	chunks   []sentChunk // the Sends taken, so a retry is recognised
-	started  bool
+	opened   bool        // the room's stream is open on the data plane
+	started  bool        // the last Send was taken: the stream is closed
 }
 
 // sentChunk is one Send a room took: its pages are src[at:at+runs].
@@ -215,8 +215,8 @@ func (d *PrefillData) Forget(key poll.Key) {
 	d.mu.Unlock()
 }
 
-// send records one chunk of source pages and, with the last one, starts
-// the room's transfer.
+// send checks one chunk of source pages and appends it to the room's
+// stream at once; the last one closes the stream.
 func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	region := d.slot.get()
 	if region == nil {
@@ -229,6 +229,12 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	if err != nil {
 		return err
 	}
+	return d.take(ctx, req, region, src, false)
+}
+
+// take checks a Send against its room and appends its pages; stepped says
+// the room's FirstSend was already stepped for this Send.
+func (d *PrefillData) take(ctx context.Context, req *pb.SendRequest, region *transfer.Region, src []transfer.Run, stepped bool) error {
 	d.mu.Lock()
 	r := d.waitBound(ctx, poll.RoomID(req.RoomId))
 	if r == nil {
@@ -270,49 +276,77 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 		}
 		aux = region.AuxRow(int64(req.AuxIndex))
 	}
+	if !stepped {
+		// The room moves to Transferring (a later Send's refreshes its
+		// idle deadline) before its pages may go: a transfer completing
+		// first would leave decode's Success no state to land on. All is
+		// checked again after, as another Send may have come in between.
+		key := r.key
+		d.mu.Unlock()
+		if err := d.node.FirstSend(key.Room); err != nil {
+			return d.notSendable(key.Room, err)
+		}
+		return d.take(ctx, req, region, src, true)
+	}
+	nbuf := len(region.Layout().Buffers)
+	key, tk := r.key, d.slot.key(r.key)
+	if !r.opened {
+		// The stream opens with the room's first Send: its pages go on the
+		// wire at once, each later Send's continue it, the last closes it.
+		var bytes int64
+		for _, b := range region.Layout().Buffers {
+			bytes += r.dstPages * b.ItemLen
+		}
+		err := d.sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Dst: transfer.SamePages(nbuf, r.dst),
+			Done: func(err error) { d.done(key, bytes, err) }})
+		if err != nil {
+			d.mu.Unlock()
+			return d.refused(ctx, key, err)
+		}
+		r.opened = true
+	}
+	// Appended under d.mu, so concurrent Sends of a room reach the stream
+	// in the order their start positions were checked.
+	if err := d.sender.Append(tk, transfer.Piece{Src: transfer.SamePages(nbuf, src), Last: req.Last, Aux: aux}); err != nil {
+		d.mu.Unlock()
+		return d.refused(ctx, key, err)
+	}
 	r.chunks = append(r.chunks, sentChunk{start: r.srcPages, at: len(r.src), runs: len(src), last: req.Last, auxIndex: req.AuxIndex})
 	r.src = append(r.src, src...)
 	r.srcPages += n
-	key, peer := r.key, r.peerAddr
-	var sreq transfer.SendRequest
-	if req.Last {
-		r.started = true
-		nbuf := len(region.Layout().Buffers)
-		var bytes int64
-		for _, b := range region.Layout().Buffers {
-			bytes += r.srcPages * b.ItemLen
-		}
-		sreq = transfer.SendRequest{
-			Peer: peer, Key: d.slot.key(key),
-			Src: transfer.SamePages(nbuf, transfer.Coalesce(r.src)), Dst: transfer.SamePages(nbuf, r.dst), Aux: aux,
-			Done: func(err error) { d.done(key, bytes, err) },
-		}
-	}
+	r.started = req.Last
 	sender := d.sender
 	d.mu.Unlock()
-
-	if err := d.node.FirstSend(key.Room); err != nil {
-		return d.notSendable(key.Room, err)
-	}
 	if !req.Last {
 		return nil
 	}
-	if err := sender.Send(ctx, sreq); err != nil {
-		if errors.Is(err, transfer.ErrFenced) {
-			// The room ended while this Send waited for the peer's
-			// in-flight budget: answer with the room's state, as any
-			// Send to an ended room is, once the scheduler can see it
-			// (the fence that woke us may not have been stepped yet).
-			_ = d.node.AwaitFailedVisible(ctx, key.Room)
-			return d.notSendable(key.Room, poll.ErrTerminal)
+	// The last Send waits for its pages' admission into the peer's
+	// in-flight budget: the scheduler's backpressure.
+	if err := sender.WaitAdmitted(ctx, tk); err != nil {
+		if ctx.Err() != nil {
+			return status.FromContextError(err).Err() // still queued: a retry is answered as a repeat
 		}
-		d.log.Warn("transfer refused", zap.Uint64("room", uint64(key.Room)), zap.Error(err))
-		if reason, fails := roomFailure(d.log, transfer.ReasonOf(err)); fails {
-			d.node.OnFailed(key, reason)
-		}
-		return status.Errorf(codes.FailedPrecondition, "transfer refused: %v", err)
+		return d.refused(ctx, key, err)
 	}
 	return nil
+}
+
+// refused answers a Send whose pages the data plane did not take, and
+// fails the room if the data plane gave a failure reason.
+func (d *PrefillData) refused(ctx context.Context, key poll.Key, err error) error {
+	if errors.Is(err, transfer.ErrFenced) || errors.Is(err, transfer.ErrStreamEnded) {
+		// The room ended (fenced, or its stream failed and Done said why):
+		// answer with the room's state, as any Send to an ended room is,
+		// once the scheduler can see it (the fence or failure may not have
+		// been stepped yet).
+		_ = d.node.AwaitFailedVisible(ctx, key.Room)
+		return d.notSendable(key.Room, poll.ErrTerminal)
+	}
+	d.log.Warn("transfer refused", zap.Uint64("room", uint64(key.Room)), zap.Error(err))
+	if reason, fails := roomFailure(d.log, transfer.ReasonOf(err)); fails {
+		d.node.OnFailed(key, reason)
+	}
+	return status.Errorf(codes.FailedPrecondition, "transfer refused: %v", err)
 }
 
 // notSendable says why a room takes no Send, from its state now: NotFound

@@ -13,7 +13,7 @@
 //
 // # Wire
 //
-// Pages travel as runs ([]Run{Start, Count}, int32) per buffer. Send pairs the source and
+// Pages travel as runs ([]Run{Start, Count}, int32) per buffer. Append pairs the source and
 // destination runs (Pair) into maximal segments that are consecutive on both sides and packs
 // them into chunks of at most MaxChunkBytes. A chunk is a 64-byte little-endian header
 // (magic, version, type, room, nonce, seq, buffer, lengths, payload crc32c, run-list crc32c
@@ -61,17 +61,25 @@
 //
 // Per decode peer the Sender keeps ConnsPerPeer connections (--data-conns), each owned by a
 // slot goroutine that dials with a deadline, serves the connection and redials with
-// backoff. Rooms queue per peer; Send blocks while the peer's in-flight bytes exceed
-// MaxInflightBytes (backpressure), until its context ends or its room is fenced. A room is
-// sent on one connection, so its DONE follows its chunks. Every write has a deadline scaled
-// by its size. Fence(room) stops any later read of
-// the room's source pages, drops it from the queue with its budget, ends a Send of it that
-// waits for admission (ErrFenced) and returns at once: done when no worker reads the pages
-// (I9), else the worker that lets go calls SenderConfig.OnFenced, and a write still in
-// progress after FenceGrace has its deadline set to now, which breaks that connection (the
-// slot redials). A room's Done callback runs only after its writer let go of it, and never
-// once it was fenced. A broken connection fails the rooms written or awaiting a result on it
-// with transfer_error; rooms still queued go out on the next connection.
+// backoff. A room's transfer is a stream: Open registers it with its destination pages and
+// pins it to the slot with the fewest open streams, so its chunks and DONE stay in order on
+// one connection; each Append queues the next page positions of every buffer without
+// waiting, and the Last piece, with the aux row, closes it. Pieces wait for the peer's
+// in-flight budget (MaxInflightBytes) in FIFO order per peer, then for their slot's writer;
+// each chunk's bytes are given back as its write returns, not at the RESULT, so a stream
+// larger than the budget never waits on its own earlier pieces. A stream's chunks carry one
+// sequence across its pieces, and its DONE the stream's chunk and page totals, so the
+// receiver's checks are the same for a room sent in one piece or many. WaitAdmitted waits
+// for the stream's pieces' admission (backpressure), and Send is Open, one Last piece and
+// WaitAdmitted. Every write has a deadline scaled by its size. Fence(room) stops any later
+// read of the room's source pages, drops its queued pieces with their budget, ends a wait
+// for admission (ErrFenced), refuses later Appends and returns at once: done when no worker
+// reads the pages (I9), else the worker that lets go calls SenderConfig.OnFenced, and a
+// write still in progress after FenceGrace has its deadline set to now, which breaks that
+// connection (the slot redials). A room's Done callback runs only after its writer let go
+// of it, and never once it was fenced. A broken connection fails the streams that wrote a
+// chunk on it or await a result on it with transfer_error; a stream that wrote nothing yet
+// goes out on the slot's next connection.
 //
 // # Fence contract (both sides)
 //
@@ -79,7 +87,7 @@
 // returns false, OnFenced(key) follows exactly once, on the transfer goroutine that let go,
 // under no transfer lock, within FenceGrace plus one piece (receiver) or one chunk write
 // (sender); it is never called for a Fence that returned true. The fence is sticky: the room
-// takes no more work, and its key stays taken (Send and Expect refuse it as a duplicate) until
+// takes no more work, and its key stays taken (Open and Expect refuse it as a duplicate) until
 // the fence is done.
 //
 // # Goroutines and ownership
@@ -94,8 +102,9 @@
 //     those, or on the goroutine that calls Close or RemovePeer; OnFenced on the slot or
 //     checksum goroutine that let go.
 //   - A pending fence's FenceGrace timer runs on its own goroutine; it only sets a deadline.
-//   - Expect, Fence, FenceWait, Send, AddPeer and RemovePeer may be called from any
-//     goroutine; Fence never blocks on I/O.
+//   - Expect, Fence, FenceWait, Open, Append, WaitAdmitted, Send, AddPeer and RemovePeer
+//     may be called from any goroutine; Fence, Open and Append never block on I/O. Append
+//     the pieces of one stream from one caller at a time, in position order.
 //
 // # Transports
 //
@@ -130,12 +139,13 @@
 //     Checksum, ...}).
 //  2. On REGISTER, AddPeer(data endpoint, peer layout); refuse the peer if it errors. On
 //     peer loss or restart, RemovePeer.
-//  3. Send each room with its source and destination runs and aux row. Done(nil) means
-//     decode confirmed every byte: report Success. Done(err) carries a Reason: report
-//     Failed.
+//  3. Open each room's stream with its destination runs once decode's METADATA arrived,
+//     Append its source pages as the engine produces them (the last piece with the aux
+//     row), or Send it in one call. Done(nil) means decode confirmed every byte: report
+//     Success. Done(err) carries a Reason: report Failed.
 //  4. Before reporting a room Failed for any other cause (abort, timeout), call Fence(room);
 //     Done will not run. No worker reads the room's pages once the fence is done: Fence
-//     returned true, or OnFenced(room) arrived (or FenceWait returned). A Send of the room
-//     still waiting for admission returns ErrFenced.
+//     returned true, or OnFenced(room) arrived (or FenceWait returned). A Send or
+//     WaitAdmitted of the room still waiting for admission returns ErrFenced.
 //  5. Close the Sender, then the Region.
 package transfer

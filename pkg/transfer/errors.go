@@ -61,6 +61,9 @@ var (
 	ErrUnknownPeer = errors.New("transfer: unknown peer")
 	// ErrFenced means Send was waiting for admission when its room was fenced; nothing was charged.
 	ErrFenced = errors.New("transfer: room fenced")
+	// ErrStreamEnded means Append named a stream that is not open, or that already took its
+	// last piece or failed (its Done says why).
+	ErrStreamEnded = errors.New("transfer: stream not open or ended")
 	// ErrDuplicateRoom means a live room with the same key is already registered (a Sender
 	// takes one rank of a room at a time: see the package doc, Ranks on the wire).
 	ErrDuplicateRoom = errors.New("transfer: room already registered")

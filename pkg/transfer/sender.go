@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -20,9 +21,10 @@ type SenderConfig struct {
 	Checksum Checksum
 	// MaxChunkBytes bounds one chunk's payload; a chunk holds at least one page. Default 1 MiB.
 	MaxChunkBytes int64
-	// MaxInflightBytes bounds the bytes of rooms accepted by Send and not yet finished, per
-	// peer; Send blocks beyond it (backpressure). A room larger than the bound is admitted
-	// alone. Default 256 MiB.
+	// MaxInflightBytes bounds, per peer, the bytes of appended pieces queued or being
+	// written; each chunk's bytes are given back as its write returns. Pieces beyond it wait
+	// in FIFO order (WaitAdmitted, and Send, block on them: backpressure). A piece larger than
+	// the bound is admitted alone. Default 256 MiB.
 	MaxInflightBytes int64
 	// DialTimeout bounds a dial plus the Authenticator preface. Default 5s.
 	DialTimeout time.Duration
@@ -101,20 +103,45 @@ func (c *SenderConfig) setDefaults() error {
 	return nil
 }
 
-// SendRequest is one room's transfer. Src and Dst have one page list per buffer (SamePages
-// builds them when every buffer uses the same pages); the k-th source page of a buffer goes
-// to its k-th destination page. Aux is the aux row (the layout's RowLen bytes, or empty when
-// the room has none); it is copied.
+// SendRequest is one room's transfer in one call: Send opens its stream and appends all of
+// its pages as the last piece. Src and Dst have one page list per buffer (SamePages builds
+// them when every buffer uses the same pages); the k-th source page of a buffer goes to its
+// k-th destination page. Aux is the aux row (the layout's RowLen bytes, or empty when the
+// room has none); it is copied.
 type SendRequest struct {
 	Peer     string
 	Key      Key
 	Src, Dst [][]Run
 	Aux      []byte
+	// Done is as Stream.Done.
+	Done func(err error)
+}
+
+// Stream is one rank's share of a room, opened once decode's destination pages are known
+// and filled by Append as the engine produces pages, so its bytes go on the wire while the
+// engine still computes the rest.
+type Stream struct {
+	Peer string
+	Key  Key
+	// Dst has one page list per buffer, in position order: a buffer's k-th appended source
+	// page goes to its k-th destination page.
+	Dst [][]Run
 	// Done is called exactly once, from a sender goroutine, after no worker reads the
-	// room's source pages any more: with nil once the receiver confirmed every page and
+	// stream's source pages any more: with nil once the receiver confirmed every page and
 	// the aux row (I8), or with an *Error carrying a Reason. It is not called once
 	// Fence(Key) was called. It must not block.
 	Done func(err error)
+}
+
+// Piece is the next page positions of a stream: Src has one page list per buffer, the
+// source pages of that buffer's next positions (a buffer may have none in a piece).
+type Piece struct {
+	Src [][]Run
+	// Last closes the stream: after it every destination page of every buffer has its
+	// source, and DONE with Aux (the aux row, copied; empty when the room has none) follows
+	// the stream's chunks.
+	Last bool
+	Aux  []byte
 }
 
 // Sender is the prefill-side Transport over stream connections (TCP, or MemNetwork pipes).
@@ -167,7 +194,7 @@ func (s *Sender) AddPeer(addr string, layout Layout) error {
 		// The layout of a live peer is immutable; a restarted peer is removed and re-added.
 		return p.layout.Compatible(layout)
 	}
-	p := newPeer(s, addr, layout)
+	p := newPeer(s, addr, layout, s.cfg.ConnsPerPeer)
 	s.peers[addr] = p
 	for i := 0; i < s.cfg.ConnsPerPeer; i++ {
 		s.wg.Add(1)
@@ -180,7 +207,7 @@ func (s *Sender) AddPeer(addr string, layout Layout) error {
 	return nil
 }
 
-// RemovePeer stops the peer's connections; its queued and unfinished rooms fail with
+// RemovePeer stops the peer's connections; its open and unfinished streams fail with
 // transfer_error.
 func (s *Sender) RemovePeer(addr string) {
 	s.mu.Lock()
@@ -192,93 +219,186 @@ func (s *Sender) RemovePeer(addr string) {
 	}
 }
 
-// Send checks req's shape and its source pages against the local region (the pages it will
-// read), pairs and coalesces its page runs and queues it on the peer. It blocks while the
-// peer's in-flight budget is used up, until ctx ends or the room is fenced (ErrFenced, with
-// reason fenced: the fence's caller knows why the room ended); a Send that returns an error
-// charged nothing. Nothing is read or sent for a request that
-// fails these checks. The destination pages are the receiver's to check: it refuses a chunk
-// naming a page outside its region or its room's destination before writing a byte, and the
-// room fails with reason invalid.
+// Send is Open, Append of every page as the last piece, and WaitAdmitted: it blocks while
+// the peer's in-flight budget is used up, until ctx ends or the room is fenced (ErrFenced,
+// with reason fenced: the fence's caller knows why the room ended). A Send that returns an
+// error charged nothing and its Done will not run.
 func (s *Sender) Send(ctx context.Context, req SendRequest) error {
+	if err := s.Open(Stream{Peer: req.Peer, Key: req.Key, Dst: req.Dst, Done: req.Done}); err != nil {
+		return err
+	}
+	err := s.Append(req.Key, Piece{Src: req.Src, Last: true, Aux: req.Aux})
+	if err == nil {
+		err = s.WaitAdmitted(ctx, req.Key)
+	}
+	if err != nil && !errors.Is(err, ErrFenced) {
+		s.fence(req.Key) // withdrawn: no worker started on it, and Done must not run
+	}
+	return err
+}
+
+// Open registers a stream and pins it to one of the peer's connection slots (the one with
+// the fewest open streams), so its chunks and DONE stay in order on one connection. It
+// checks the stream's shape; the destination pages are the receiver's to check: it refuses
+// a chunk naming a page outside its region or its room's destination before writing a byte,
+// and the room fails with reason invalid. Nothing is sent before Append.
+func (s *Sender) Open(st Stream) error {
+	local := s.region.Layout()
+	if len(st.Dst) != len(local.Buffers) {
+		return fmt.Errorf("%w: %d destination page lists for %d buffers", ErrRunsMismatch, len(st.Dst), len(local.Buffers))
+	}
+	j := &job{s: s, st: st, dst: st.Dst, dstPages: make([]int64, len(st.Dst)), next: make([]int64, len(st.Dst)),
+		fenceCh: make(chan struct{})}
+	for b, runs := range st.Dst {
+		j.dstPages[b] = CountPages(runs)
+		j.pages += j.dstPages[b]
+	}
+	if j.pages > 1<<32-1 {
+		return fmt.Errorf("%w: %d pages in one room", ErrFrameTooLarge, j.pages)
+	}
 	s.mu.Lock()
-	p := s.peers[req.Peer]
-	closed := s.closed
-	_, dup := s.jobs[req.Key.wire()]
-	s.mu.Unlock()
-	switch {
-	case closed:
+	p := s.peers[st.Peer]
+	switch _, dup := s.jobs[st.Key.wire()]; {
+	case s.closed:
+		s.mu.Unlock()
 		return ErrClosed
 	case p == nil:
-		return fmt.Errorf("%w: %s", ErrUnknownPeer, req.Peer)
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %s", ErrUnknownPeer, st.Peer)
 	case dup:
-		return fmt.Errorf("%w: %v", ErrDuplicateRoom, req.Key)
-	}
-	j, err := s.plan(req, p.layout)
-	if err != nil {
-		return err
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %v", ErrDuplicateRoom, st.Key)
 	}
 	j.peer = p
-	// The job is known before it waits for admission, so a Fence of its key finds it and
-	// ends the wait.
-	s.mu.Lock()
-	if _, dup := s.jobs[req.Key.wire()]; dup || s.closed {
-		s.mu.Unlock()
-		if dup {
-			return fmt.Errorf("%w: %v", ErrDuplicateRoom, req.Key)
-		}
-		return ErrClosed
-	}
-	s.jobs[req.Key.wire()] = j
+	s.jobs[st.Key.wire()] = j
 	s.mu.Unlock()
-	if err := p.acquire(ctx, j.charge, j.fenceCh); err != nil {
+	if !p.open(j) {
 		j.finalize(nil, false)
-		return err
-	}
-	j.mu.Lock()
-	fenced := j.fenced
-	j.admitted = !fenced
-	j.mu.Unlock()
-	if fenced { // fenced between admission and here: the fence did not see the charge
-		p.release(j.charge)
-		return fail(ReasonFenced, ErrFenced)
-	}
-	if !p.enqueue(j) {
-		j.finish(fail(ReasonTransferError, ErrUnknownPeer))
+		return ErrClosed
 	}
 	return nil
 }
 
-// plan validates a request and computes its segments.
-func (s *Sender) plan(req SendRequest, peerLayout Layout) (*job, error) {
+// Append checks a piece against the local region and the stream's destination (the next
+// positions of each buffer, the last piece covering all of them), pairs its runs and queues
+// it without waiting: the piece is admitted into the peer's in-flight budget in FIFO order
+// per peer, and each chunk's bytes are given back as its write returns, so a stream larger
+// than the budget never waits on its own earlier pieces. Nothing of a piece that fails these
+// checks is sent, and the stream stays as it was. Append of a fenced stream fails with
+// ErrFenced, of an ended one with ErrStreamEnded.
+func (s *Sender) Append(key Key, pc Piece) error {
+	s.mu.Lock()
+	j := s.jobs[key.wire()]
+	s.mu.Unlock()
+	if j == nil || j.st.Key != key {
+		return fmt.Errorf("%w: %v", ErrStreamEnded, key)
+	}
 	local := s.region.Layout()
-	if len(req.Src) != len(local.Buffers) || len(req.Dst) != len(local.Buffers) {
-		return nil, fmt.Errorf("%w: %d source and %d destination page lists for %d buffers",
-			ErrRunsMismatch, len(req.Src), len(req.Dst), len(local.Buffers))
+	if len(pc.Src) != len(local.Buffers) {
+		return fmt.Errorf("%w: %d source page lists for %d buffers", ErrRunsMismatch, len(pc.Src), len(local.Buffers))
 	}
-	if n := len(req.Aux); n != 0 && int64(n) != peerLayout.Aux.RowLen {
-		return nil, fmt.Errorf("%w: aux row of %d bytes, peer rows are %d", ErrAuxMismatch, n, peerLayout.Aux.RowLen)
+	if n := len(pc.Aux); n != 0 && (!pc.Last || int64(n) != j.peer.layout.Aux.RowLen) {
+		return fmt.Errorf("%w: aux row of %d bytes (last %v), peer rows are %d", ErrAuxMismatch, n, pc.Last, j.peer.layout.Aux.RowLen)
 	}
-	j := &job{s: s, req: req, aux: append([]byte(nil), req.Aux...), segs: make([][]Segment, len(req.Src)),
-		fenceCh: make(chan struct{})}
-	for i := range req.Src {
-		if err := ValidateRuns(req.Src[i], local.Buffers[i].Pages()); err != nil {
-			return nil, fmt.Errorf("buffer %d source: %w", i, err)
+	w := &piece{j: j, last: pc.Last, aux: append([]byte(nil), pc.Aux...), segs: make([][]Segment, len(pc.Src))}
+	counts := make([]int64, len(pc.Src))
+	j.mu.Lock()
+	switch {
+	case j.fenced:
+		j.mu.Unlock()
+		return fail(ReasonFenced, ErrFenced)
+	case j.stopped || j.closed:
+		j.mu.Unlock()
+		return fmt.Errorf("%w: %v", ErrStreamEnded, key)
+	}
+	for b, src := range pc.Src {
+		if err := ValidateRuns(src, local.Buffers[b].Pages()); err != nil {
+			j.mu.Unlock()
+			return fmt.Errorf("buffer %d source: %w", b, err)
 		}
-		segs, err := Pair(req.Src[i], req.Dst[i])
+		n := CountPages(src)
+		if j.next[b]+n > j.dstPages[b] || pc.Last && j.next[b]+n != j.dstPages[b] {
+			j.mu.Unlock()
+			return fmt.Errorf("%w: buffer %d: %d source pages after position %d, %d destination pages (last %v)",
+				ErrRunsMismatch, b, n, j.next[b], j.dstPages[b], pc.Last)
+		}
+		segs, err := Pair(src, runsAt(j.dst[b], j.next[b], n))
 		if err != nil {
-			return nil, fmt.Errorf("buffer %d: %w", i, err)
+			j.mu.Unlock()
+			return fmt.Errorf("buffer %d: %w", b, err)
 		}
-		j.segs[i] = segs
-		n := CountPages(req.Src[i])
-		j.pages += n
-		j.charge += n * local.Buffers[i].ItemLen
+		w.segs[b], counts[b] = segs, n
+		w.pages += n
+		w.charge += n * local.Buffers[b].ItemLen
 	}
-	if j.pages > 1<<32-1 {
-		return nil, fmt.Errorf("%w: %d pages in one room", ErrFrameTooLarge, j.pages)
+	for b, n := range counts {
+		j.next[b] += n
 	}
-	j.charge = max(j.charge+int64(len(j.aux)), 1)
-	return j, nil
+	j.closed = pc.Last
+	j.mu.Unlock()
+	if w.pages == 0 && !w.last {
+		return nil
+	}
+	w.charge = max(w.charge+int64(len(w.aux)), 1)
+	return j.peer.append(w)
+}
+
+// WaitAdmitted waits until every piece appended to the stream so far is admitted into the
+// peer's in-flight budget (backpressure for a caller that wants it), until ctx ends, the
+// stream is fenced (ErrFenced) or the peer closes (ErrClosed). A stream that ended is
+// admitted.
+func (s *Sender) WaitAdmitted(ctx context.Context, key Key) error {
+	s.mu.Lock()
+	j := s.jobs[key.wire()]
+	s.mu.Unlock()
+	if j == nil || j.st.Key != key {
+		return nil
+	}
+	p := j.peer
+	for {
+		p.mu.Lock()
+		waiting, closed, ch := j.unadmitted > 0, p.closed, p.admitted
+		p.mu.Unlock()
+		switch {
+		case closed:
+			return ErrClosed
+		case !waiting:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			p.mu.Lock()
+			waiting = j.unadmitted > 0
+			p.mu.Unlock()
+			if !waiting {
+				return nil
+			}
+			return ctx.Err()
+		case <-p.done:
+			return ErrClosed
+		case <-j.fenceCh:
+			return fail(ReasonFenced, ErrFenced)
+		case <-ch:
+		}
+	}
+}
+
+// runsAt returns the n page positions of runs starting at position from.
+func runsAt(runs []Run, from, n int64) []Run {
+	var out []Run
+	for _, r := range runs {
+		if n == 0 {
+			break
+		}
+		if from >= int64(r.Count) {
+			from -= int64(r.Count)
+			continue
+		}
+		k := min(int64(r.Count)-from, n)
+		out = append(out, Run{Start: r.Start + int32(from), Count: int32(k)})
+		from, n = 0, n-k
+	}
+	return out
 }
 
 // Fence stops the room and returns at once: no worker starts reading its source pages
@@ -304,7 +424,7 @@ func (s *Sender) fence(key Key) (bool, <-chan struct{}) {
 	s.mu.Lock()
 	j := s.jobs[key.wire()]
 	s.mu.Unlock()
-	if j == nil || j.req.Key != key {
+	if j == nil || j.st.Key != key {
 		return true, nil // another rank's job is not this key's
 	}
 	j.mu.Lock()
@@ -319,11 +439,11 @@ func (s *Sender) fence(key Key) (bool, <-chan struct{}) {
 		}
 		letGo := j.letGo
 		j.mu.Unlock()
+		j.peer.dropPieces(j)
 		s.log.Debug("room fenced", zap.Stringer("room", key), zap.Bool("done", false))
 		return false, letGo
 	}
 	j.mu.Unlock()
-	j.peer.drop(j)
 	j.finalize(nil, false)
 	s.log.Debug("room fenced", zap.Stringer("room", key), zap.Bool("done", true))
 	return true, nil
@@ -349,28 +469,48 @@ func (s *Sender) Close() error {
 // (checksum and socket write), then decrements; Fence sets stopped, and the decrement that
 // reaches zero after it hands the room back (letGoFence).
 type job struct {
-	s      *Sender
-	peer   *peer // immutable once the job is in Sender.jobs
-	req    SendRequest
-	aux    []byte
-	segs   [][]Segment
-	pages  int64
-	charge int64
+	s    *Sender
+	peer *peer // immutable once the job is in Sender.jobs
+	st   Stream
+	dst  [][]Run
+	// dstPages and pages (their sum) are the stream's destination page counts.
+	dstPages []int64
+	pages    int64
+	slot     int // the peer's connection slot the stream is pinned to
 	// fenceCh is closed by the first Fence; it ends a wait for admission.
 	fenceCh chan struct{}
+	// unadmitted counts the stream's pieces waiting for the peer's budget; under peer.mu.
+	unadmitted int
+	// seq and sentPages are the stream's CHUNK sequence and the pages its chunks carried so
+	// far: only the pinned slot's goroutine touches them.
+	seq       uint32
+	sentPages int64
 
 	mu        sync.Mutex
+	next      []int64 // per buffer: positions appended so far
+	closed    bool    // the last piece was appended
 	readers   int
 	tc        *txConn // the connection whose writer holds the job, nil before
 	stopped   bool    // fenced or failed: no further read of source pages
 	fenced    bool
-	admitted  bool // charge is held in peer.inflight
-	writing   bool // a connection's writer holds the job
+	writing   bool // a connection's writer holds one of the stream's pieces
 	hasResult bool
 	result    error
 	letGo     chan struct{} // made by a Fence that found readers; closed when they let go
 	grace     *time.Timer   // interrupts the stalled write of a pending fence
 	once      sync.Once
+}
+
+// piece is an appended Piece, paired with its destination pages.
+type piece struct {
+	j      *job
+	segs   [][]Segment
+	pages  int64
+	charge int64 // its bytes (pages and aux row) in the peer's budget
+	last   bool
+	aux    []byte
+	// left is the part of charge still held in the peer's budget; under peer.mu.
+	left int64
 }
 
 // acquire marks a read of the source pages as started, unless the job is stopped.
@@ -426,9 +566,9 @@ func (j *job) release() {
 func (j *job) letGoFence() {
 	j.finalize(nil, false)
 	close(j.letGo)
-	j.s.log.Debug("fenced room let go", zap.Stringer("room", j.req.Key))
+	j.s.log.Debug("fenced room let go", zap.Stringer("room", j.st.Key))
 	if f := j.s.cfg.OnFenced; f != nil {
-		f(j.req.Key)
+		f(j.st.Key)
 	}
 }
 
@@ -443,7 +583,7 @@ func (j *job) interrupt() {
 	}
 	j.mu.Unlock()
 	if stalled {
-		j.s.log.Warn("stalled io interrupted", zap.Stringer("room", j.req.Key), zap.String("peer", j.req.Peer),
+		j.s.log.Warn("stalled io interrupted", zap.Stringer("room", j.st.Key), zap.String("peer", j.st.Peer),
 			zap.Duration("grace", j.s.cfg.FenceGrace))
 	}
 }
@@ -482,26 +622,22 @@ func (j *job) setWriting(w bool) {
 func (j *job) finalize(err error, callDone bool) {
 	j.once.Do(func() {
 		j.s.mu.Lock()
-		if w := j.req.Key.wire(); j.s.jobs[w] == j {
+		if w := j.st.Key.wire(); j.s.jobs[w] == j {
 			delete(j.s.jobs, w)
 		}
 		j.s.mu.Unlock()
 		j.mu.Lock()
-		charged := j.admitted
-		j.admitted = false
 		callDone = callDone && !j.fenced
 		j.mu.Unlock()
-		if charged {
-			j.peer.release(j.charge)
-		}
+		j.peer.forget(j)
 		if !callDone {
 			return
 		}
 		if err != nil {
-			j.s.log.Warn("room transfer failed", zap.Stringer("room", j.req.Key), zap.String("peer", j.req.Peer), zap.Error(err))
+			j.s.log.Warn("room transfer failed", zap.Stringer("room", j.st.Key), zap.String("peer", j.st.Peer), zap.Error(err))
 		}
-		if j.req.Done != nil {
-			j.req.Done(err)
+		if j.st.Done != nil {
+			j.st.Done(err)
 		}
 	})
 }

@@ -16,117 +16,188 @@ import (
 	"github.com/pdlink/pdlink/pkg/pagelist"
 )
 
-// peer is one decode peer: a queue of rooms, the in-flight byte budget and ConnsPerPeer
-// slots, each a goroutine that dials, serves one connection until it breaks and redials.
+// peer is one decode peer: the in-flight byte budget with its FIFO of pieces waiting for
+// it, and ConnsPerPeer slots, each a queue of admitted pieces and a goroutine that dials,
+// serves one connection until it breaks and redials.
 type peer struct {
 	s      *Sender
 	addr   string
 	layout Layout // immutable
 
 	mu       sync.Mutex
-	queue    []*job
+	waiting  []*piece // appended, not yet admitted, in append order
 	inflight int64
-	freed    chan struct{} // closed and replaced whenever budget is released
+	admitted chan struct{} // closed and replaced whenever pieces are admitted
+	slots    []*slot
+	streams  map[*job]struct{} // open streams, failed if the peer closes
 	conns    map[*txConn]struct{}
 	closed   bool
 	closeErr error
-	wake     chan struct{} // 1-slot trigger: the queue has work
 	done     chan struct{} // closed by close
 }
 
-func newPeer(s *Sender, addr string, layout Layout) *peer {
-	return &peer{s: s, addr: addr, layout: layout, freed: make(chan struct{}), conns: make(map[*txConn]struct{}),
-		wake: make(chan struct{}, 1), done: make(chan struct{})}
+// slot is one connection slot's queue; the streams pinned to it are written by its
+// goroutine only, in the order their pieces were admitted.
+type slot struct {
+	queue   []*piece
+	streams int           // open streams pinned here
+	wake    chan struct{} // 1-slot trigger: the queue has work
 }
 
-// acquire takes n bytes of the in-flight budget, waiting while it is used up until ctx ends,
-// the peer closes or fenced is closed (ErrFenced, reason fenced).
-func (p *peer) acquire(ctx context.Context, n int64, fenced <-chan struct{}) error {
-	for {
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
-			return ErrClosed
-		}
-		if p.inflight == 0 || p.inflight+n <= p.s.cfg.MaxInflightBytes {
-			p.inflight += n
-			p.mu.Unlock()
-			return nil
-		}
-		ch := p.freed
-		p.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-p.done:
-			return ErrClosed
-		case <-fenced:
-			return fail(ReasonFenced, ErrFenced)
-		case <-ch:
+func newPeer(s *Sender, addr string, layout Layout, slots int) *peer {
+	p := &peer{s: s, addr: addr, layout: layout, admitted: make(chan struct{}), streams: make(map[*job]struct{}),
+		conns: make(map[*txConn]struct{}), done: make(chan struct{})}
+	for range slots {
+		p.slots = append(p.slots, &slot{wake: make(chan struct{}, 1)})
+	}
+	return p
+}
+
+// open pins a new stream to the slot with the fewest open streams.
+func (p *peer) open(j *job) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	for i, sl := range p.slots {
+		if sl.streams < p.slots[j.slot].streams {
+			j.slot = i
 		}
 	}
+	p.slots[j.slot].streams++
+	p.streams[j] = struct{}{}
+	return true
 }
 
-func (p *peer) release(n int64) {
+// forget drops an ended stream and its queued pieces.
+func (p *peer) forget(j *job) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.streams[j]; ok {
+		delete(p.streams, j)
+		p.slots[j.slot].streams--
+	}
+	p.dropLocked(j)
+}
+
+// append queues a piece behind the pieces already waiting for the budget.
+func (p *peer) append(w *piece) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("%w: %s", ErrUnknownPeer, p.addr)
+	}
+	w.j.mu.Lock()
+	stopped, fenced := w.j.stopped, w.j.fenced
+	w.j.mu.Unlock()
+	switch {
+	case fenced:
+		return fail(ReasonFenced, ErrFenced)
+	case stopped: // failed meanwhile: its Done tells why
+		return fmt.Errorf("%w: %v", ErrStreamEnded, w.j.st.Key)
+	}
+	w.j.unadmitted++
+	p.waiting = append(p.waiting, w)
+	p.admitLocked()
+	return nil
+}
+
+// admitLocked admits waiting pieces in order while the budget has room (a piece larger than
+// the budget alone), each onto its stream's slot.
+func (p *peer) admitLocked() {
+	n := 0
+	for _, w := range p.waiting {
+		if p.inflight != 0 && p.inflight+w.charge > p.s.cfg.MaxInflightBytes {
+			break
+		}
+		p.inflight += w.charge
+		w.left = w.charge
+		w.j.unadmitted--
+		sl := p.slots[w.j.slot]
+		sl.queue = append(sl.queue, w)
+		signal(sl.wake)
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	clear(p.waiting[:n])
+	p.waiting = p.waiting[n:]
+	close(p.admitted)
+	p.admitted = make(chan struct{})
+}
+
+// releaseLocked gives n bytes of w's charge (at most what it still holds) back to the budget.
+func (p *peer) releaseLocked(w *piece, n int64) {
+	n = min(n, w.left)
+	if n <= 0 {
+		return
+	}
+	w.left -= n
 	p.inflight -= n
-	close(p.freed)
-	p.freed = make(chan struct{})
+	p.admitLocked()
+}
+
+func (p *peer) release(w *piece, n int64) {
+	p.mu.Lock()
+	p.releaseLocked(w, n)
 	p.mu.Unlock()
 }
 
-func (p *peer) signal() {
+func signal(wake chan struct{}) {
 	select {
-	case p.wake <- struct{}{}:
+	case wake <- struct{}{}:
 	default:
 	}
 }
 
-// enqueue queues an admitted job; one fenced meanwhile is left out (its fence freed it).
-func (p *peer) enqueue(j *job) bool {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return false
-	}
-	j.mu.Lock()
-	fenced := j.fenced
-	j.mu.Unlock()
-	if !fenced {
-		p.queue = append(p.queue, j)
-	}
-	p.mu.Unlock()
-	p.signal()
-	return true
-}
-
-// drop removes a fenced job from the queue, if it is still there.
-func (p *peer) drop(j *job) {
+// dropPieces removes a stopped stream's pieces from the waiting list and its slot's queue,
+// giving their budget back.
+func (p *peer) dropPieces(j *job) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if i := slices.Index(p.queue, j); i >= 0 {
-		p.queue = slices.Delete(p.queue, i, i+1)
-	}
+	p.dropLocked(j)
 }
 
-// pop hands the next job that is not stopped to a writer, or nil.
-func (p *peer) pop() *job {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for len(p.queue) > 0 {
-		j := p.queue[0]
-		p.queue[0] = nil
-		p.queue = p.queue[1:]
-		j.mu.Lock()
-		ok := !j.stopped
-		j.writing = ok
-		j.mu.Unlock()
-		if ok {
-			if len(p.queue) > 0 {
-				p.signal()
-			}
-			return j
+func (p *peer) dropLocked(j *job) {
+	if j.unadmitted > 0 {
+		p.waiting = slices.DeleteFunc(p.waiting, func(w *piece) bool { return w.j == j })
+		j.unadmitted = 0
+	}
+	sl := p.slots[j.slot]
+	var mine []*piece
+	sl.queue = slices.DeleteFunc(sl.queue, func(w *piece) bool {
+		if w.j == j {
+			mine = append(mine, w)
 		}
+		return w.j == j
+	})
+	for _, w := range mine {
+		p.releaseLocked(w, w.left)
+	}
+}
+
+// pop hands the slot's next piece of a stream that is not stopped to its writer, or nil.
+func (p *peer) pop(i int) *piece {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sl := p.slots[i]
+	for len(sl.queue) > 0 {
+		w := sl.queue[0]
+		sl.queue[0] = nil
+		sl.queue = sl.queue[1:]
+		w.j.mu.Lock()
+		ok := !w.j.stopped
+		w.j.writing = ok
+		w.j.mu.Unlock()
+		if ok {
+			if len(sl.queue) > 0 {
+				signal(sl.wake)
+			}
+			return w
+		}
+		p.releaseLocked(w, w.left)
 	}
 	return nil
 }
@@ -138,14 +209,16 @@ func (p *peer) close(err error) {
 		return
 	}
 	p.closed, p.closeErr = true, err
-	q := p.queue
-	p.queue = nil
+	open := make([]*job, 0, len(p.streams))
+	for j := range p.streams {
+		open = append(open, j)
+	}
 	close(p.done)
 	for tc := range p.conns {
 		tc.conn.Close()
 	}
 	p.mu.Unlock()
-	for _, j := range q {
+	for _, j := range open {
 		j.finish(fail(ReasonTransferError, err))
 	}
 }
@@ -175,7 +248,7 @@ func (p *peer) runSlot(slot int) {
 			continue
 		}
 		backoff = cfg.RedialMin
-		tc := &txConn{p: p, conn: conn, awaiting: make(map[wireKey]*job), dead: make(chan struct{})}
+		tc := &txConn{p: p, slot: slot, conn: conn, awaiting: make(map[wireKey]*job), dead: make(chan struct{})}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -223,6 +296,7 @@ func (p *peer) dial() (net.Conn, error) {
 // pongs. Both end when either fails; the rooms awaiting on it then fail with transfer_error.
 type txConn struct {
 	p      *peer
+	slot   int
 	conn   net.Conn
 	pingAt atomic.Int64 // unix nanos of the unanswered ping, 0 if none
 
@@ -263,8 +337,8 @@ func (tc *txConn) writeLoop() error {
 	t := time.NewTimer(cfg.KeepAlive)
 	defer t.Stop()
 	for {
-		if j := tc.p.pop(); j != nil {
-			if err := tc.sendJob(j); err != nil {
+		if w := tc.p.pop(tc.slot); w != nil {
+			if err := tc.sendPiece(w); err != nil {
 				return err
 			}
 			t.Reset(cfg.KeepAlive)
@@ -275,7 +349,7 @@ func (tc *txConn) writeLoop() error {
 			return tc.p.closeErr
 		case <-tc.dead:
 			return tc.readErr
-		case <-tc.p.wake:
+		case <-tc.p.slots[tc.slot].wake:
 		case <-t.C:
 			if tc.pingAt.Load() == 0 {
 				tc.pingAt.Store(time.Now().UnixNano())
@@ -307,13 +381,17 @@ func (tc *txConn) writeArmed(iov [][]byte) error {
 	return err
 }
 
-// sendJob writes a room's chunks and DONE. It returns an error only if the connection broke.
-func (tc *txConn) sendJob(j *job) error {
-	key := j.req.Key.wire()
+// sendPiece writes a piece's chunks and, for the last, the stream's DONE. It returns an
+// error only if the connection broke. The piece's budget is given back as its chunks are
+// written, the rest when it ends.
+func (tc *txConn) sendPiece(w *piece) error {
+	j := w.j
+	key := j.st.Key.wire()
 	tc.mu.Lock()
 	tc.awaiting[key] = j
 	tc.mu.Unlock()
-	sent, err := tc.writeJob(j)
+	sent, err := tc.writePiece(w)
+	tc.p.release(w, w.charge)
 	if !sent && err == nil { // abandoned: stopped by Fence or by a failure result
 		tc.mu.Lock()
 		if tc.awaiting[key] == j {
@@ -334,10 +412,10 @@ type chunkPlan struct {
 	bytes int64
 }
 
-// planChunks splits a job's segments into chunks of at most MaxChunkBytes
+// planChunks splits a piece's segments into chunks of at most MaxChunkBytes
 // (at least one page each), pagelist.MaxRuns runs and pagelist.MaxPages
 // pages, the bounds the receiver checks each chunk against.
-func (tc *txConn) planChunks(j *job) []chunkPlan {
+func (tc *txConn) planChunks(j *piece) []chunkPlan {
 	s := tc.p.s
 	cfg := &s.cfg
 	var plans []chunkPlan
@@ -402,21 +480,24 @@ func checksums(j *job, plans []chunkPlan, quit <-chan struct{}) <-chan uint32 {
 	return out
 }
 
-func (tc *txConn) writeJob(j *job) (bool, error) {
+// writePiece writes a piece's chunks, continuing the stream's seq, then the stream's DONE
+// after its last piece. sent is false if the stream was stopped before all of it was written.
+func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
+	j := w.j
 	s := tc.p.s
 	cfg := &s.cfg
 	var flags uint16
 	if cfg.Checksum == ChecksumCRC32C {
 		flags = FlagPayloadCRC
 	}
-	plans := tc.planChunks(j)
+	plans := tc.planChunks(w)
 	var crcs <-chan uint32
 	if flags != 0 {
 		quit := make(chan struct{})
 		defer close(quit)
 		crcs = checksums(j, plans, quit)
 	}
-	for seq, c := range plans {
+	for _, c := range plans {
 		var crc uint32
 		if crcs != nil {
 			var ok bool
@@ -425,7 +506,7 @@ func (tc *txConn) writeJob(j *job) (bool, error) {
 			}
 		}
 		tc.meta = AppendRuns(append(tc.meta[:0], make([]byte, HeaderSize)...), c.runs)
-		h := Header{Type: FrameChunk, Flags: flags, Room: j.req.Key.Room, Nonce: j.req.Key.Nonce, Seq: uint32(seq),
+		h := Header{Type: FrameChunk, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Seq: j.seq,
 			Buffer: uint32(c.buf), NumRuns: uint32(len(c.runs)), Pages: uint32(CountPages(c.runs)),
 			PayloadLen: uint64(c.bytes), PayloadCRC: crc, RunsCRC: RunsChecksum(tc.meta[HeaderSize:])}
 		h.Encode(tc.meta)
@@ -438,8 +519,13 @@ func (tc *txConn) writeJob(j *job) (bool, error) {
 		if err != nil {
 			return false, err
 		}
+		j.seq++
+		j.sentPages += int64(h.Pages)
+		tc.p.release(w, c.bytes)
 	}
-	seq := uint32(len(plans))
+	if !w.last {
+		return true, nil
+	}
 	j.mu.Lock()
 	stopped := j.stopped
 	j.mu.Unlock()
@@ -448,12 +534,12 @@ func (tc *txConn) writeJob(j *job) (bool, error) {
 	}
 	var crc uint32
 	if flags != 0 {
-		crc = crc32.Checksum(j.aux, castagnoli)
+		crc = crc32.Checksum(w.aux, castagnoli)
 	}
-	h := Header{Type: FrameDone, Flags: flags, Room: j.req.Key.Room, Nonce: j.req.Key.Nonce, Seq: seq,
-		Pages: uint32(j.pages), PayloadLen: uint64(len(j.aux)), PayloadCRC: crc}
+	h := Header{Type: FrameDone, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Seq: j.seq,
+		Pages: uint32(j.sentPages), PayloadLen: uint64(len(w.aux)), PayloadCRC: crc}
 	h.Encode(tc.hdr[:])
-	if err := tc.write([][]byte{tc.hdr[:], j.aux}, HeaderSize+int64(len(j.aux))); err != nil {
+	if err := tc.write([][]byte{tc.hdr[:], w.aux}, HeaderSize+int64(len(w.aux))); err != nil {
 		return false, err
 	}
 	return true, nil

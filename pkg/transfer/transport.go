@@ -149,9 +149,20 @@ type Transport interface {
 	AddPeer(addr string, layout Layout) error
 	// RemovePeer forgets a peer; its rooms fail with transfer_error.
 	RemovePeer(addr string)
-	// Send validates req and queues it. It blocks while the peer's in-flight byte budget is
-	// used up (backpressure) until ctx ends or the room is fenced (ErrFenced). On a nil
-	// return req.Done is called exactly once, unless Fence(req.Key) is called first.
+	// Open registers a room's stream (its destination pages per buffer) and pins it to one
+	// connection, so its chunks and DONE stay in order. Nothing is sent before Append. On a
+	// nil return st.Done is called exactly once, unless Fence(st.Key) is called first.
+	Open(st Stream) error
+	// Append queues the stream's next pages without waiting: they go on the wire as soon as
+	// the peer's in-flight budget admits them (FIFO per peer), continuing the stream's chunk
+	// sequence. The Last piece carries the aux row and closes the stream: DONE follows its
+	// chunks. A fenced stream's queued pieces are dropped.
+	Append(key Key, p Piece) error
+	// WaitAdmitted waits until the stream's pieces appended so far are admitted into the
+	// peer's budget (backpressure), ctx ends or the room is fenced (ErrFenced).
+	WaitAdmitted(ctx context.Context, key Key) error
+	// Send is Open, Append of every page as the last piece, and WaitAdmitted; on an error
+	// nothing stays queued and req.Done will not run.
 	Send(ctx context.Context, req SendRequest) error
 	// Fence stops the room and returns at once: no worker starts reading its source pages
 	// again and its Done callback will not run. done reports that no worker reads them now

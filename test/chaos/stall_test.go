@@ -68,13 +68,14 @@ func TestStalledDecodeSchedulerRoomsShowInMetricsThenTimeOut(t *testing.T) {
 }
 
 // The prefill scheduler never sends the last chunk of a third of the
-// rooms: prefill holds them in Transferring without progress, decode in
-// WaitingForInput; the metrics show them, then prefill's idle deadline
-// fails them and decode is told (or its own deadline fails them).
+// rooms: both sides hold them in Transferring without progress (the
+// earlier chunks' pages streamed to decode); the metrics show them, then
+// prefill's idle deadline fails them and decode is told (or its own
+// deadline fails them).
 func TestStalledPrefillSchedulerRoomsShowInMetricsThenTimeOut(t *testing.T) {
 	tm := testbed.ShortTimings()
 	stalled(t, "stalled prefill scheduler (no last chunk)", sim.Faults{StallPrefill: 0.33},
-		map[string]string{"prefilld": "Transferring", "decoded": "WaitingForInput"}, tm.Idle,
+		map[string]string{"prefilld": "Transferring", "decoded": "Transferring"}, tm.Idle,
 		func(o string) bool {
 			_, what, _ := strings.Cut(o, ":")
 			return what == "success" || what == "timeout:transferring" || what == "timeout:waiting_for_input" || what == "aborted:remote"
