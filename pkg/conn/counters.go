@@ -63,6 +63,15 @@ type Counters struct {
 	WatchDropped uint64
 }
 
+// countPeer adds one known peer to the PeersUp or PeersDown gauge.
+func (c *Counters) countPeer(up bool) {
+	if up {
+		c.PeersUp++
+	} else {
+		c.PeersDown++
+	}
+}
+
 // Frames returns the frames of type t in direction d.
 func (c Counters) Frames(t FrameType, d Direction) uint64 {
 	if t >= numFrameTypes || d > Received {

@@ -268,11 +268,7 @@ func (l *decodeLink) counters() Counters {
 	s := l.ctr.snapshot()
 	l.smu.Lock()
 	for _, x := range l.sessions {
-		if x.up {
-			s.PeersUp++
-		} else {
-			s.PeersDown++
-		}
+		s.countPeer(x.up)
 	}
 	l.smu.Unlock()
 	return s

@@ -187,18 +187,11 @@ func (l *prefillLink) counters() Counters {
 	s := l.ctr.snapshot()
 	l.pmu.Lock()
 	for _, p := range l.peers {
-		if p.up {
-			s.PeersUp++
-		} else {
-			s.PeersDown++
-		}
+		s.countPeer(p.up)
 	}
 	l.pmu.Unlock()
 	return s
 }
-
-// notify sends decode the outcome a NotifyPeer effect asks for: ABORT for
-// a failure caused here (R8), STATUS otherwise.
 
 // maintain sends heartbeats, declares silent peers lost (R10) and forgets
 // peers lost for long.
