@@ -33,19 +33,27 @@ func (d *gatedFenceDP) release(n interface{ Fenced(poll.Key) }, k poll.Key) {
 	n.Fenced(k)
 }
 
+// boundWithGatedFence is a pair whose prefill data plane holds every fence
+// until released, with room 1 bound.
+func boundWithGatedFence(t *testing.T, seed uint64) (*harness, *gatedFenceDP, poll.Key) {
+	t.Helper()
+	dp := newGatedFenceDP()
+	h := newHarnessWith(t, seed, options{pre: func(c *PrefillConfig) { c.DataPlane = dp }})
+	h.preDP = dp.fakeDP
+	key := h.open(1, 1)
+	if !h.waitBound(key, time.Second) {
+		t.Fatal("room not bound")
+	}
+	return h, dp, key
+}
+
 // I9 on prefill: the scheduler aborts a room while the sender still reads its pages (the
 // fence is held). Until the fence returns, everything the scheduler can read says the room
 // is live: Poll, Get's Visible, the subscription (Watch), Clear (NOT_TERMINAL), a second
 // Abort, and the error a Send (FirstSend) returns, which must not read as terminal. Once
 // the fence returns, Failed is visible and published.
 func TestPrefillShowsFailedOnlyAfterFence_I9(t *testing.T) {
-	dp := newGatedFenceDP()
-	h := newHarnessWith(t, 34, options{pre: func(c *PrefillConfig) { c.DataPlane = dp }})
-	h.preDP = dp.fakeDP
-	key := h.open(1, 1)
-	if !h.waitBound(key, time.Second) {
-		t.Fatal("room not bound")
-	}
+	h, dp, key := boundWithGatedFence(t, 34)
 	sub := h.pre.Subscribe(64)
 	defer sub.Close()
 	before := h.preState(1)
@@ -120,13 +128,7 @@ func TestPrefillShowsFailedOnlyAfterFence_I9(t *testing.T) {
 // extra. An Abort parked on a held fence returns at its ctx with ctx's error, and the
 // room's Failed still shows once the fence is done.
 func TestFencedIsIdempotentAndAParkedAbortEndsWithItsContext(t *testing.T) {
-	dp := newGatedFenceDP()
-	h := newHarnessWith(t, 35, options{pre: func(c *PrefillConfig) { c.DataPlane = dp }})
-	h.preDP = dp.fakeDP
-	key := h.open(1, 1)
-	if !h.waitBound(key, time.Second) {
-		t.Fatal("room not bound")
-	}
+	h, dp, key := boundWithGatedFence(t, 35)
 	sub := h.pre.Subscribe(64)
 	defer sub.Close()
 	h.pre.Fenced(poll.Key{Room: 7, Nonce: 7}) // never fenced: ignored
@@ -181,13 +183,7 @@ func TestFencedIsIdempotentAndAParkedAbortEndsWithItsContext(t *testing.T) {
 // Failed, so it never answers with the hidden state ("Transferring and
 // ending"). A live room returns at once; ctx ends the wait.
 func TestAwaitFailedVisibleWaitsForTheFence(t *testing.T) {
-	dp := newGatedFenceDP()
-	h := newHarnessWith(t, 36, options{pre: func(c *PrefillConfig) { c.DataPlane = dp }})
-	h.preDP = dp.fakeDP
-	key := h.open(1, 1)
-	if !h.waitBound(key, time.Second) {
-		t.Fatal("room not bound")
-	}
+	h, dp, key := boundWithGatedFence(t, 36)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := h.pre.AwaitFailedVisible(ctx, 1); err != nil {
