@@ -176,18 +176,22 @@ func (c *core) retransmit(now int64) {
 		c.log.Debug("reliable frame abandoned at its deadline", zap.Stringer("type", p.ft), zap.Uint64("seq", p.seq), zap.Uint64("room", uint64(p.key.Room)))
 	}
 	for _, p := range resend {
-		if p.frame == nil {
-			continue
+		if p.frame != nil {
+			c.resend(p)
 		}
-		if p.want != nil && !p.want() {
-			c.out.drop(p.seq)
-			continue
-		}
-		c.ctr.retransmits.Add(1)
-		c.ctr.frames[Sent][p.ft].Add(1)
-		if err := p.dest.transmit(p.frame); err != nil {
-			c.ctr.sendErrors.Add(1)
-		}
+	}
+}
+
+// resend sends p again unless its room no longer wants it.
+func (c *core) resend(p *pending) {
+	if p.want != nil && !p.want() {
+		c.out.drop(p.seq)
+		return
+	}
+	c.ctr.retransmits.Add(1)
+	c.ctr.frames[Sent][p.ft].Add(1)
+	if err := p.dest.transmit(p.frame); err != nil {
+		c.ctr.sendErrors.Add(1)
 	}
 }
 
@@ -196,15 +200,7 @@ func (c *core) retransmit(now int64) {
 // of leaving them to their backoff.
 func (c *core) resendRegistered(id poll.PeerID) {
 	for _, p := range c.out.registered(id) {
-		if p.want != nil && !p.want() {
-			c.out.drop(p.seq)
-			continue
-		}
-		c.ctr.retransmits.Add(1)
-		c.ctr.frames[Sent][p.ft].Add(1)
-		if err := p.dest.transmit(p.frame); err != nil {
-			c.ctr.sendErrors.Add(1)
-		}
+		c.resend(p)
 	}
 }
 
