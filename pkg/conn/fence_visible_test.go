@@ -210,16 +210,13 @@ func TestAwaitFailedVisibleWaitsForTheFence(t *testing.T) {
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- h.pre.AwaitFailedVisible(ctx, 1) }()
-	for deadline := time.Now().Add(5 * time.Second); h.pre.parkedCalls.Load() != 1; {
-		select {
-		case err := <-waited:
-			t.Fatalf("returned %v while the fence is held", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the wait never parked")
-		}
-		time.Sleep(time.Millisecond)
+	if !h.waitReal(5*time.Second, func() bool { return h.pre.parkedCalls.Load() == 1 }) {
+		t.Fatal("the wait never parked")
+	}
+	select {
+	case err := <-waited:
+		t.Fatalf("returned %v while the fence is held", err)
+	default:
 	}
 	dp.release(h.pre, key)
 	select {

@@ -120,13 +120,7 @@ func TestFenceWhileSenderStreamsNoByteLandsAfter_R7(t *testing.T) {
 
 func waitFor(t testing.TB, cond func() bool) {
 	t.Helper()
-	for i := 0; i < 1000; i++ {
-		if cond() {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatal("condition not met within 5s")
+	until(t, 5*time.Second, "condition", cond)
 }
 
 // TestDoneBeforeEveryPageFailsRoom_I8: a DONE that arrives before every page of every buffer
