@@ -23,6 +23,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // Server is one daemon process: its listeners, its gRPC and HTTP servers,
@@ -99,6 +101,7 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(cfg.Role, version),
+		dataTransportInfo(cfg.Role, cfg.DataTransport),
 	)
 	s.Registry.MustRegister(s.grpcLimit.collectors(sideOf(cfg.Role))...)
 
@@ -408,6 +411,17 @@ func buildInfo(role Role, version string) prometheus.Collector {
 		Help: "Always 1; labels say which daemon and version runs.",
 	}, []string{"side", "version"})
 	g.WithLabelValues(sideOf(role), version).Set(1)
+	return g
+}
+
+// dataTransportInfo says which data plane --data-transport chose, so a dashboard or an
+// alert can tell a daemon on TCP from one on the same-host path without reading its flags.
+func dataTransportInfo(role Role, kind transfer.Kind) prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pdlink_data_transport_info",
+		Help: "Always 1; the transport label is the --data-transport this daemon moves KV pages with.",
+	}, []string{"side", "transport"})
+	g.WithLabelValues(sideOf(role), string(kind)).Set(1)
 	return g
 }
 

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -41,10 +42,26 @@ func TestScrapeHasEveryMetricWithItsType(t *testing.T) {
 				}
 			}
 		}
+		if got := labelOf(mfs["pdlink_data_transport_info"], "transport"); got != "tcp" {
+			t.Errorf("%s: pdlink_data_transport_info transport=%q, want the default --data-transport tcp", side, got)
+		}
 		for _, want := range []string{"go_goroutines", "process_resident_memory_bytes"} {
 			if _, ok := mfs[want]; !ok {
 				t.Errorf("%s: %s missing (Go/process collectors)", side, want)
 			}
 		}
 	}
+}
+
+// labelOf is the value of label name on the family's only sample, "" when there is none.
+func labelOf(mf *dto.MetricFamily, name string) string {
+	if mf == nil || len(mf.GetMetric()) != 1 {
+		return ""
+	}
+	for _, l := range mf.GetMetric()[0].GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
 }

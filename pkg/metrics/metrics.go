@@ -265,6 +265,7 @@ func Names() map[string]string {
 		name("room_duration_seconds"):      "histogram",
 		name("transfer_duration_seconds"):  "histogram",
 		name("build_info"):                 "gauge",
+		name("data_transport_info"):        "gauge",
 	}
 }
 
