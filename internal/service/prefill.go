@@ -248,8 +248,14 @@ func (d *PrefillData) take(ctx context.Context, req *pb.SendRequest, region *tra
 		return d.notSendable(r.key.Room, poll.ErrTerminal)
 	}
 	if (r.started || int64(req.StartPosition) < r.srcPages) && r.repeats(int64(req.StartPosition), src, req.Last, req.AuxIndex) {
+		key, tk, sender := r.key, d.slot.key(r.key), d.sender
 		d.mu.Unlock()
-		return nil
+		if !req.Last {
+			return nil
+		}
+		// A retried last Send answers as the first call does: once the
+		// room's pages are admitted, or with the failure that ended them.
+		return d.awaitAdmission(ctx, sender, key, tk)
 	}
 	if r.started {
 		d.mu.Unlock()
@@ -320,11 +326,18 @@ func (d *PrefillData) take(ctx context.Context, req *pb.SendRequest, region *tra
 	if !req.Last {
 		return nil
 	}
-	// The last Send waits for its pages' admission into the peer's
-	// in-flight budget: the scheduler's backpressure.
+	return d.awaitAdmission(ctx, sender, key, tk)
+}
+
+// awaitAdmission waits for a room's pages to be admitted into the peer's
+// in-flight budget: the last Send's backpressure. A ctx that ends first
+// answers DeadlineExceeded (or Canceled) and leaves the room going: its
+// pages stay queued, go when admitted, and Poll shows the outcome; a retry
+// of the same Send waits for the same admission.
+func (d *PrefillData) awaitAdmission(ctx context.Context, sender transfer.Transport, key poll.Key, tk transfer.Key) error {
 	if err := sender.WaitAdmitted(ctx, tk); err != nil {
 		if ctx.Err() != nil {
-			return status.FromContextError(err).Err() // still queued: a retry is answered as a repeat
+			return status.FromContextError(err).Err()
 		}
 		return d.refused(ctx, key, err)
 	}
