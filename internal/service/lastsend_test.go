@@ -222,10 +222,18 @@ func sendWithin(p *pair, d time.Duration, req *pb.SendRequest) error {
 func waitBothSuccess(t *testing.T, p *pair, rooms ...uint64) {
 	t.Helper()
 	for _, r := range rooms {
-		eventually(t, "Success on both sides", func() bool {
-			ps, ds := pollState(t, p, r)
-			return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-		})
+		var ps, ds *pb.RoomStatus
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			ps, ds = pollState(t, p, r)
+			if ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("room %d not Success on both sides within 15s: prefill %v, decode %v", r, ps, ds)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 }
 
