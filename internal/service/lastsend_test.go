@@ -160,7 +160,14 @@ func startBudgetPair(t *testing.T) *budgetPair {
 	t.Cleanup(func() { senderHook, dataListenHook = nil, nil })
 	p := startPairWith(t, func(pre, dec *daemon.Config) {
 		dec.DataAdvertise = g.addr()
-		pre.DrainTimeout, dec.DrainTimeout = 100*time.Millisecond, 100*time.Millisecond
+		for _, c := range []*daemon.Config{pre, dec} {
+			c.DrainTimeout = 100 * time.Millisecond
+			// The 32 MiB room costs CPU under -race on a loaded machine:
+			// the daemons' defaults keep a starved heartbeat or a slow
+			// transfer from failing rooms that are only waiting.
+			c.HeartbeatInterval = time.Second
+			c.TransferIdleTimeout = 30 * time.Second
+		}
 	})
 	l := transfer.UniformLayout(1, 32, 1<<20, 8, 64)
 	for _, reg := range []func(path string) error{
