@@ -148,50 +148,54 @@ func TestLayerWiseSendsDeliverEveryBuffer(t *testing.T) {
 	}
 }
 
+// wantOnlyAbovePrefix checks every buffer of the room: positions below
+// prefix untouched, every byte of those above its source's.
+func (r *kvRoom) wantOnlyAbovePrefix(t *testing.T, prefix int) {
+	t.Helper()
+	for b := range 4 {
+		for k := range r.dst {
+			if k < prefix && !r.untouched(b, k) {
+				t.Fatalf("room %d buffer %d position %d, inside the prefix, was written", r.id, b, k)
+			}
+			if k >= prefix && !r.landed(b, k) {
+				t.Fatalf("room %d buffer %d position %d differs from its source", r.id, b, k)
+			}
+		}
+	}
+}
+
 // With prefix_len 2, decode's first two positions are never written in
-// any buffer, every byte above them is the source's, and only the bytes
-// above the prefix move (both daemons' transfer byte counters). A Send
-// naming a position below the prefix is refused; a room whose prefix is
-// every position completes with a last Send of no pages (the aux row).
+// any buffer and every byte above them is the source's, whether prefill
+// sends every position (the pages below the prefix are accepted and
+// skipped) or starts at the prefix as SGLang's prefill does; only the
+// bytes above the prefix move (both daemons' byte counters). A room whose
+// prefix is every position completes with a last Send of no pages.
 func TestPrefixPositionsMoveNoBytes(t *testing.T) {
 	p := startQuickPair(t)
 	pre, dec := registerRegions(t, p)
 	const prefix = 2
-	r := bindKV(t, p, pre, dec, 73, []int32{10, 11, 12, 13, 14, 15}, []int32{30, 31, 32, 33, 34, 35}, prefix)
-	err := r.send(0, 6, nil, true)
-	wantField(t, err, "start_position")
-	wantCode(t, err, codes.InvalidArgument, "prefix_len")
-	r.mustSend(t, prefix, 4, nil, false)
-	r.mustSend(t, 4, 6, nil, true)
-	waitBothSuccess(t, p, r.id)
-	for b := range 4 {
-		for k := range 6 {
-			if k < prefix && !r.untouched(b, k) {
-				t.Fatalf("buffer %d position %d, inside the prefix, was written", b, k)
-			}
-			if k >= prefix && !r.landed(b, k) {
-				t.Fatalf("buffer %d position %d differs from its source", b, k)
-			}
-		}
-	}
-	want := strconv.Itoa((6 - prefix) * 4 * 4096)
+	all := bindKV(t, p, pre, dec, 73, []int32{10, 11, 12, 13, 14, 15}, []int32{30, 31, 32, 33, 34, 35}, prefix)
+	all.mustSend(t, 0, 1, nil, false) // inside the prefix: nothing moves
+	all.mustSend(t, 1, 4, nil, false) // straddles it
+	all.mustSend(t, 4, 6, nil, true)
+	skips := bindKV(t, p, pre, dec, 74, []int32{16, 17, 18, 19}, []int32{36, 37, 38, 39}, prefix)
+	wantField(t, skips.send(3, 4, nil, false), "start_position") // past the prefix: positions 2 missing
+	skips.mustSend(t, prefix, 4, nil, true)
+	waitBothSuccess(t, p, all.id, skips.id)
+	all.wantOnlyAbovePrefix(t, prefix)
+	skips.wantOnlyAbovePrefix(t, prefix)
+	want := strconv.Itoa((6 - prefix + 4 - prefix) * 4 * 4096)
 	for _, side := range []struct{ base, label string }{{p.decHTTP, "decode"}, {p.preHTTP, "prefill"}} {
 		if got := metric(t, side.base, `pdlink_transfer_bytes_total{side="`+side.label+`"}`); got != want {
 			t.Errorf("%s moved %s bytes, want %s (positions above the prefix only)", side.label, got, want)
 		}
 	}
 
-	full := bindKV(t, p, pre, dec, 74, []int32{16, 17}, []int32{36, 37}, 2)
+	full := bindKV(t, p, pre, dec, 75, []int32{20, 21}, []int32{40, 41}, 2)
 	copy(pre.mem.AuxRow(2), "first-token:fullhit")
 	full.mustSend(t, 2, 2, nil, true)
 	waitBothSuccess(t, p, full.id)
-	for b := range 4 {
-		for k := range 2 {
-			if !full.untouched(b, k) {
-				t.Fatalf("full prefix: buffer %d position %d was written", b, k)
-			}
-		}
-	}
+	full.wantOnlyAbovePrefix(t, 2)
 	if got := string(dec.mem.AuxRow(3)[:19]); got != "first-token:fullhit" {
 		t.Fatalf("full prefix: aux row %q", got)
 	}
@@ -202,7 +206,7 @@ func TestPrefixPositionsMoveNoBytes(t *testing.T) {
 func TestSendBuffersAreValidatedAtTheEdge(t *testing.T) {
 	p := startQuickPair(t)
 	pre, dec := registerRegions(t, p)
-	r := bindKV(t, p, pre, dec, 75, []int32{1, 2}, []int32{3, 4}, 0)
+	r := bindKV(t, p, pre, dec, 77, []int32{1, 2}, []int32{3, 4}, 0)
 	wantField(t, r.send(0, 2, []uint32{4}, false), "buffers[0]")
 	wantField(t, r.send(0, 2, []uint32{1, 3, 1}, false), "buffers[2]")
 	wantField(t, r.send(0, 0, nil, false), "pages")

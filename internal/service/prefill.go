@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -56,7 +57,7 @@ type prefillRoom struct {
 	peerAddr string
 	dst      []transfer.Run // decode's pages, in position order
 	dstPages int64          // positions, the prefix included
-	prefix   int64          // leading positions decode holds: sent from the start, no bytes move
+	prefix   int64          // leading positions decode holds: a Send's pages there move no bytes
 	src      []transfer.Run // pages handed over so far, in the order taken
 	// next is every buffer's next position while every Send named all
 	// buffers; nextOf holds one per buffer from the first Send that named
@@ -115,10 +116,10 @@ func named(buffers []int, nbuf int, f func(b int) bool) {
 	}
 }
 
-// advance records n positions sent from start in the named buffers.
-func (r *prefillRoom) advance(buffers []int, nbuf int, n int64) {
+// advance records that the named buffers have every position up to end.
+func (r *prefillRoom) advance(buffers []int, nbuf int, end int64) {
 	if buffers == nil && r.nextOf == nil {
-		r.next += n
+		r.next = end
 		return
 	}
 	if r.nextOf == nil {
@@ -127,26 +128,31 @@ func (r *prefillRoom) advance(buffers []int, nbuf int, n int64) {
 			r.nextOf[b] = r.next
 		}
 	}
-	named(buffers, nbuf, func(b int) bool { r.nextOf[b] += n; return true })
+	named(buffers, nbuf, func(b int) bool { r.nextOf[b] = end; return true })
 }
 
 // checkPositions applies the position rules to a Send of n pages from
-// start in the named buffers: start is each one's next position (decode's
-// prefix counts as sent), they fit the destination, and a last Send
-// leaves every buffer at the end.
+// start in the named buffers: start is each one's next position, or, while
+// that is inside decode's prefix, any later position up to prefix_len (a
+// scheduler that knows the prefix skips it, as SGLang's prefill does);
+// the pages fit the destination; a last Send leaves every buffer at the
+// end.
 func (r *prefillRoom) checkPositions(start, n int64, buffers []int, nbuf int, last bool) error {
 	var err error
 	named(buffers, nbuf, func(b int) bool {
 		next := r.nextPosition(b)
 		switch {
-		case start < r.prefix:
-			err = invalid("start_position", "is %d, but decode holds positions below %d (its prefix_len): send from position %d", start, r.prefix, next)
-		case start != next && r.nextOf == nil:
-			err = invalid("start_position", "is %d, next page position is %d", start, next)
-		case start != next:
-			err = invalid("start_position", "is %d, next page position of buffer %d is %d", start, b, next)
-		case next+n > r.dstPages:
-			err = invalid("pages", "%d pages after position %d overflow the %d destination pages", n, next, r.dstPages)
+		case start != next && !(next < start && start <= r.prefix):
+			var which, skip string
+			if r.nextOf != nil {
+				which = fmt.Sprintf(" of buffer %d", b)
+			}
+			if next < r.prefix {
+				skip = fmt.Sprintf(" (or any up to %d, decode's prefix_len)", r.prefix)
+			}
+			err = invalid("start_position", "is %d, next page position%s is %d%s", start, which, next, skip)
+		case start+n > r.dstPages:
+			err = invalid("pages", "%d pages after position %d overflow the %d destination pages", n, start, r.dstPages)
 		}
 		return err == nil
 	})
@@ -156,7 +162,7 @@ func (r *prefillRoom) checkPositions(start, n int64, buffers []int, nbuf int, la
 	for b := range nbuf {
 		end := r.nextPosition(b)
 		if buffers == nil || slices.Contains(buffers, b) {
-			end += n
+			end = start + n
 		}
 		if end != r.dstPages {
 			if buffers == nil && r.nextOf == nil {
@@ -240,7 +246,7 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md conn.Metadata) {
 	dst := runsOf(md.DstPages)
 	prefix := min(int64(md.PrefixLen), transfer.CountPages(dst)) // the frame check bounds it; min keeps the slicing safe
 	d.rooms[md.Key.Room] = &prefillRoom{key: md.Key, peerAddr: peer.Addr, dst: dst, dstPages: transfer.CountPages(dst),
-		prefix: prefix, next: prefix}
+		prefix: prefix}
 	close(d.boundCh)
 	d.boundCh = make(chan struct{})
 }
@@ -412,8 +418,10 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 		}
 		r.opened = true
 	}
+	// Pages below decode's prefix are accepted and skipped: no bytes move.
+	moved := runsFrom(src, r.prefix-start)
 	piece := transfer.Piece{Src: make([][]transfer.Run, nbuf), Last: req.Last, Aux: aux}
-	named(req.buffers, nbuf, func(b int) bool { piece.Src[b] = src; return true })
+	named(req.buffers, nbuf, func(b int) bool { piece.Src[b] = moved; return true })
 	// Appended under d.mu, so concurrent Sends of a room reach the stream
 	// in the order their start positions were checked.
 	if err := d.sender.Append(tk, piece); err != nil {
@@ -422,7 +430,7 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 	}
 	r.chunks = append(r.chunks, sentChunk{start: start, at: len(r.src), runs: len(src), buffers: req.buffers, last: req.Last, auxIndex: req.AuxIndex})
 	r.src = append(r.src, src...)
-	r.advance(req.buffers, nbuf, n)
+	r.advance(req.buffers, nbuf, start+n)
 	r.started = req.Last
 	sender := d.sender
 	d.mu.Unlock()

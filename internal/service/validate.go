@@ -143,8 +143,12 @@ func runsOf(pl *pb.PageList) []transfer.Run {
 	return transfer.Coalesce(runs)
 }
 
-// runsFrom returns the positions of runs from position from on, in order.
+// runsFrom returns the positions of runs from position from on, in order
+// (all of them when from is not positive).
 func runsFrom(runs []transfer.Run, from int64) []transfer.Run {
+	if from <= 0 {
+		return runs
+	}
 	var out []transfer.Run
 	for _, r := range runs {
 		if from >= int64(r.Count) {

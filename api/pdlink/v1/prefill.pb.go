@@ -235,10 +235,12 @@ type SendRequest struct {
 	RoomId uint64                 `protobuf:"varint,1,opt,name=room_id,json=roomId,proto3" json:"room_id,omitempty"`
 	Rank   *Rank                  `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
 	// start_position is the position of the first page of this chunk in the
-	// room's page sequence (0 for the first chunk, or decode's prefix_len).
-	// Each buffer has its own next position: start_position must equal it
-	// for every buffer the Send names. A position counts as sent when every
-	// buffer has it.
+	// room's page sequence (0 for the first chunk). Each buffer has its own
+	// next position: start_position must equal it for every buffer the Send
+	// names, or, while that is below decode's prefix_len, be any later
+	// position up to prefix_len (the prefix is decode's already). Pages at
+	// positions below prefix_len are accepted and move no bytes. A position
+	// counts as sent when every buffer has it.
 	StartPosition uint32    `protobuf:"varint,3,opt,name=start_position,json=startPosition,proto3" json:"start_position,omitempty"`
 	Pages         *PageList `protobuf:"bytes,4,opt,name=pages,proto3" json:"pages,omitempty"`
 	// last closes the room: legal only when, after this Send, every buffer
