@@ -460,10 +460,20 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 		chunks = append(chunks, s.chunkTokens(rq, pos, min(pos+s.cfg.ChunkPages, len(src))))
 	}
 	computed := s.gpu.book(chunks)
+	groups := s.sendGroups()
+	// ran waits until group g of chunk i is computed: its layers' share of
+	// the chunk's forward pass (the whole pass when one Send is for all).
+	ran := func(i, g int) bool {
+		if computed == nil {
+			return true
+		}
+		pass := s.gpu.passTime(chunks[i])
+		return s.gpu.computed(ctx, computed[i].Add(-pass+pass*time.Duration(g+1)/time.Duration(len(groups)))) == nil
+	}
 	for i, pos := 0, 0; pos < len(src); i, pos = i+1, pos+s.cfg.ChunkPages {
 		end := min(pos+s.cfg.ChunkPages, len(src))
 		last := end == len(src)
-		if computed != nil && s.gpu.computed(ctx, computed[i]) != nil {
+		if !ran(i, 0) {
 			return time.Time{}, time.Time{}
 		}
 		if first.IsZero() {
@@ -484,11 +494,13 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 		if rq.stage == StageMidSend && pos > 0 {
 			s.maybeAbort(ctx, rq, StageMidSend)
 		}
-		groups := s.sendGroups()
-		for i, buffers := range groups {
+		for g, buffers := range groups {
+			if g > 0 && !ran(i, g) {
+				return time.Time{}, time.Time{}
+			}
 			err := s.call(ctx, func(ctx context.Context) error {
 				_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, StartPosition: uint32(pos), Buffers: buffers,
-					Pages: &pb.PageList{Indices: src[pos:end]}, Last: last && i == len(groups)-1, AuxIndex: uint32(auxRow)})
+					Pages: &pb.PageList{Indices: src[pos:end]}, Last: last && g == len(groups)-1, AuxIndex: uint32(auxRow)})
 				return err
 			})
 			if err != nil {

@@ -44,7 +44,8 @@ type Config struct {
 	PrefillTokensPerS float64
 	// LayerWise sends each chunk one layer at a time: a Send per layer
 	// naming its K and V buffers (SendRequest.buffers), as an engine that
-	// hands a layer over as soon as its forward ran.
+	// hands a layer over as soon as its forward ran (with the model, once
+	// that layer's share of the chunk's forward pass is over).
 	LayerWise bool
 	// PrefixFraction is the fraction of each request's pages decode
 	// already holds (SendMetadataRequest.prefix_len, rounded down): those
