@@ -63,7 +63,7 @@ type prefillRoom struct {
 	// buffers; nextOf holds one per buffer from the first Send that named
 	// a subset on (layer-wise), and next is unused from then.
 	next    int64
-	nextOf  []int64
+	nextOf  *[]int64    // a pointer: 8 bytes in every bound room, not a slice's 24
 	chunks  []sentChunk // the Sends taken, so a retry is recognised
 	opened  bool        // the room's stream is open on the data plane
 	started bool        // the last Send was taken: the stream is closed
@@ -95,7 +95,7 @@ func (r *prefillRoom) nextPosition(b int) int64 {
 	if r.nextOf == nil {
 		return r.next
 	}
-	return r.nextOf[b]
+	return (*r.nextOf)[b]
 }
 
 // named calls f for each buffer a Send names (buffers nil: all of nbuf)
@@ -123,12 +123,13 @@ func (r *prefillRoom) advance(buffers []int, nbuf int, end int64) {
 		return
 	}
 	if r.nextOf == nil {
-		r.nextOf = make([]int64, nbuf)
-		for b := range r.nextOf {
-			r.nextOf[b] = r.next
+		next := make([]int64, nbuf)
+		for b := range next {
+			next[b] = r.next
 		}
+		r.nextOf = &next
 	}
-	named(buffers, nbuf, func(b int) bool { r.nextOf[b] = end; return true })
+	named(buffers, nbuf, func(b int) bool { (*r.nextOf)[b] = end; return true })
 }
 
 // checkPositions applies the position rules to a Send of n pages from
