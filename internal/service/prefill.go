@@ -116,6 +116,12 @@ func named(buffers []int, nbuf int, f func(b int) bool) {
 	}
 }
 
+// moved is the part of a Send's pages from start that moves: those below
+// decode's prefix are accepted and skipped.
+func (r *prefillRoom) moved(start int64, src []transfer.Run) []transfer.Run {
+	return runsFrom(src, r.prefix-start)
+}
+
 // advance records that the named buffers have every position up to end.
 func (r *prefillRoom) advance(buffers []int, nbuf int, end int64) {
 	if buffers == nil && r.nextOf == nil {
@@ -419,8 +425,7 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 		}
 		r.opened = true
 	}
-	// Pages below decode's prefix are accepted and skipped: no bytes move.
-	moved := runsFrom(src, r.prefix-start)
+	moved := r.moved(start, src)
 	piece := transfer.Piece{Src: make([][]transfer.Run, nbuf), Last: req.Last, Aux: aux}
 	named(req.buffers, nbuf, func(b int) bool { piece.Src[b] = moved; return true })
 	// Appended under d.mu, so concurrent Sends of a room reach the stream
