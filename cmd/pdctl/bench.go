@@ -133,6 +133,8 @@ func newBenchCommand() *cobra.Command {
 	f.Int64Var(&cfg.Layout.BytesPerToken, "bytes-per-token", cfg.Layout.BytesPerToken, "KV bytes per token across all buffers (small values make small rooms)")
 	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the engines' region files go")
 	f.BoolVar(&cfg.NoVerify, "no-verify", true, "skip filling and checking page contents (bytes still move)")
+	f.BoolVar(&cfg.LayerWise, "layer-wise", false, "send each chunk one layer at a time (a Send naming the layer's K and V buffers)")
+	f.Float64Var(&cfg.PrefixFraction, "prefix-fraction", 0, "fraction of each request's pages decode already holds (prefix_len, 0..1): they stay untouched and move no bytes")
 	f.StringVar(&profileDir, "profile", "", "write CPU profiles of both daemons for the run to DIR/prefilld.cpu.pprof and DIR/decoded.cpu.pprof (go tool pprof -top reads them)")
 	return cmd
 }
@@ -140,6 +142,9 @@ func newBenchCommand() *cobra.Command {
 func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*benchResult, error) {
 	if cfg.PrefillTokensPerS < 0 {
 		return nil, fmt.Errorf("--prefill-tokens-per-s %v: must not be negative", cfg.PrefillTokensPerS)
+	}
+	if err := checkPrefixFraction(cfg.PrefixFraction); err != nil {
+		return nil, err
 	}
 	tmp, err := os.MkdirTemp("", "pdlink-bench-")
 	if err != nil {

@@ -41,7 +41,16 @@ func newDemoCommand() *cobra.Command {
 	f.Int64Var(&cfg.Layout.BytesPerToken, "bytes-per-token", cfg.Layout.BytesPerToken, "KV bytes per token across all layers")
 	f.Int64Var(&cfg.Layout.Pages, "pages", cfg.Layout.Pages, "KV pages per buffer in each engine's region")
 	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the engines' region files go")
+	f.BoolVar(&cfg.LayerWise, "layer-wise", false, "send each chunk one layer at a time (a Send naming the layer's K and V buffers)")
+	f.Float64Var(&cfg.PrefixFraction, "prefix-fraction", 0, "fraction of each request's pages decode already holds (prefix_len, 0..1): they stay untouched and move no bytes")
 	return cmd
+}
+
+func checkPrefixFraction(f float64) error {
+	if !(f >= 0 && f <= 1) {
+		return fmt.Errorf("--prefix-fraction %v: must be in 0..1", f)
+	}
+	return nil
 }
 
 func findBinary(dir, name string) (string, error) {
@@ -58,6 +67,9 @@ func findBinary(dir, name string) (string, error) {
 }
 
 func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) error {
+	if err := checkPrefixFraction(cfg.PrefixFraction); err != nil {
+		return err
+	}
 	out := cmd.OutOrStdout()
 	tmp, err := os.MkdirTemp("", "pdlink-demo-")
 	if err != nil {

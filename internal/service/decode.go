@@ -54,11 +54,12 @@ type DecodeData struct {
 
 // sentMetadata is what a room's first SendMetadata asked for.
 type sentMetadata struct {
-	rank     transfer.Rank
-	dst      []transfer.Run
-	auxIndex uint32
-	done     chan struct{} // closed once the first call returned
-	err      error         // the first call's error; read after done
+	rank      transfer.Rank
+	dst       []transfer.Run
+	auxIndex  uint32
+	prefixLen uint32
+	done      chan struct{} // closed once the first call returned
+	err       error         // the first call's error; read after done
 }
 
 // conflict names what differs from the metadata already sent ("" if
@@ -71,6 +72,8 @@ func (m *sentMetadata) conflict(o *sentMetadata) string {
 		return "dst_pages"
 	case m.auxIndex != o.auxIndex:
 		return "aux_index"
+	case m.prefixLen != o.prefixLen:
+		return "prefix_len"
 	}
 	return ""
 }
@@ -173,7 +176,9 @@ func (d *DecodeData) Expect(md conn.Metadata) error {
 		return fmt.Errorf("no region registered")
 	}
 	l := region.Layout()
-	runs := runsOf(md.DstPages) // checked by SendMetadata against this region
+	// Checked by SendMetadata against this region; the positions below the
+	// prefix are decode's already and are never written.
+	runs := runsFrom(runsOf(md.DstPages), int64(md.PrefixLen))
 	auxRow := int64(md.AuxIndex)
 	if l.Aux.Rows == 0 {
 		auxRow = -1
@@ -294,8 +299,11 @@ func (s *DecodeServer) SendMetadata(ctx context.Context, req *pb.SendMetadataReq
 	if l.Aux.Rows > 0 && int64(req.AuxIndex) >= l.Aux.Rows {
 		return nil, invalid("aux_index", "row %d of %d", req.AuxIndex, l.Aux.Rows)
 	}
+	if n := transfer.CountPages(dst); int64(req.PrefixLen) > n {
+		return nil, invalid("prefix_len", "%d positions, but dst_pages has %d", req.PrefixLen, n)
+	}
 	rank := rankFromProto(req.Rank)
-	mr := conn.MetadataRequest{DstPages: req.DstPages, AuxIndex: req.AuxIndex, Rank: connRank(rank)}
+	mr := conn.MetadataRequest{DstPages: req.DstPages, AuxIndex: req.AuxIndex, PrefixLen: req.PrefixLen, Rank: connRank(rank)}
 	id := poll.RoomID(req.RoomId)
 	in, err := s.Node.Get(id)
 	if err != nil {
@@ -304,7 +312,7 @@ func (s *DecodeServer) SendMetadata(ctx context.Context, req *pb.SendMetadataReq
 	if in.State == poll.Failed {
 		return nil, roomEnded(in) // also for a retry: the room takes nothing now
 	}
-	want := &sentMetadata{rank: rank, dst: dst, auxIndex: req.AuxIndex, done: make(chan struct{})}
+	want := &sentMetadata{rank: rank, dst: dst, auxIndex: req.AuxIndex, prefixLen: req.PrefixLen, done: make(chan struct{})}
 	md, first := s.Data.claimMetadata(in.Key, want)
 	if !first {
 		if field := md.conflict(want); field != "" {

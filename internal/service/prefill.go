@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -55,31 +56,129 @@ type prefillRoom struct {
 	key      poll.Key
 	peerAddr string
 	dst      []transfer.Run // decode's pages, in position order
-	dstPages int64
-	src      []transfer.Run // pages handed over so far, in position order
-	srcPages int64
-	chunks   []sentChunk // the Sends taken, so a retry is recognised
-	opened   bool        // the room's stream is open on the data plane
-	started  bool        // the last Send was taken: the stream is closed
+	dstPages int64          // positions, the prefix included
+	prefix   int64          // leading positions decode holds: a Send's pages there move no bytes
+	src      []transfer.Run // pages handed over so far, in the order taken
+	// next is every buffer's next position while every Send named all
+	// buffers; nextOf holds one per buffer from the first Send that named
+	// a subset on (layer-wise), and next is unused from then.
+	next    int64
+	nextOf  *[]int64    // a pointer: 8 bytes in every bound room, not a slice's 24
+	chunks  []sentChunk // the Sends taken, so a retry is recognised
+	opened  bool        // the room's stream is open on the data plane
+	started bool        // the last Send was taken: the stream is closed
 }
 
 // sentChunk is one Send a room took: its pages are src[at:at+runs].
 type sentChunk struct {
 	start    int64
 	at, runs int
+	buffers  []int // nil for all
 	last     bool
 	auxIndex uint32
 }
 
 // repeats reports whether a Send is one the room already took: a client
 // that timed out and retries gets the answer of the first call.
-func (r *prefillRoom) repeats(start int64, src []transfer.Run, last bool, auxIndex uint32) bool {
+func (r *prefillRoom) repeats(start int64, src []transfer.Run, buffers []int, last bool, auxIndex uint32) bool {
 	for _, c := range r.chunks {
-		if c.start == start && c.last == last && (!last || c.auxIndex == auxIndex) && slices.Equal(r.src[c.at:c.at+c.runs], src) {
+		if c.start == start && c.last == last && (!last || c.auxIndex == auxIndex) && slices.Equal(c.buffers, buffers) &&
+			slices.Equal(r.src[c.at:c.at+c.runs], src) {
 			return true
 		}
 	}
 	return false
+}
+
+// nextPosition is buffer b's next position.
+func (r *prefillRoom) nextPosition(b int) int64 {
+	if r.nextOf == nil {
+		return r.next
+	}
+	return (*r.nextOf)[b]
+}
+
+// named calls f for each buffer a Send names (buffers nil: all of nbuf)
+// until f returns false.
+func named(buffers []int, nbuf int, f func(b int) bool) {
+	if buffers == nil {
+		for b := range nbuf {
+			if !f(b) {
+				return
+			}
+		}
+		return
+	}
+	for _, b := range buffers {
+		if !f(b) {
+			return
+		}
+	}
+}
+
+// moved is the part of a Send's pages from start that moves: those below
+// decode's prefix are accepted and skipped.
+func (r *prefillRoom) moved(start int64, src []transfer.Run) []transfer.Run {
+	return runsFrom(src, r.prefix-start)
+}
+
+// advance records that the named buffers have every position up to end.
+func (r *prefillRoom) advance(buffers []int, nbuf int, end int64) {
+	if buffers == nil && r.nextOf == nil {
+		r.next = end
+		return
+	}
+	if r.nextOf == nil {
+		next := make([]int64, nbuf)
+		for b := range next {
+			next[b] = r.next
+		}
+		r.nextOf = &next
+	}
+	named(buffers, nbuf, func(b int) bool { (*r.nextOf)[b] = end; return true })
+}
+
+// checkPositions applies the position rules to a Send of n pages from
+// start in the named buffers: start is each one's next position, or, while
+// that is inside decode's prefix, any later position up to prefix_len (a
+// scheduler that knows the prefix skips it, as SGLang's prefill does);
+// the pages fit the destination; a last Send leaves every buffer at the
+// end.
+func (r *prefillRoom) checkPositions(start, n int64, buffers []int, nbuf int, last bool) error {
+	var err error
+	named(buffers, nbuf, func(b int) bool {
+		next := r.nextPosition(b)
+		switch {
+		case start != next && !(next < start && start <= r.prefix):
+			var which, skip string
+			if r.nextOf != nil {
+				which = fmt.Sprintf(" of buffer %d", b)
+			}
+			if next < r.prefix {
+				skip = fmt.Sprintf(" (or any up to %d, decode's prefix_len)", r.prefix)
+			}
+			err = invalid("start_position", "is %d, next page position%s is %d%s", start, which, next, skip)
+		case start+n > r.dstPages:
+			err = invalid("pages", "%d pages after position %d overflow the %d destination pages", n, start, r.dstPages)
+		}
+		return err == nil
+	})
+	if err != nil || !last {
+		return err
+	}
+	for b := range nbuf {
+		end := r.nextPosition(b)
+		if buffers == nil || slices.Contains(buffers, b) {
+			end = start + n
+		}
+		if end != r.dstPages {
+			if buffers == nil && r.nextOf == nil {
+				return invalid("last", "last chunk ends at page %d of %d destination pages", end, r.dstPages)
+			}
+			return invalid("last", "buffer %d ends at position %d of %d destination pages: every buffer must have every position", b, end, r.dstPages)
+		}
+	}
+	return nil
 }
 
 var _ conn.PrefillDataPlane = (*PrefillData)(nil)
@@ -152,7 +251,9 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md conn.Metadata) {
 	// The frame check (pkg/conn) vetted the list; whether its pages are inside
 	// decode's buffers is decode's to check, on its edge and on every chunk.
 	dst := runsOf(md.DstPages)
-	d.rooms[md.Key.Room] = &prefillRoom{key: md.Key, peerAddr: peer.Addr, dst: dst, dstPages: transfer.CountPages(dst)}
+	prefix := min(int64(md.PrefixLen), transfer.CountPages(dst)) // the frame check bounds it; min keeps the slicing safe
+	d.rooms[md.Key.Room] = &prefillRoom{key: md.Key, peerAddr: peer.Addr, dst: dst, dstPages: transfer.CountPages(dst),
+		prefix: prefix}
 	close(d.boundCh)
 	d.boundCh = make(chan struct{})
 }
@@ -225,16 +326,32 @@ func (d *PrefillData) send(ctx context.Context, req *pb.SendRequest) error {
 	if err := d.slot.checkRank("rank", req.Rank); err != nil {
 		return err
 	}
-	src, err := pageRuns("pages", req.Pages, region.Layout().Buffers[0].Pages())
+	buffers, err := bufferSet("buffers", req.Buffers, len(region.Layout().Buffers))
 	if err != nil {
 		return err
 	}
-	return d.take(ctx, req, region, src, false)
+	var src []transfer.Run
+	if !req.Last || len(req.Pages.GetIndices()) > 0 || len(req.Pages.GetRuns()) > 0 {
+		// Only the last Send may have no pages: it may carry just the aux
+		// row (decode held every position, or every buffer is complete).
+		if src, err = pageRuns("pages", req.Pages, region.Layout().Buffers[0].Pages()); err != nil {
+			return err
+		}
+	}
+	return d.take(ctx, sendOf{req, src, buffers}, region, false)
+}
+
+// sendOf is a Send checked at the edge: its source pages as runs and the
+// buffers it names (nil: all).
+type sendOf struct {
+	*pb.SendRequest
+	src     []transfer.Run
+	buffers []int
 }
 
 // take checks a Send against its room and appends its pages; stepped says
 // the room's FirstSend was already stepped for this Send.
-func (d *PrefillData) take(ctx context.Context, req *pb.SendRequest, region *transfer.Region, src []transfer.Run, stepped bool) error {
+func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Region, stepped bool) error {
 	d.mu.Lock()
 	r := d.waitBound(ctx, poll.RoomID(req.RoomId))
 	if r == nil {
@@ -247,26 +364,28 @@ func (d *PrefillData) take(ctx context.Context, req *pb.SendRequest, region *tra
 		d.mu.Unlock()
 		return d.notSendable(r.key.Room, poll.ErrTerminal)
 	}
-	if (r.started || int64(req.StartPosition) < r.srcPages) && r.repeats(int64(req.StartPosition), src, req.Last, req.AuxIndex) {
+	nbuf := len(region.Layout().Buffers)
+	start, src := int64(req.StartPosition), req.src
+	behind := false // start is a position some named buffer already has
+	named(req.buffers, nbuf, func(b int) bool { behind = start < r.nextPosition(b); return !behind })
+	if (r.started || behind) && r.repeats(start, src, req.buffers, req.Last, req.AuxIndex) {
+		key, tk, sender := r.key, d.slot.key(r.key), d.sender
 		d.mu.Unlock()
-		return nil
+		if !req.Last {
+			return nil
+		}
+		// A retried last Send answers as the first call does: once the
+		// room's pages are admitted, or with the failure that ended them.
+		return d.awaitAdmission(ctx, sender, key, tk)
 	}
 	if r.started {
 		d.mu.Unlock()
 		return status.Error(codes.FailedPrecondition, "room already sent its last chunk")
 	}
-	if int64(req.StartPosition) != r.srcPages {
-		d.mu.Unlock()
-		return invalid("start_position", "is %d, next page position is %d", req.StartPosition, r.srcPages)
-	}
 	n := transfer.CountPages(src)
-	if r.srcPages+n > r.dstPages {
+	if err := r.checkPositions(start, n, req.buffers, nbuf, req.Last); err != nil {
 		d.mu.Unlock()
-		return invalid("pages", "%d pages after position %d overflow the %d destination pages", n, r.srcPages, r.dstPages)
-	}
-	if req.Last && r.srcPages+n != r.dstPages {
-		d.mu.Unlock()
-		return invalid("last", "last chunk ends at page %d of %d destination pages", r.srcPages+n, r.dstPages)
+		return err
 	}
 	var aux []byte
 	if req.Last && region.Layout().Aux.Rows > 0 {
@@ -286,18 +405,19 @@ func (d *PrefillData) take(ctx context.Context, req *pb.SendRequest, region *tra
 		if err := d.node.FirstSend(key.Room); err != nil {
 			return d.notSendable(key.Room, err)
 		}
-		return d.take(ctx, req, region, src, true)
+		return d.take(ctx, req, region, true)
 	}
-	nbuf := len(region.Layout().Buffers)
 	key, tk := r.key, d.slot.key(r.key)
 	if !r.opened {
 		// The stream opens with the room's first Send: its pages go on the
 		// wire at once, each later Send's continue it, the last closes it.
+		// Its destination starts after decode's prefix: the k-th page sent
+		// of a buffer goes to its (prefix+k)-th destination position.
 		var bytes int64
 		for _, b := range region.Layout().Buffers {
-			bytes += r.dstPages * b.ItemLen
+			bytes += (r.dstPages - r.prefix) * b.ItemLen
 		}
-		err := d.sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Dst: transfer.SamePages(nbuf, r.dst),
+		err := d.sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
 			Done: func(err error) { d.done(key, bytes, err) }})
 		if err != nil {
 			d.mu.Unlock()
@@ -305,26 +425,36 @@ func (d *PrefillData) take(ctx context.Context, req *pb.SendRequest, region *tra
 		}
 		r.opened = true
 	}
+	moved := r.moved(start, src)
+	piece := transfer.Piece{Src: make([][]transfer.Run, nbuf), Last: req.Last, Aux: aux}
+	named(req.buffers, nbuf, func(b int) bool { piece.Src[b] = moved; return true })
 	// Appended under d.mu, so concurrent Sends of a room reach the stream
 	// in the order their start positions were checked.
-	if err := d.sender.Append(tk, transfer.Piece{Src: transfer.SamePages(nbuf, src), Last: req.Last, Aux: aux}); err != nil {
+	if err := d.sender.Append(tk, piece); err != nil {
 		d.mu.Unlock()
 		return d.refused(ctx, key, err)
 	}
-	r.chunks = append(r.chunks, sentChunk{start: r.srcPages, at: len(r.src), runs: len(src), last: req.Last, auxIndex: req.AuxIndex})
+	r.chunks = append(r.chunks, sentChunk{start: start, at: len(r.src), runs: len(src), buffers: req.buffers, last: req.Last, auxIndex: req.AuxIndex})
 	r.src = append(r.src, src...)
-	r.srcPages += n
+	r.advance(req.buffers, nbuf, start+n)
 	r.started = req.Last
 	sender := d.sender
 	d.mu.Unlock()
 	if !req.Last {
 		return nil
 	}
-	// The last Send waits for its pages' admission into the peer's
-	// in-flight budget: the scheduler's backpressure.
+	return d.awaitAdmission(ctx, sender, key, tk)
+}
+
+// awaitAdmission waits for a room's pages to be admitted into the peer's
+// in-flight budget: the last Send's backpressure. A ctx that ends first
+// answers DeadlineExceeded (or Canceled) and leaves the room going: its
+// pages stay queued, go when admitted, and Poll shows the outcome; a retry
+// of the same Send waits for the same admission.
+func (d *PrefillData) awaitAdmission(ctx context.Context, sender transfer.Transport, key poll.Key, tk transfer.Key) error {
 	if err := sender.WaitAdmitted(ctx, tk); err != nil {
 		if ctx.Err() != nil {
-			return status.FromContextError(err).Err() // still queued: a retry is answered as a repeat
+			return status.FromContextError(err).Err()
 		}
 		return d.refused(ctx, key, err)
 	}

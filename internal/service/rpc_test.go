@@ -101,6 +101,14 @@ func TestEveryRPCRefusesBadInputWithTheRightCode(t *testing.T) {
 			_, err := p.prefill.Send(ctx, &pb.SendRequest{RoomId: 7, Rank: &pb.Rank{TpRank: 3, TpSize: 2}, Pages: &pb.PageList{Indices: []int32{0}}})
 			return err
 		}, codes.InvalidArgument, "rank"},
+		{"send buffer out of range", func(ctx context.Context) error {
+			_, err := p.prefill.Send(ctx, &pb.SendRequest{RoomId: 7, Buffers: []uint32{uint32(len(pre.layout.Buffers))}, Pages: &pb.PageList{Indices: []int32{0}}})
+			return err
+		}, codes.InvalidArgument, "buffers[0]"},
+		{"send buffer named twice", func(ctx context.Context) error {
+			_, err := p.prefill.Send(ctx, &pb.SendRequest{RoomId: 7, Buffers: []uint32{0, 0}, Pages: &pb.PageList{Indices: []int32{0}}})
+			return err
+		}, codes.InvalidArgument, "buffers[1]"},
 		// OpenReceiver
 		{"receiver bad bootstrap", func(ctx context.Context) error {
 			_, err := p.decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: 9, PrefillBootstrapAddr: "127.0.0.1:1"})
@@ -115,6 +123,10 @@ func TestEveryRPCRefusesBadInputWithTheRightCode(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "expected_senders"},
 		// SendMetadata
+		{"metadata prefix over its pages", func(ctx context.Context) error {
+			_, err := p.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: 8, DstPages: &pb.PageList{Indices: []int32{0, 1}}, PrefixLen: 3})
+			return err
+		}, codes.InvalidArgument, "prefix_len"},
 		{"metadata unknown room", func(ctx context.Context) error {
 			_, err := p.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: 99, DstPages: &pb.PageList{Indices: []int32{0}}})
 			return err

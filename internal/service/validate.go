@@ -143,6 +143,53 @@ func runsOf(pl *pb.PageList) []transfer.Run {
 	return transfer.Coalesce(runs)
 }
 
+// runsFrom returns the positions of runs from position from on, in order
+// (all of them when from is not positive).
+func runsFrom(runs []transfer.Run, from int64) []transfer.Run {
+	if from <= 0 {
+		return runs
+	}
+	var out []transfer.Run
+	for _, r := range runs {
+		if from >= int64(r.Count) {
+			from -= int64(r.Count)
+			continue
+		}
+		out = append(out, transfer.Run{Start: r.Start + int32(from), Count: r.Count - int32(from)})
+		from = 0
+	}
+	return out
+}
+
+// bufferSet checks a Send's buffers against a region of nbuf buffers and
+// returns them in ascending order, or nil when the Send is for every
+// buffer (none named, or all).
+func bufferSet(field string, buffers []uint32, nbuf int) ([]int, error) {
+	if len(buffers) == 0 {
+		return nil, nil
+	}
+	seen := make([]bool, nbuf)
+	for i, b := range buffers {
+		if int64(b) >= int64(nbuf) {
+			return nil, invalid(fmt.Sprintf("%s[%d]", field, i), "buffer %d, the region has %d (0..%d)", b, nbuf, nbuf-1)
+		}
+		if seen[b] {
+			return nil, invalid(fmt.Sprintf("%s[%d]", field, i), "buffer %d named twice", b)
+		}
+		seen[b] = true
+	}
+	if len(buffers) == nbuf {
+		return nil, nil
+	}
+	out := make([]int, 0, len(buffers))
+	for b, named := range seen {
+		if named {
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}
+
 func repeatedPageMessage(err error) string {
 	if errors.Is(err, transfer.ErrRunsOverlap) {
 		return "a page appears twice: " + err.Error()

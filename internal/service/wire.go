@@ -22,6 +22,14 @@ import (
 // bootstrapHook lets in-process tests learn the bound bootstrap address.
 var bootstrapHook func(addr string)
 
+// Hooks for in-process tests that put a proxy in front of decode's data
+// port (dataListenHook learns the bound address) or shrink prefill's
+// in-flight budget (senderHook edits the sender's config).
+var (
+	dataListenHook func(addr string)
+	senderHook     func(*transfer.SenderConfig)
+)
+
 func tableConfig(cfg daemon.Config, side poll.Side) poll.Config {
 	t := poll.DefaultConfig(side)
 	t.BootstrapTimeout = cfg.BootstrapTimeout
@@ -136,6 +144,9 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	}
 	tr := zmtp.New(zmtp.Options{Logger: log.Named("zmtp")})
 	scfg := transfer.SenderConfig{Logger: log.Named("transfer"), IdleTimeout: cfg.TransferIdleTimeout}
+	if senderHook != nil {
+		senderHook(&scfg)
+	}
 	ncfg := nodeConfig(cfg, poll.Prefill, tr, log.Named("conn"))
 	if kr != nil {
 		scfg.Auth, ncfg.Auth = kr.Data(), kr.Control(auth.SidePrefill)
@@ -184,6 +195,9 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	ln, err := net.Listen("tcp", cfg.DataListen)
 	if err != nil {
 		return err
+	}
+	if dataListenHook != nil {
+		dataListenHook(ln.Addr().String())
 	}
 	advertise := cfg.DataAdvertise
 	if advertise == "" {

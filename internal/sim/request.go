@@ -177,10 +177,11 @@ func (s *run) serve(ctx context.Context, rq request) {
 	}
 
 	nbuf := len(s.tl.Buffers)
+	prefix := int(float64(len(dst)) * s.cfg.PrefixFraction) // positions decode holds
 	for b := 0; b < nbuf && !s.cfg.NoVerify; b++ {
 		for pos, p := range src {
 			fillPage(s.pre.region.Pages(b, runOf(p)), rq.tag, b, pos)
-			if s.strict {
+			if s.strict || pos < prefix {
 				fillSentinel(s.dec.region.Pages(b, runOf(dst[pos])))
 			}
 		}
@@ -261,7 +262,8 @@ func (s *run) serve(ctx context.Context, rq request) {
 	if rq.fault != faultStallDecode {
 		pl := &pb.PageList{Indices: dst}
 		_ = s.call(ctx, func(ctx context.Context) error {
-			_, err := s.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: rq.room, DstPages: pl, AuxIndex: uint32(dstAux[0])})
+			_, err := s.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: rq.room, DstPages: pl, AuxIndex: uint32(dstAux[0]),
+				PrefixLen: uint32(prefix)})
 			return err
 		})
 	}
@@ -323,8 +325,8 @@ func (s *run) serve(ctx context.Context, rq request) {
 
 	switch ds.GetState() {
 	case pb.RoomState_ROOM_STATE_SUCCESS:
-		good := s.cfg.NoVerify || s.verify(rq, dst, dstAux[0])
-		bytes := int64(rq.pages) * int64(nbuf) * s.tl.Buffers[0].ItemLen
+		good := s.cfg.NoVerify || s.verify(rq, dst, dstAux[0], prefix)
+		bytes := int64(rq.pages-prefix) * int64(nbuf) * s.tl.Buffers[0].ItemLen
 		s.record(func(r *Report) {
 			if !s.cfg.NoVerify {
 				r.Verified++
@@ -458,10 +460,20 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 		chunks = append(chunks, s.chunkTokens(rq, pos, min(pos+s.cfg.ChunkPages, len(src))))
 	}
 	computed := s.gpu.book(chunks)
+	groups := s.sendGroups()
+	// ran waits until group g of chunk i is computed: its layers' share of
+	// the chunk's forward pass (the whole pass when one Send is for all).
+	ran := func(i, g int) bool {
+		if computed == nil {
+			return true
+		}
+		pass := s.gpu.passTime(chunks[i])
+		return s.gpu.computed(ctx, computed[i].Add(-pass+pass*time.Duration(g+1)/time.Duration(len(groups)))) == nil
+	}
 	for i, pos := 0, 0; pos < len(src); i, pos = i+1, pos+s.cfg.ChunkPages {
 		end := min(pos+s.cfg.ChunkPages, len(src))
 		last := end == len(src)
-		if computed != nil && s.gpu.computed(ctx, computed[i]) != nil {
+		if !ran(i, 0) {
 			return time.Time{}, time.Time{}
 		}
 		if first.IsZero() {
@@ -482,19 +494,37 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 		if rq.stage == StageMidSend && pos > 0 {
 			s.maybeAbort(ctx, rq, StageMidSend)
 		}
-		err := s.call(ctx, func(ctx context.Context) error {
-			_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, StartPosition: uint32(pos),
-				Pages: &pb.PageList{Indices: src[pos:end]}, Last: last, AuxIndex: uint32(auxRow)})
-			return err
-		})
-		if err != nil {
-			return time.Time{}, time.Time{}
+		for g, buffers := range groups {
+			if g > 0 && !ran(i, g) {
+				return time.Time{}, time.Time{}
+			}
+			err := s.call(ctx, func(ctx context.Context) error {
+				_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, StartPosition: uint32(pos), Buffers: buffers,
+					Pages: &pb.PageList{Indices: src[pos:end]}, Last: last && g == len(groups)-1, AuxIndex: uint32(auxRow)})
+				return err
+			})
+			if err != nil {
+				return time.Time{}, time.Time{}
+			}
 		}
 	}
 	if rq.stage == StageMidSend && len(src) <= s.cfg.ChunkPages {
 		s.maybeAbort(ctx, rq, StageMidSend)
 	}
 	return first, time.Now()
+}
+
+// sendGroups is the buffers of each Send of a chunk: one Send for all
+// (nil), or with LayerWise one per layer naming its K and V buffers.
+func (s *run) sendGroups() [][]uint32 {
+	if !s.cfg.LayerWise {
+		return [][]uint32{nil}
+	}
+	var groups [][]uint32
+	for b := 0; b+1 < len(s.tl.Buffers); b += 2 {
+		groups = append(groups, []uint32{uint32(b), uint32(b + 1)})
+	}
+	return groups
 }
 
 // chunkTokens is how many of the request's tokens the pages [pos, end)
@@ -545,10 +575,13 @@ func (s *run) poll(ctx context.Context, call func(context.Context) ([]*pb.RoomSt
 	return st
 }
 
-func (s *run) verify(rq request, dst []int32, auxRow int32) bool {
+// verify checks the room's destination: the prefix positions still hold
+// the sentinel (no byte moved for them), every other the source's pattern.
+func (s *run) verify(rq request, dst []int32, auxRow int32, prefix int) bool {
 	for b := range s.tl.Buffers {
 		for pos, p := range dst {
-			if !checkPage(s.dec.region.Pages(b, runOf(p)), rq.tag, b, pos) {
+			page := s.dec.region.Pages(b, runOf(p))
+			if pos < prefix && !isSentinel(page) || pos >= prefix && !checkPage(page, rq.tag, b, pos) {
 				return false
 			}
 		}

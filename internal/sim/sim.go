@@ -42,7 +42,17 @@ type Config struct {
 	// and the GPU prefills the requests in flight one at a time
 	// (forward.go). 0: no model, each room's chunks are sent back to back.
 	PrefillTokensPerS float64
-	Tick              time.Duration
+	// LayerWise sends each chunk one layer at a time: a Send per layer
+	// naming its K and V buffers (SendRequest.buffers), as an engine that
+	// hands a layer over as soon as its forward ran (with the model, once
+	// that layer's share of the chunk's forward pass is over).
+	LayerWise bool
+	// PrefixFraction is the fraction of each request's pages decode
+	// already holds (SendMetadataRequest.prefix_len, rounded down): those
+	// pages must stay untouched, and only the others move. Prefill still
+	// sends every page (the daemon skips the prefix).
+	PrefixFraction float64
+	Tick           time.Duration
 	// PinBound is the longest a room may take to reach a terminal state
 	// (the sum of the daemons' deadlines plus slack); a room past it is
 	// reported as pinned, which must never happen.

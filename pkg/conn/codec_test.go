@@ -38,6 +38,12 @@ func validFrames() map[string]*pdlinkv1.Envelope {
 			m.DstPages = &pdlinkv1.PageList{Runs: []*pdlinkv1.PageRun{{Start: 10, Count: 5}, {Start: 0, Count: 10}}}
 			e.Body = &pdlinkv1.Envelope_Metadata{Metadata: m}
 		}),
+		"metadata_prefix": with(hdr(3), func(e *pdlinkv1.Envelope) {
+			m := goodMetadata()
+			m.DstPages = &pdlinkv1.PageList{Runs: []*pdlinkv1.PageRun{{Start: 10, Count: 5}, {Start: 0, Count: 10}}}
+			m.PrefixLen = 15 // decode holds every position
+			e.Body = &pdlinkv1.Envelope_Metadata{Metadata: m}
+		}),
 		"abort": with(hdr(4), func(e *pdlinkv1.Envelope) {
 			e.Body = &pdlinkv1.Envelope_Abort{Abort: &pdlinkv1.Abort{RoomId: 1, Nonce: 2, Reason: "timeout:bootstrapping"}}
 		}),
@@ -110,6 +116,7 @@ func TestCodecRejectsInvalidFramesByReason(t *testing.T) {
 		{"both lists", md(func(m *pdlinkv1.Metadata) { m.DstPages.Runs = []*pdlinkv1.PageRun{{Count: 1}} }), RejectInvalid},
 		{"negative page", md(func(m *pdlinkv1.Metadata) { m.DstPages.Indices = []int32{-1} }), RejectInvalid},
 		{"page twice", md(func(m *pdlinkv1.Metadata) { m.DstPages.Indices = []int32{4, 5, 4} }), RejectInvalid},
+		{"prefix over the pages", md(func(m *pdlinkv1.Metadata) { m.PrefixLen = 4 }), RejectInvalid},
 		{"runs overlap", md(func(m *pdlinkv1.Metadata) {
 			m.DstPages = &pdlinkv1.PageList{Runs: []*pdlinkv1.PageRun{{Start: 0, Count: 5}, {Start: 4, Count: 1}}}
 		}), RejectInvalid},

@@ -28,6 +28,9 @@ type Metadata struct {
 	Rank     Rank
 	DstPages *pdlinkv1.PageList
 	AuxIndex uint32
+	// PrefixLen is how many leading positions of DstPages decode already
+	// holds: no bytes move for them.
+	PrefixLen uint32
 	// ExpectedRanks is how many distinct prefill ranks must finish before
 	// decode reports Success (R11). The frame's field keeps its old name,
 	// expected_senders, for compatibility.

@@ -141,4 +141,7 @@ type MetadataRequest struct {
 	// again here, and the peer refuses a frame whose list is malformed.
 	DstPages *pdlinkv1.PageList
 	AuxIndex uint32
+	// PrefixLen is how many leading positions of DstPages decode already
+	// holds (the edge checked it is at most their count).
+	PrefixLen uint32
 }

@@ -35,13 +35,13 @@ func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 	if !ok {
 		return fmt.Errorf("%w: no session for peer %d", ErrClosedNode, info.Peer)
 	}
-	md := Metadata{Key: info.Key, Rank: rank, DstPages: req.DstPages, AuxIndex: req.AuxIndex, ExpectedRanks: max(info.Ranks, 1)}
+	md := Metadata{Key: info.Key, Rank: rank, DstPages: req.DstPages, AuxIndex: req.AuxIndex, PrefixLen: req.PrefixLen, ExpectedRanks: max(info.Ranks, 1)}
 	if err := n.dp.Expect(md); err != nil {
 		return err
 	}
 	env := &pdlinkv1.Envelope{Body: &pdlinkv1.Envelope_Metadata{Metadata: &pdlinkv1.Metadata{
 		RoomId: uint64(room), Nonce: uint64(info.Key.Nonce), Rank: rank.proto(),
-		DstPages: req.DstPages, AuxIndex: req.AuxIndex, ExpectedSenders: uint32(md.ExpectedRanks)}}}
+		DstPages: req.DstPages, AuxIndex: req.AuxIndex, ExpectedSenders: uint32(md.ExpectedRanks), PrefixLen: req.PrefixLen}}}
 	key := info.Key
 	want := func() bool {
 		_, st, ok := n.roomDeadline(key.Room)

@@ -21,7 +21,7 @@ func (n *PrefillNode) handleMetadata(p *decodePeer, m *pdlinkv1.Metadata) ackRes
 		return a
 	}
 	md := Metadata{Key: key, Rank: rankOf(m.GetRank()),
-		DstPages: m.GetDstPages(), AuxIndex: m.GetAuxIndex(), ExpectedRanks: int(m.GetExpectedSenders())}
+		DstPages: m.GetDstPages(), AuxIndex: m.GetAuxIndex(), PrefixLen: m.GetPrefixLen(), ExpectedRanks: int(m.GetExpectedSenders())}
 	info := n.link.peerInfo(p)
 	n.dp.Bind(info, md)
 	return a

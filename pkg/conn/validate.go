@@ -96,7 +96,13 @@ func ValidateEnvelope(env *pdlinkv1.Envelope, lim Limits) error {
 		if err := validateRank(m.GetRank()); err != nil {
 			return err
 		}
-		return validatePageList(m.GetDstPages())
+		if err := validatePageList(m.GetDstPages()); err != nil {
+			return err
+		}
+		if n := pageListLen(m.GetDstPages()); int64(m.GetPrefixLen()) > n {
+			return invalid("prefix_len %d of %d pages", m.GetPrefixLen(), n)
+		}
+		return nil
 	case FrameAbort:
 		a := env.GetAbort()
 		if err := validateKey(a.GetRoomId(), a.GetNonce()); err != nil {
@@ -231,6 +237,18 @@ func validatePageList(p *pdlinkv1.PageList) error {
 		}
 	}
 	return nil
+}
+
+// pageListLen is the number of pages of a list validatePageList accepted.
+func pageListLen(p *pdlinkv1.PageList) int64 {
+	if idx := p.GetIndices(); len(idx) > 0 {
+		return int64(len(idx))
+	}
+	var n int64
+	for _, r := range p.GetRuns() {
+		n += int64(r.GetCount())
+	}
+	return n
 }
 
 func validateRegister(r *pdlinkv1.Register, sender string, lim Limits) error {

@@ -228,13 +228,22 @@ func (x *OpenReceiverResponse) GetStatus() *RoomStatus {
 
 // Valid when room_id names a room in Bootstrapping, rank names a registered
 // rank, dst_pages is a valid PageList inside every buffer of that rank's
-// region, and aux_index < the aux row count.
+// region, aux_index < the aux row count, and prefix_len is at most the
+// number of pages in dst_pages.
 type SendMetadataRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RoomId        uint64                 `protobuf:"varint,1,opt,name=room_id,json=roomId,proto3" json:"room_id,omitempty"`
-	Rank          *Rank                  `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
-	DstPages      *PageList              `protobuf:"bytes,3,opt,name=dst_pages,json=dstPages,proto3" json:"dst_pages,omitempty"`
-	AuxIndex      uint32                 `protobuf:"varint,4,opt,name=aux_index,json=auxIndex,proto3" json:"aux_index,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RoomId   uint64                 `protobuf:"varint,1,opt,name=room_id,json=roomId,proto3" json:"room_id,omitempty"`
+	Rank     *Rank                  `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	DstPages *PageList              `protobuf:"bytes,3,opt,name=dst_pages,json=dstPages,proto3" json:"dst_pages,omitempty"`
+	AuxIndex uint32                 `protobuf:"varint,4,opt,name=aux_index,json=auxIndex,proto3" json:"aux_index,omitempty"`
+	// prefix_len is how many leading page positions of dst_pages decode
+	// already holds (SGLang's decode_prefix_len, in pages): those pages are
+	// never written and no bytes move for them. Prefill's scheduler need not
+	// know it: the pages of its Sends at positions below prefix_len are
+	// accepted and skipped; one that knows it may start at prefix_len, as
+	// SGLang's prefill starts sending at decode_prefix_len. When it equals
+	// the page count, the last Send may have no pages (the aux row only).
+	PrefixLen     uint32 `protobuf:"varint,5,opt,name=prefix_len,json=prefixLen,proto3" json:"prefix_len,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -293,6 +302,13 @@ func (x *SendMetadataRequest) GetDstPages() *PageList {
 func (x *SendMetadataRequest) GetAuxIndex() uint32 {
 	if x != nil {
 		return x.AuxIndex
+	}
+	return 0
+}
+
+func (x *SendMetadataRequest) GetPrefixLen() uint32 {
+	if x != nil {
+		return x.PrefixLen
 	}
 	return 0
 }
@@ -721,12 +737,14 @@ const file_pdlink_v1_decode_proto_rawDesc = "" +
 	"\x16prefill_bootstrap_addr\x18\x02 \x01(\tR\x14prefillBootstrapAddr\x12)\n" +
 	"\x10expected_senders\x18\x03 \x01(\rR\x0fexpectedSenders\"E\n" +
 	"\x14OpenReceiverResponse\x12-\n" +
-	"\x06status\x18\x01 \x01(\v2\x15.pdlink.v1.RoomStatusR\x06status\"\xa2\x01\n" +
+	"\x06status\x18\x01 \x01(\v2\x15.pdlink.v1.RoomStatusR\x06status\"\xc1\x01\n" +
 	"\x13SendMetadataRequest\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12#\n" +
 	"\x04rank\x18\x02 \x01(\v2\x0f.pdlink.v1.RankR\x04rank\x120\n" +
 	"\tdst_pages\x18\x03 \x01(\v2\x13.pdlink.v1.PageListR\bdstPages\x12\x1b\n" +
-	"\taux_index\x18\x04 \x01(\rR\bauxIndex\"E\n" +
+	"\taux_index\x18\x04 \x01(\rR\bauxIndex\x12\x1d\n" +
+	"\n" +
+	"prefix_len\x18\x05 \x01(\rR\tprefixLen\"E\n" +
 	"\x14SendMetadataResponse\x12-\n" +
 	"\x06status\x18\x01 \x01(\v2\x15.pdlink.v1.RoomStatusR\x06status\"5\n" +
 	"\x18DecodeServicePollRequest\x12\x19\n" +

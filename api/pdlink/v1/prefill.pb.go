@@ -227,17 +227,30 @@ func (x *OpenSenderResponse) GetStatus() *RoomStatus {
 // Valid when room_id names an open room past Bootstrapping, rank names a
 // registered rank, pages is a valid PageList of source pages whose positions
 // [start_position, start_position+len) fit the destination pages decode sent,
-// and aux_index < aux rows when last is set.
+// buffers names each buffer of the region at most once, and aux_index < aux
+// rows when last is set. pages may be empty only on the last Send (one that
+// carries just the aux row, as when decode holds every position).
 type SendRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	RoomId uint64                 `protobuf:"varint,1,opt,name=room_id,json=roomId,proto3" json:"room_id,omitempty"`
 	Rank   *Rank                  `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
 	// start_position is the position of the first page of this chunk in the
-	// room's page sequence (0 for the first chunk).
+	// room's page sequence (0 for the first chunk). Each buffer has its own
+	// next position: start_position must equal it for every buffer the Send
+	// names, or, while that is below decode's prefix_len, be any later
+	// position up to prefix_len (the prefix is decode's already). Pages at
+	// positions below prefix_len are accepted and move no bytes. A position
+	// counts as sent when every buffer has it.
 	StartPosition uint32    `protobuf:"varint,3,opt,name=start_position,json=startPosition,proto3" json:"start_position,omitempty"`
 	Pages         *PageList `protobuf:"bytes,4,opt,name=pages,proto3" json:"pages,omitempty"`
-	Last          bool      `protobuf:"varint,5,opt,name=last,proto3" json:"last,omitempty"`
-	AuxIndex      uint32    `protobuf:"varint,6,opt,name=aux_index,json=auxIndex,proto3" json:"aux_index,omitempty"`
+	// last closes the room: legal only when, after this Send, every buffer
+	// has every position. It carries the aux row.
+	Last     bool   `protobuf:"varint,5,opt,name=last,proto3" json:"last,omitempty"`
+	AuxIndex uint32 `protobuf:"varint,6,opt,name=aux_index,json=auxIndex,proto3" json:"aux_index,omitempty"`
+	// buffers are the region's buffers (indices into its layout) these pages
+	// are for; empty means all. Layer-wise sending names a layer's K and V
+	// buffers as soon as that layer's forward ran.
+	Buffers       []uint32 `protobuf:"varint,7,rep,packed,name=buffers,proto3" json:"buffers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -312,6 +325,13 @@ func (x *SendRequest) GetAuxIndex() uint32 {
 		return x.AuxIndex
 	}
 	return 0
+}
+
+func (x *SendRequest) GetBuffers() []uint32 {
+	if x != nil {
+		return x.Buffers
+	}
+	return nil
 }
 
 type SendResponse struct {
@@ -739,14 +759,15 @@ const file_pdlink_v1_prefill_proto_rawDesc = "" +
 	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\x12-\n" +
 	"\x12expected_receivers\x18\x03 \x01(\rR\x11expectedReceivers\"C\n" +
 	"\x12OpenSenderResponse\x12-\n" +
-	"\x06status\x18\x01 \x01(\v2\x15.pdlink.v1.RoomStatusR\x06status\"\xce\x01\n" +
+	"\x06status\x18\x01 \x01(\v2\x15.pdlink.v1.RoomStatusR\x06status\"\xe8\x01\n" +
 	"\vSendRequest\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12#\n" +
 	"\x04rank\x18\x02 \x01(\v2\x0f.pdlink.v1.RankR\x04rank\x12%\n" +
 	"\x0estart_position\x18\x03 \x01(\rR\rstartPosition\x12)\n" +
 	"\x05pages\x18\x04 \x01(\v2\x13.pdlink.v1.PageListR\x05pages\x12\x12\n" +
 	"\x04last\x18\x05 \x01(\bR\x04last\x12\x1b\n" +
-	"\taux_index\x18\x06 \x01(\rR\bauxIndex\"=\n" +
+	"\taux_index\x18\x06 \x01(\rR\bauxIndex\x12\x18\n" +
+	"\abuffers\x18\a \x03(\rR\abuffers\"=\n" +
 	"\fSendResponse\x12-\n" +
 	"\x06status\x18\x01 \x01(\v2\x15.pdlink.v1.RoomStatusR\x06status\"6\n" +
 	"\x19PrefillServicePollRequest\x12\x19\n" +

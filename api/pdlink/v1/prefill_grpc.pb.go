@@ -45,7 +45,14 @@ type PrefillServiceClient interface {
 	// Send hands a chunk of source pages to the transfer workers. A retry of
 	// a chunk the room took (same start_position, pages, last and, for the
 	// last chunk, aux_index) answers OK with the room's status, also after
-	// the room moved on, unless it Failed. Errors:
+	// the room moved on, unless it Failed. The last Send returns once its
+	// pages are admitted into the decode peer's in-flight budget
+	// (backpressure); a retry of it waits for the same admission and answers
+	// as the first call does. If the call's deadline passes first it answers
+	// DeadlineExceeded and the room keeps going: it is not failed and the
+	// peer is not told, its pages go once admitted, and Poll or Watch shows
+	// the outcome (the transfer-idle deadline bounds a room that never gets
+	// admitted). Errors:
 	// NotFound for a room not open here; InvalidArgument for a rank with no
 	// registered region (field rank) or bad pages; FailedPrecondition for a
 	// room still Bootstrapping (poll until WaitingForInput) or Failed (the
@@ -166,7 +173,14 @@ type PrefillServiceServer interface {
 	// Send hands a chunk of source pages to the transfer workers. A retry of
 	// a chunk the room took (same start_position, pages, last and, for the
 	// last chunk, aux_index) answers OK with the room's status, also after
-	// the room moved on, unless it Failed. Errors:
+	// the room moved on, unless it Failed. The last Send returns once its
+	// pages are admitted into the decode peer's in-flight budget
+	// (backpressure); a retry of it waits for the same admission and answers
+	// as the first call does. If the call's deadline passes first it answers
+	// DeadlineExceeded and the room keeps going: it is not failed and the
+	// peer is not told, its pages go once admitted, and Poll or Watch shows
+	// the outcome (the transfer-idle deadline bounds a room that never gets
+	// admitted). Errors:
 	// NotFound for a room not open here; InvalidArgument for a rank with no
 	// registered region (field rank) or bad pages; FailedPrecondition for a
 	// room still Bootstrapping (poll until WaitingForInput) or Failed (the

@@ -386,8 +386,11 @@ type Metadata struct {
 	DstPages        *PageList              `protobuf:"bytes,4,opt,name=dst_pages,json=dstPages,proto3" json:"dst_pages,omitempty"`
 	AuxIndex        uint32                 `protobuf:"varint,5,opt,name=aux_index,json=auxIndex,proto3" json:"aux_index,omitempty"`
 	ExpectedSenders uint32                 `protobuf:"varint,6,opt,name=expected_senders,json=expectedSenders,proto3" json:"expected_senders,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// prefix_len is how many leading positions of dst_pages decode already
+	// holds (SendMetadataRequest.prefix_len); at most dst_pages' page count.
+	PrefixLen     uint32 `protobuf:"varint,7,opt,name=prefix_len,json=prefixLen,proto3" json:"prefix_len,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Metadata) Reset() {
@@ -458,6 +461,13 @@ func (x *Metadata) GetAuxIndex() uint32 {
 func (x *Metadata) GetExpectedSenders() uint32 {
 	if x != nil {
 		return x.ExpectedSenders
+	}
+	return 0
+}
+
+func (x *Metadata) GetPrefixLen() uint32 {
+	if x != nil {
+		return x.PrefixLen
 	}
 	return 0
 }
@@ -835,14 +845,16 @@ const file_pdlink_v1_wire_proto_rawDesc = "" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12#\n" +
 	"\rdata_endpoint\x18\x02 \x01(\tR\fdataEndpoint\x121\n" +
-	"\alayouts\x18\x03 \x03(\v2\x17.pdlink.v1.RegionLayoutR\alayouts\"\xd8\x01\n" +
+	"\alayouts\x18\x03 \x03(\v2\x17.pdlink.v1.RegionLayoutR\alayouts\"\xf7\x01\n" +
 	"\bMetadata\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\x12#\n" +
 	"\x04rank\x18\x03 \x01(\v2\x0f.pdlink.v1.RankR\x04rank\x120\n" +
 	"\tdst_pages\x18\x04 \x01(\v2\x13.pdlink.v1.PageListR\bdstPages\x12\x1b\n" +
 	"\taux_index\x18\x05 \x01(\rR\bauxIndex\x12)\n" +
-	"\x10expected_senders\x18\x06 \x01(\rR\x0fexpectedSenders\"N\n" +
+	"\x10expected_senders\x18\x06 \x01(\rR\x0fexpectedSenders\x12\x1d\n" +
+	"\n" +
+	"prefix_len\x18\a \x01(\rR\tprefixLen\"N\n" +
 	"\x05Abort\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\x12\x16\n" +
