@@ -84,7 +84,7 @@ type rxConn struct {
 	hdr     [HeaderSize]byte
 	out     [HeaderSize]byte
 	runBuf  []byte
-	runs    []Run
+	runs    []ChunkRun
 	scratch []byte
 	// pending holds the rooms that received a chunk on this connection; if it breaks, the
 	// live ones fail with transfer_error.
@@ -164,12 +164,12 @@ func (c *rxConn) reply(h *Header) error {
 	return err
 }
 
-func (c *rxConn) result(key wireKey, reason Reason) error {
+func (c *rxConn) result(key Key, reason Reason) error {
 	code := codeOK
 	if reason != "" {
 		code = reason.code()
 	}
-	return c.reply(&Header{Type: FrameResult, Room: key.room, Nonce: key.nonce, Status: uint32(code)})
+	return c.reply(&Header{Type: FrameResult, Room: key.Room, Nonce: key.Nonce, Rank: key.Rank, Status: uint32(code)})
 }
 
 // reject fails room as invalid, drains the frame's payload and tells the sender.
@@ -179,7 +179,7 @@ func (c *rxConn) reject(room *rxRoom, payload uint64, err error) error {
 	if err := c.drain(payload); err != nil {
 		return err
 	}
-	return c.result(room.key.wire(), ReasonInvalid)
+	return c.result(room.key, ReasonInvalid)
 }
 
 func (c *rxConn) chunk(h *Header) error {
@@ -197,7 +197,7 @@ func (c *rxConn) chunk(h *Header) error {
 		return err // a run list that fails its checksum cannot be trusted to delimit the payload
 	}
 	c.runs = runs
-	room := r.lookupFrame(h)
+	room := r.lookup(h.Key())
 	if room == nil {
 		return c.discard(h.PayloadLen)
 	}
@@ -219,7 +219,7 @@ func (c *rxConn) chunk(h *Header) error {
 	var crc uint32
 	left := h.PayloadLen
 	for _, run := range runs {
-		dst := r.region.Pages(int(h.Buffer), run)
+		dst := r.region.Pages(int(run.Buffer), run.Run)
 		var n int
 		var werr error
 		crc, n, werr = c.write(room, dst, crc)
@@ -231,8 +231,8 @@ func (c *rxConn) chunk(h *Header) error {
 		}
 	}
 	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
-		r.fail(room, ReasonChecksum, fmt.Errorf("%w: buffer %d seq %d", ErrChecksum, h.Buffer, h.Seq))
-		return c.result(room.key.wire(), ReasonChecksum)
+		r.fail(room, ReasonChecksum, fmt.Errorf("%w: seq %d", ErrChecksum, h.Seq))
+		return c.result(room.key, ReasonChecksum)
 	}
 	room.mu.Lock()
 	room.verified += int64(h.Pages)
@@ -294,13 +294,13 @@ func (c *rxConn) leave(room *rxRoom) bool {
 
 func (c *rxConn) done(h *Header) error {
 	r := c.r
-	room := r.lookupFrame(h)
+	room := r.lookup(h.Key())
 	if room == nil {
 		r.rejected.Add(1)
 		if err := c.discard(h.PayloadLen); err != nil {
 			return err
 		}
-		return c.result(h.wireKey(), ReasonFenced) // ended and forgotten here (or never expected)
+		return c.result(h.Key(), ReasonFenced) // ended and forgotten here (or never expected)
 	}
 	room.mu.Lock()
 	if room.state != live {
@@ -312,7 +312,7 @@ func (c *rxConn) done(h *Header) error {
 		if err := c.discard(h.PayloadLen); err != nil {
 			return err
 		}
-		return c.result(room.key.wire(), reason)
+		return c.result(room.key, reason)
 	}
 	var aux []byte
 	if room.auxRow >= 0 {
@@ -343,18 +343,18 @@ func (c *rxConn) done(h *Header) error {
 	}
 	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
 		r.fail(room, ReasonChecksum, fmt.Errorf("%w: aux row", ErrChecksum))
-		return c.result(room.key.wire(), ReasonChecksum)
+		return c.result(room.key, ReasonChecksum)
 	}
 	room.mu.Lock()
 	ok := room.finish(completed, "")
 	room.mu.Unlock()
 	if !ok {
-		return c.result(room.key.wire(), ReasonFenced) // fenced while the aux row landed
+		return c.result(room.key, ReasonFenced) // fenced while the aux row landed
 	}
 	delete(c.pending, room)
 	r.log.Debug("room complete", zap.Stringer("room", room.key))
 	r.events.Complete(room.key)
-	return c.result(room.key.wire(), "")
+	return c.result(room.key, "")
 }
 
 func (c *rxConn) addPending(room *rxRoom) {

@@ -150,11 +150,9 @@ type Sender struct {
 	cfg    SenderConfig
 	log    *zap.Logger
 
-	mu    sync.Mutex
-	peers map[string]*peer
-	// jobs is indexed by what v1 frames carry: one rank of a room at a time, since the
-	// receiver could not tell two ranks' frames apart (the job's key has its rank).
-	jobs   map[wireKey]*job
+	mu     sync.Mutex
+	peers  map[string]*peer
+	jobs   map[Key]*job // open streams, by the key their frames carry (rank included)
 	closed bool
 	wg     sync.WaitGroup
 
@@ -176,7 +174,7 @@ func NewSender(region *Region, cfg SenderConfig) (*Sender, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Sender{region: region, cfg: cfg, log: cfg.Logger, peers: make(map[string]*peer), jobs: make(map[wireKey]*job)}, nil
+	return &Sender{region: region, cfg: cfg, log: cfg.Logger, peers: make(map[string]*peer), jobs: make(map[Key]*job)}, nil
 }
 
 // AddPeer registers a decode peer's data address and region layout and starts its
@@ -258,7 +256,7 @@ func (s *Sender) Open(st Stream) error {
 	}
 	s.mu.Lock()
 	p := s.peers[st.Peer]
-	switch _, dup := s.jobs[st.Key.wire()]; {
+	switch _, dup := s.jobs[st.Key]; {
 	case s.closed:
 		s.mu.Unlock()
 		return ErrClosed
@@ -270,7 +268,7 @@ func (s *Sender) Open(st Stream) error {
 		return fmt.Errorf("%w: %v", ErrDuplicateRoom, st.Key)
 	}
 	j.peer = p
-	s.jobs[st.Key.wire()] = j
+	s.jobs[st.Key] = j
 	s.mu.Unlock()
 	if !p.open(j) {
 		j.finalize(nil, false)
@@ -288,9 +286,9 @@ func (s *Sender) Open(st Stream) error {
 // ErrFenced, of an ended one with ErrStreamEnded.
 func (s *Sender) Append(key Key, pc Piece) error {
 	s.mu.Lock()
-	j := s.jobs[key.wire()]
+	j := s.jobs[key]
 	s.mu.Unlock()
-	if j == nil || j.st.Key != key {
+	if j == nil {
 		return fmt.Errorf("%w: %v", ErrStreamEnded, key)
 	}
 	local := s.region.Layout()
@@ -349,9 +347,9 @@ func (s *Sender) Append(key Key, pc Piece) error {
 // admitted.
 func (s *Sender) WaitAdmitted(ctx context.Context, key Key) error {
 	s.mu.Lock()
-	j := s.jobs[key.wire()]
+	j := s.jobs[key]
 	s.mu.Unlock()
-	if j == nil || j.st.Key != key {
+	if j == nil {
 		return nil
 	}
 	p := j.peer
@@ -422,10 +420,10 @@ func (s *Sender) FenceWait(key Key) {
 
 func (s *Sender) fence(key Key) (bool, <-chan struct{}) {
 	s.mu.Lock()
-	j := s.jobs[key.wire()]
+	j := s.jobs[key]
 	s.mu.Unlock()
-	if j == nil || j.st.Key != key {
-		return true, nil // another rank's job is not this key's
+	if j == nil {
+		return true, nil
 	}
 	j.mu.Lock()
 	if !j.fenced {
@@ -622,8 +620,8 @@ func (j *job) setWriting(w bool) {
 func (j *job) finalize(err error, callDone bool) {
 	j.once.Do(func() {
 		j.s.mu.Lock()
-		if w := j.st.Key.wire(); j.s.jobs[w] == j {
-			delete(j.s.jobs, w)
+		if j.s.jobs[j.st.Key] == j {
+			delete(j.s.jobs, j.st.Key)
 		}
 		j.s.mu.Unlock()
 		j.mu.Lock()
