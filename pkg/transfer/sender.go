@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -180,6 +181,12 @@ func NewSender(region *Region, cfg SenderConfig) (*Sender, error) {
 // AddPeer registers a decode peer's data address and region layout and starts its
 // connection pool. Adding a known address with the same layout is a no-op.
 func (s *Sender) AddPeer(addr string, layout Layout) error {
+	s.mu.Lock()
+	p, known := s.peers[addr]
+	s.mu.Unlock()
+	if known && sameLayout(p.layout, layout) {
+		return nil // checked when it was added; the daemons add the peer at every bind
+	}
 	if err := s.region.Layout().Compatible(layout); err != nil {
 		return err
 	}
@@ -192,7 +199,7 @@ func (s *Sender) AddPeer(addr string, layout Layout) error {
 		// The layout of a live peer is immutable; a restarted peer is removed and re-added.
 		return p.layout.Compatible(layout)
 	}
-	p := newPeer(s, addr, layout, s.cfg.ConnsPerPeer)
+	p = newPeer(s, addr, layout, s.cfg.ConnsPerPeer)
 	s.peers[addr] = p
 	for i := 0; i < s.cfg.ConnsPerPeer; i++ {
 		s.wg.Add(1)
@@ -203,6 +210,10 @@ func (s *Sender) AddPeer(addr string, layout Layout) error {
 	}
 	s.log.Info("data peer added", zap.String("peer", addr), zap.Int("conns", s.cfg.ConnsPerPeer))
 	return nil
+}
+
+func sameLayout(a, b Layout) bool {
+	return a.Aux == b.Aux && a.Rank == b.Rank && slices.Equal(a.Buffers, b.Buffers)
 }
 
 // RemovePeer stops the peer's connections; its open and unfinished streams fail with

@@ -501,7 +501,7 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 		defer close(quit)
 		crcs = checksums(j, plans, quit)
 	}
-	for _, c := range plans {
+	for i, c := range plans {
 		var crc uint32
 		if crcs != nil {
 			var ok bool
@@ -509,25 +509,33 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 				return false, nil // stopped by Fence
 			}
 		}
-		tc.meta = AppendRuns(append(tc.meta[:0], make([]byte, HeaderSize)...), c.runs)
+		tc.meta = AppendRuns(append(tc.meta[:0], zeroHeader[:]...), c.runs)
 		h := Header{Type: FrameChunk, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank,
 			Seq: j.seq, NumRuns: uint32(len(c.runs)), Pages: uint32(c.pages),
 			PayloadLen: uint64(c.bytes), PayloadCRC: crc, RunsCRC: RunsChecksum(tc.meta[HeaderSize:])}
 		h.Encode(tc.meta)
 		c.iov[0] = tc.meta
-		if !j.acquireWrite(tc, int64(len(tc.meta))+c.bytes) {
+		iov, n := c.iov, int64(len(tc.meta))+c.bytes
+		if w.last && i == len(plans)-1 {
+			// The stream's DONE goes in the same write as its last chunk: one syscall, and
+			// often one read on the receiver, less per room.
+			tc.encodeDone(j, w, flags, j.seq+1, j.sentPages+c.pages)
+			iov = append(iov[:len(iov):len(iov)], tc.hdr[:], w.aux)
+			n += HeaderSize + int64(len(w.aux))
+		}
+		if !j.acquireWrite(tc, n) {
 			return false, nil
 		}
-		err := tc.writeArmed(c.iov)
+		err := tc.writeArmed(iov)
 		j.release()
 		if err != nil {
 			return false, err
 		}
 		j.seq++
-		j.sentPages += int64(h.Pages)
+		j.sentPages += c.pages
 		tc.p.release(w, c.bytes)
 	}
-	if !w.last {
+	if !w.last || len(plans) > 0 {
 		return true, nil
 	}
 	j.mu.Lock()
@@ -536,17 +544,25 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 	if stopped {
 		return false, nil
 	}
-	var crc uint32
-	if flags != 0 {
-		crc = crc32.Checksum(w.aux, castagnoli)
-	}
-	h := Header{Type: FrameDone, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank, Seq: j.seq,
-		Pages: uint32(j.sentPages), PayloadLen: uint64(len(w.aux)), PayloadCRC: crc}
-	h.Encode(tc.hdr[:])
+	tc.encodeDone(j, w, flags, j.seq, j.sentPages)
 	if err := tc.write([][]byte{tc.hdr[:], w.aux}, HeaderSize+int64(len(w.aux))); err != nil {
 		return false, err
 	}
 	return true, nil
+}
+
+// zeroHeader is the room a chunk's header takes before it is encoded.
+var zeroHeader [HeaderSize]byte
+
+// encodeDone encodes into tc.hdr the DONE of w's stream after chunks chunks of pages pages.
+func (tc *txConn) encodeDone(j *job, w *piece, flags uint16, chunks uint32, pages int64) {
+	var crc uint32
+	if flags != 0 {
+		crc = crc32.Checksum(w.aux, castagnoli)
+	}
+	h := Header{Type: FrameDone, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank, Seq: chunks,
+		Pages: uint32(pages), PayloadLen: uint64(len(w.aux)), PayloadCRC: crc}
+	h.Encode(tc.hdr[:])
 }
 
 // readLoop reads results and pongs. It wakes every KeepAlive to check that an outstanding
