@@ -22,10 +22,11 @@
 // crc32c over the header itself), the destination run list ({buffer, start, count} each),
 // and the payload: the source pages, written with one vectored write (net.Buffers) straight
 // from the mapping. A DONE frame carries the stream's chunk and page totals (page-buffer
-// pairs) and the aux row; the receiver answers each DONE, and any earlier failure, with a
-// RESULT frame naming the same key. Idle senders ping; the receiver pongs. wire.go holds the
-// framing and its field table; its decoders never panic and are fuzzed. Version 1 frames
-// are refused (ErrBadVersion): the frame is counted as rejected and its connection closed.
+// pairs) and the aux row, in the same write as the stream's last chunk; the receiver
+// answers each DONE, and any earlier failure, with a RESULT frame naming the same key. Idle
+// senders ping; the receiver pongs. wire.go holds the framing and its field table; its
+// decoders never panic and are fuzzed. Version 1 frames are refused (ErrBadVersion): the
+// frame is counted as rejected and its connection closed.
 //
 // # Ranks on the wire
 //
@@ -43,11 +44,14 @@
 //
 // The driver registers each room with Expect (destination runs per buffer, aux row) before
 // its bytes may land. For every chunk the receiver checks the header and run-list
-// checksums, that every page is inside the region and among the room's destination pages
-// and not already claimed, the sequence number and the byte count; only then does it read
-// the payload with io.ReadFull straight into the destination pages, one piece at a time,
-// updating the crc32c as it goes. Chunks for unknown or ended rooms are drained into a
-// scratch buffer and counted, never written. Events.Complete is reported only when every
+// checksums, that every run names a buffer of the layout and pages inside the region, among
+// the room's destination pages and not already claimed (by an earlier chunk or earlier in
+// this one), the sequence number and the byte count; only then does it read the payload
+// into the destination pages, one piece (PieceBytes, across runs) at a time, updating the
+// crc32c as it goes. Reads are buffered (32 KiB), so a small chunk and the frames after it
+// take one read; a larger read into empty buffering goes straight into the pages. Chunks for
+// unknown or ended rooms (a rank not expected included) are drained into a scratch buffer
+// and counted, never written. Events.Complete is reported only when every
 // page of every buffer and the aux row were written and verified and the DONE totals match
 // (I8). Failures carry a Reason: "checksum", "transfer_error" or "invalid".
 //
