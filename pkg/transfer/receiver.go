@@ -167,6 +167,12 @@ type rxRoom struct {
 	grace    *time.Timer   // interrupts the stalled read of a pending fence; nil once handed back
 }
 
+// samePageList reports whether a and b are the same page list (one slice, as SamePages
+// hands out), not merely equal: the cheap check that lets every buffer share one list.
+func samePageList(a, b []Run) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
 // Expect registers a room's rank. Dst must have one entry per buffer; AuxRow must be a row
 // of the region (or -1 when the region has no aux rows to fill). It fails with
 // ErrDuplicateRoom if the key, rank included, is live; another rank of the same room is
@@ -183,19 +189,30 @@ func (r *Receiver) Expect(e Expectation) error {
 		return fmt.Errorf("%w: row %d of %d", ErrAuxMismatch, e.AuxRow, l.Aux.Rows)
 	}
 	room := &rxRoom{key: e.Key, auxRow: e.AuxRow, bufs: make([]rxBuf, len(e.Dst))}
+	counts := make([]int64, len(e.Dst))
+	var words int64
 	for i, runs := range e.Dst {
-		s := slices.Clone(runs)
-		slices.SortFunc(s, func(a, b Run) int { return int(a.Start) - int(b.Start) })
-		s = Coalesce(s)
-		b := rxBuf{runs: s, pos: make([]int64, len(s))}
-		var n int64
-		for j, run := range s {
-			b.pos[j] = n
-			n += int64(run.Count)
+		if i > 0 && samePageList(runs, e.Dst[i-1]) {
+			// SamePages: one sorted list serves every buffer (runs and pos are read-only).
+			room.bufs[i], counts[i] = room.bufs[i-1], counts[i-1]
+		} else {
+			s := slices.Clone(runs)
+			slices.SortFunc(s, func(a, b Run) int { return int(a.Start) - int(b.Start) })
+			s = Coalesce(s)
+			b := rxBuf{runs: s, pos: make([]int64, len(s))}
+			for j, run := range s {
+				b.pos[j] = counts[i]
+				counts[i] += int64(run.Count)
+			}
+			room.bufs[i] = b
 		}
-		b.claimed = make([]uint64, (n+63)/64)
-		room.total += n
-		room.bufs[i] = b
+		room.total += counts[i]
+		words += (counts[i] + 63) / 64
+	}
+	claimed := make([]uint64, words) // one allocation for every buffer's claim bits
+	for i, n := range counts {
+		w := (n + 63) / 64
+		room.bufs[i].claimed, claimed = claimed[:w:w], claimed[w:]
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -321,24 +321,31 @@ func (s *Sender) Append(key Key, pc Piece) error {
 		return fmt.Errorf("%w: %v", ErrStreamEnded, key)
 	}
 	for b, src := range pc.Src {
-		if err := ValidateRuns(src, local.Buffers[b].Pages()); err != nil {
-			j.mu.Unlock()
-			return fmt.Errorf("buffer %d source: %w", b, err)
+		if b > 0 && samePageList(src, pc.Src[b-1]) && samePageList(j.dst[b], j.dst[b-1]) && j.next[b] == j.next[b-1] &&
+			j.dstPages[b] == j.dstPages[b-1] && local.Buffers[b].Pages() == local.Buffers[b-1].Pages() {
+			// SamePages on both sides: the previous buffer's checks and segments hold
+			// (segments are read-only once paired).
+			w.segs[b], counts[b] = w.segs[b-1], counts[b-1]
+		} else {
+			if err := ValidateRuns(src, local.Buffers[b].Pages()); err != nil {
+				j.mu.Unlock()
+				return fmt.Errorf("buffer %d source: %w", b, err)
+			}
+			n := CountPages(src)
+			if j.next[b]+n > j.dstPages[b] || pc.Last && j.next[b]+n != j.dstPages[b] {
+				j.mu.Unlock()
+				return fmt.Errorf("%w: buffer %d: %d source pages after position %d, %d destination pages (last %v)",
+					ErrRunsMismatch, b, n, j.next[b], j.dstPages[b], pc.Last)
+			}
+			segs, err := Pair(src, runsAt(j.dst[b], j.next[b], n))
+			if err != nil {
+				j.mu.Unlock()
+				return fmt.Errorf("buffer %d: %w", b, err)
+			}
+			w.segs[b], counts[b] = segs, n
 		}
-		n := CountPages(src)
-		if j.next[b]+n > j.dstPages[b] || pc.Last && j.next[b]+n != j.dstPages[b] {
-			j.mu.Unlock()
-			return fmt.Errorf("%w: buffer %d: %d source pages after position %d, %d destination pages (last %v)",
-				ErrRunsMismatch, b, n, j.next[b], j.dstPages[b], pc.Last)
-		}
-		segs, err := Pair(src, runsAt(j.dst[b], j.next[b], n))
-		if err != nil {
-			j.mu.Unlock()
-			return fmt.Errorf("buffer %d: %w", b, err)
-		}
-		w.segs[b], counts[b] = segs, n
-		w.pages += n
-		w.charge += n * local.Buffers[b].ItemLen
+		w.pages += counts[b]
+		w.charge += counts[b] * local.Buffers[b].ItemLen
 	}
 	for b, n := range counts {
 		j.next[b] += n
