@@ -357,6 +357,9 @@ func (room *rxRoom) claim(h *Header, runs []ChunkRun, l Layout) error {
 		}
 		pages += uint64(run.Count)
 		bytes += uint64(run.Count) * uint64(spec.ItemLen)
+		if pages > uint64(h.Pages) { // stop early, so the byte sum stays far from overflow
+			break
+		}
 	}
 	if pages != uint64(h.Pages) || bytes != h.PayloadLen {
 		return fmt.Errorf("%w: runs hold %d pages, %d bytes, header says %d pages, %d bytes",
