@@ -127,7 +127,7 @@ func (d *gateDialer) chunksOf(k Key) int {
 	defer d.mu.Unlock()
 	n := 0
 	for _, h := range d.frames {
-		if h.Type == FrameChunk && h.wireKey() == k.wire() {
+		if h.Type == FrameChunk && h.Key() == k {
 			n++
 		}
 	}

@@ -15,36 +15,43 @@
 //
 // Pages travel as runs ([]Run{Start, Count}, int32) per buffer. Append pairs the source and
 // destination runs (Pair) into maximal segments that are consecutive on both sides and packs
-// them into chunks of at most MaxChunkBytes. A chunk is a 64-byte little-endian header
-// (magic, version, type, room, nonce, seq, buffer, lengths, payload crc32c, run-list crc32c
-// and a crc32c over the header itself), the destination run list, and the payload: the
-// source pages, written with one vectored write (net.Buffers) straight from the mapping. A
-// DONE frame carries the chunk and page totals and the aux row; the receiver answers each
-// DONE, and any earlier failure, with a RESULT frame. Idle senders ping; the receiver pongs.
-// wire.go holds the framing; its decoders never panic and are fuzzed.
+// them, buffer after buffer, into chunks of at most MaxChunkBytes: a chunk's run list names
+// the buffer of each run, so a small piece over many buffers is one chunk (a one-page room of
+// 64 buffers is one CHUNK and a DONE). A chunk is a 64-byte little-endian header (magic,
+// version 2, type, room, nonce, rank, seq, lengths, payload crc32c, run-list crc32c and a
+// crc32c over the header itself), the destination run list ({buffer, start, count} each),
+// and the payload: the source pages, written with one vectored write (net.Buffers) straight
+// from the mapping. A DONE frame carries the stream's chunk and page totals (page-buffer
+// pairs) and the aux row, in the same write as the stream's last chunk; the receiver
+// answers each DONE, and any earlier failure, with a RESULT frame naming the same key. Idle
+// senders ping; the receiver pongs. wire.go holds the framing and its field table; its
+// decoders never panic and are fuzzed. Version 1 frames are refused (ErrBadVersion): the
+// frame is counted as rejected and its connection closed.
 //
 // # Ranks on the wire
 //
 // A Key names one tensor-parallel rank's share of a room: Room, Nonce and Rank{TP, Size}.
-// Every data-plane key has its rank (Expect, Send, Fence, the events), and two ranks of one
-// room are two keys: fencing or completing one does not touch the other. Wire v1 frames
-// carry the room and nonce only (the rank goes into the header with wire v2), so each side
-// derives a frame's rank from what it registered: the receiver from the room's one
-// Expectation, whose Key (rank included) Progress, Complete and Failed report; the sender
-// from its job. Until then a Sender takes one rank of a room at a time (ErrDuplicateRoom
-// for another), and a Receiver with two ranks of one room expected writes neither one's
-// frames: they are drained and counted as for an unknown room, so no rank's pages can take
-// another rank's bytes. The daemons refuse a second rank at their edge meanwhile.
+// Every data-plane key has its rank (Expect, Open, Send, Fence, the events), and every
+// CHUNK, DONE and RESULT carries its whole key in the header (tp_rank, tp_size), so two
+// ranks of one room are two streams end to end: a Sender takes several ranks of a room at
+// once (each its own stream, seq and totals), and a Receiver with several ranks of a room
+// expected writes each frame into the expectation of the rank it names only, so a rank is
+// Complete with its own pages and aux row only (R11). Fencing or completing one rank does
+// not touch another. The daemons still refuse a second rank of a room at their edge (issue
+// 15 lifts that).
 //
 // # Receiver (decode)
 //
 // The driver registers each room with Expect (destination runs per buffer, aux row) before
 // its bytes may land. For every chunk the receiver checks the header and run-list
-// checksums, that every page is inside the region and among the room's destination pages
-// and not already claimed, the sequence number and the byte count; only then does it read
-// the payload with io.ReadFull straight into the destination pages, one piece at a time,
-// updating the crc32c as it goes. Chunks for unknown or ended rooms are drained into a
-// scratch buffer and counted, never written. Events.Complete is reported only when every
+// checksums, that every run names a buffer of the layout and pages inside the region, among
+// the room's destination pages and not already claimed (by an earlier chunk or earlier in
+// this one), the sequence number and the byte count; only then does it read the payload
+// into the destination pages, one piece (PieceBytes, across runs) at a time, updating the
+// crc32c as it goes. Reads are buffered (32 KiB), so a small chunk and the frames after it
+// take one read; a larger read into empty buffering goes straight into the pages. Chunks for
+// unknown or ended rooms (a rank not expected included) are drained into a scratch buffer
+// and counted, never written. Events.Complete is reported only when every
 // page of every buffer and the aux row were written and verified and the DONE totals match
 // (I8). Failures carry a Reason: "checksum", "transfer_error" or "invalid".
 //

@@ -64,8 +64,7 @@ var (
 	// ErrStreamEnded means Append named a stream that is not open, or that already took its
 	// last piece or failed (its Done says why).
 	ErrStreamEnded = errors.New("transfer: stream not open or ended")
-	// ErrDuplicateRoom means a live room with the same key is already registered (a Sender
-	// takes one rank of a room at a time: see the package doc, Ranks on the wire).
+	// ErrDuplicateRoom means a live room with the same key, rank included, is already registered.
 	ErrDuplicateRoom = errors.New("transfer: room already registered")
 	// ErrClosed means the sender or receiver was closed.
 	ErrClosed = errors.New("transfer: closed")

@@ -396,7 +396,7 @@ func TestSendWaitingForAdmissionReturnsFencedWhenItsRoomIsFenced(t *testing.T) {
 	waitFor(t, func() bool { // known to the sender, so waiting for admission
 		g.snd.mu.Lock()
 		defer g.snd.mu.Unlock()
-		return g.snd.jobs[waiting.wire()] != nil
+		return g.snd.jobs[waiting] != nil
 	})
 	select {
 	case err := <-sent:

@@ -50,8 +50,14 @@ func (l Layout) Validate() error {
 		return fmt.Errorf("%w: tp rank %d of size %d", ErrInvalidLayout, l.Rank.TP, l.Rank.Size)
 	}
 	type span struct {
-		name     string
+		buffer   int // -1 for the aux rows
 		off, end int64
+	}
+	name := func(s span) string { // only for an error: Validate runs at every bind
+		if s.buffer < 0 {
+			return "aux"
+		}
+		return fmt.Sprintf("buffer %d", s.buffer)
 	}
 	spans := make([]span, 0, len(l.Buffers)+1)
 	for i, b := range l.Buffers {
@@ -68,7 +74,7 @@ func (l Layout) Validate() error {
 		case b.Offset > 1<<62-b.Length:
 			return fmt.Errorf("%w: buffer %d ends past 2^62", ErrInvalidLayout, i)
 		}
-		spans = append(spans, span{fmt.Sprintf("buffer %d", i), b.Offset, b.Offset + b.Length})
+		spans = append(spans, span{i, b.Offset, b.Offset + b.Length})
 	}
 	a := l.Aux
 	if a.Rows < 0 || a.RowLen < 0 || a.Offset < 0 || (a.Rows > 0) != (a.RowLen > 0) {
@@ -78,12 +84,12 @@ func (l Layout) Validate() error {
 		if a.Rows > maxPagesPerBuffer || a.RowLen > maxFrameMeta || a.Offset > 1<<62-a.Rows*a.RowLen {
 			return fmt.Errorf("%w: aux too large", ErrInvalidLayout)
 		}
-		spans = append(spans, span{"aux", a.Offset, a.Offset + a.Rows*a.RowLen})
+		spans = append(spans, span{-1, a.Offset, a.Offset + a.Rows*a.RowLen})
 	}
 	sort.Slice(spans, func(i, j int) bool { return spans[i].off < spans[j].off })
 	for i := 1; i < len(spans); i++ {
 		if spans[i].off < spans[i-1].end {
-			return fmt.Errorf("%w: %s overlaps %s", ErrInvalidLayout, spans[i].name, spans[i-1].name)
+			return fmt.Errorf("%w: %s overlaps %s", ErrInvalidLayout, name(spans[i]), name(spans[i-1]))
 		}
 	}
 	return nil

@@ -70,3 +70,28 @@ func TestAddPeerRefusesIncompatibleLayout(t *testing.T) {
 		t.Fatalf("%v, want ErrIncompatibleLayout", err)
 	}
 }
+
+// TestAddPeerAgainChecksOnlyAChangedLayout: the daemons add the peer at every bind; adding
+// a known peer again with its layout is a no-op, and with another layout still checked.
+func TestAddPeerAgainChecksOnlyAChangedLayout(t *testing.T) {
+	l := UniformLayout(2, 8, 4096, 0, 0)
+	snd, err := NewSender(openTestRegion(t, l), SenderConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snd.Close()
+	const addr = "127.0.0.1:1"
+	if err := snd.AddPeer(addr, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := snd.AddPeer(addr, l); err != nil {
+		t.Fatalf("add the peer again with its layout: %v", err)
+	}
+	if err := snd.AddPeer(addr, UniformLayout(2, 8, 2048, 0, 0)); !errors.Is(err, ErrIncompatibleLayout) {
+		t.Fatalf("add the peer again with another page size: %v, want ErrIncompatibleLayout", err)
+	}
+	more := UniformLayout(2, 16, 4096, 0, 0) // compatible: page counts may differ
+	if err := snd.AddPeer(addr, more); err != nil {
+		t.Fatalf("add the peer again with more pages: %v", err)
+	}
+}

@@ -32,12 +32,26 @@ func (r *rawClient) write(b []byte) {
 	}
 }
 
-// chunkHeader returns the header and run list of a chunk whose payload is payload (the crc
-// is computed over payload; the caller may send other bytes).
+// chunkHeader returns the header and run list of a chunk of buffer buf whose payload is
+// payload (the crc is computed over payload; the caller may send other bytes).
 func chunkHeader(k Key, seq uint32, buf uint32, runs []Run, itemLen int, payload []byte) []byte {
+	crs := make([]ChunkRun, len(runs))
+	for i, r := range runs {
+		crs[i] = ChunkRun{Buffer: buf, Run: r}
+	}
+	return chunkHeaderRuns(k, seq, crs, itemLen, payload)
+}
+
+// chunkHeaderRuns is chunkHeader for a run list that may name several buffers (all of
+// itemLen bytes per page).
+func chunkHeaderRuns(k Key, seq uint32, runs []ChunkRun, itemLen int, payload []byte) []byte {
 	meta := AppendRuns(make([]byte, HeaderSize), runs)
-	h := Header{Type: FrameChunk, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Seq: seq, Buffer: buf,
-		NumRuns: uint32(len(runs)), Pages: uint32(CountPages(runs)), PayloadLen: uint64(CountPages(runs)) * uint64(itemLen),
+	var pages int64
+	for _, r := range runs {
+		pages += int64(r.Count)
+	}
+	h := Header{Type: FrameChunk, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: seq,
+		NumRuns: uint32(len(runs)), Pages: uint32(pages), PayloadLen: uint64(pages) * uint64(itemLen),
 		PayloadCRC: crc32.Checksum(payload, castagnoli), RunsCRC: RunsChecksum(meta[HeaderSize:])}
 	h.Encode(meta)
 	return meta
@@ -45,7 +59,7 @@ func chunkHeader(k Key, seq uint32, buf uint32, runs []Run, itemLen int, payload
 
 func doneFrame(k Key, chunks, pages uint32, aux []byte) []byte {
 	b := make([]byte, HeaderSize, HeaderSize+len(aux))
-	h := Header{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Seq: chunks, Pages: pages,
+	h := Header{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: chunks, Pages: pages,
 		PayloadLen: uint64(len(aux)), PayloadCRC: crc32.Checksum(aux, castagnoli)}
 	h.Encode(b)
 	return append(b, aux...)
@@ -71,7 +85,7 @@ func (r *rawClient) sync() map[Key]uint32 {
 		if h.Type == FramePong {
 			return res
 		}
-		res[Key{Room: h.Room, Nonce: h.Nonce}] = h.Status
+		res[h.Key()] = h.Status
 	}
 }
 

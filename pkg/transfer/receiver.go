@@ -97,11 +97,8 @@ type Receiver struct {
 	events Events
 	log    *zap.Logger
 
-	mu sync.Mutex
-	// rooms holds, per room and nonce, the ranks expected, linked by otherRank: v1 frames
-	// name the room and nonce only, so a frame finds its room here when exactly one rank
-	// is expected.
-	rooms  map[wireKey]*rxRoom
+	mu     sync.Mutex
+	rooms  map[Key]*rxRoom // by the key frames carry: each rank of a room is its own entry
 	conns  map[net.Conn]struct{}
 	lns    map[net.Listener]struct{}
 	closed bool
@@ -122,7 +119,7 @@ func NewReceiver(region *Region, cfg ReceiverConfig, events Events) (*Receiver, 
 	}
 	return &Receiver{
 		region: region, cfg: cfg, events: events, log: cfg.Logger,
-		rooms: make(map[wireKey]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
+		rooms: make(map[Key]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
 	}, nil
 }
 
@@ -154,10 +151,9 @@ const (
 // lands for the room, and the goroutine that empties it after a Fence hands the room back
 // (letGoFence).
 type rxRoom struct {
-	key       Key
-	auxRow    int64
-	total     int64   // pages expected over all buffers
-	otherRank *rxRoom // the next rank expected for the same room and nonce, under Receiver.mu
+	key    Key
+	auxRow int64
+	total  int64 // pages expected over all buffers
 
 	mu       sync.Mutex
 	writing  []*rxConn // connections reading a piece into the room's pages now
@@ -171,10 +167,16 @@ type rxRoom struct {
 	grace    *time.Timer   // interrupts the stalled read of a pending fence; nil once handed back
 }
 
+// samePageList reports whether a and b are the same page list (one slice, as SamePages
+// hands out), not merely equal: the cheap check that lets every buffer share one list.
+func samePageList(a, b []Run) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
 // Expect registers a room's rank. Dst must have one entry per buffer; AuxRow must be a row
 // of the region (or -1 when the region has no aux rows to fill). It fails with
 // ErrDuplicateRoom if the key, rank included, is live; another rank of the same room is
-// another key (but see the package doc, Ranks on the wire). The destination pages are not
+// another key, and takes only the frames that name its rank. The destination pages are not
 // checked here: the caller's edge checked them once (ValidateRuns), and every chunk is
 // checked against the region and against Dst before a byte is written, so a page outside
 // the region or named twice fails the room (reason invalid) and is never written.
@@ -187,33 +189,40 @@ func (r *Receiver) Expect(e Expectation) error {
 		return fmt.Errorf("%w: row %d of %d", ErrAuxMismatch, e.AuxRow, l.Aux.Rows)
 	}
 	room := &rxRoom{key: e.Key, auxRow: e.AuxRow, bufs: make([]rxBuf, len(e.Dst))}
+	counts := make([]int64, len(e.Dst))
+	var words int64
 	for i, runs := range e.Dst {
-		s := slices.Clone(runs)
-		slices.SortFunc(s, func(a, b Run) int { return int(a.Start) - int(b.Start) })
-		s = Coalesce(s)
-		b := rxBuf{runs: s, pos: make([]int64, len(s))}
-		var n int64
-		for j, run := range s {
-			b.pos[j] = n
-			n += int64(run.Count)
+		if i > 0 && samePageList(runs, e.Dst[i-1]) {
+			// SamePages: one sorted list serves every buffer (runs and pos are read-only).
+			room.bufs[i], counts[i] = room.bufs[i-1], counts[i-1]
+		} else {
+			s := slices.Clone(runs)
+			slices.SortFunc(s, func(a, b Run) int { return int(a.Start) - int(b.Start) })
+			s = Coalesce(s)
+			b := rxBuf{runs: s, pos: make([]int64, len(s))}
+			for j, run := range s {
+				b.pos[j] = counts[i]
+				counts[i] += int64(run.Count)
+			}
+			room.bufs[i] = b
 		}
-		b.claimed = make([]uint64, (n+63)/64)
-		room.total += n
-		room.bufs[i] = b
+		room.total += counts[i]
+		words += (counts[i] + 63) / 64
+	}
+	claimed := make([]uint64, words) // one allocation for every buffer's claim bits
+	for i, n := range counts {
+		w := (n + 63) / 64
+		room.bufs[i].claimed, claimed = claimed[:w:w], claimed[w:]
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return ErrClosed
 	}
-	w := e.Key.wire()
-	for other := r.rooms[w]; other != nil; other = other.otherRank {
-		if other.key == e.Key {
-			return fmt.Errorf("%w: %v", ErrDuplicateRoom, e.Key)
-		}
+	if r.rooms[e.Key] != nil {
+		return fmt.Errorf("%w: %v", ErrDuplicateRoom, e.Key)
 	}
-	room.otherRank = r.rooms[w]
-	r.rooms[w] = room
+	r.rooms[e.Key] = room
 	return nil
 }
 
@@ -264,22 +273,10 @@ func (r *Receiver) fence(key Key) (bool, <-chan struct{}) {
 }
 
 func (r *Receiver) forget(room *rxRoom) {
-	w := room.key.wire()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.rooms[w] == room {
-		if room.otherRank == nil {
-			delete(r.rooms, w)
-		} else {
-			r.rooms[w] = room.otherRank
-		}
-		return
-	}
-	for prev := r.rooms[w]; prev != nil; prev = prev.otherRank {
-		if prev.otherRank == room {
-			prev.otherRank = room.otherRank
-			return
-		}
+	if r.rooms[room.key] == room {
+		delete(r.rooms, room.key)
 	}
 }
 
@@ -318,24 +315,7 @@ func (r *Receiver) interrupt(room *rxRoom) {
 func (r *Receiver) lookup(key Key) *rxRoom {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for room := r.rooms[key.wire()]; room != nil; room = room.otherRank {
-		if room.key == key {
-			return room
-		}
-	}
-	return nil
-}
-
-// lookupFrame finds the room a frame is about. A v1 frame does not say which rank sent it:
-// when more than one rank of its room is expected it is nobody's, and is treated as a frame
-// for an unknown room (drained, never written), so no rank's pages take another's bytes.
-func (r *Receiver) lookupFrame(h *Header) *rxRoom {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if room := r.rooms[h.wireKey()]; room != nil && room.otherRank == nil {
-		return room
-	}
-	return nil
+	return r.rooms[key]
 }
 
 // finish moves a live room to a terminal outcome under room.mu and reports whether it did.
@@ -359,55 +339,89 @@ func (r *Receiver) fail(room *rxRoom, reason Reason, err error) {
 }
 
 // claim validates a chunk against the region and the room's metadata and reserves its
-// pages, under room.mu. Nothing is written before claim succeeds.
-func (room *rxRoom) claim(h *Header, runs []Run, l Layout) error {
+// pages, under room.mu. Nothing is written before claim succeeds, and a refused chunk
+// claims nothing.
+func (room *rxRoom) claim(h *Header, runs []ChunkRun, l Layout) error {
 	if h.Seq != room.nextSeq {
 		return fmt.Errorf("%w: seq %d, want %d", ErrRejected, h.Seq, room.nextSeq)
 	}
-	if int(h.Buffer) >= len(l.Buffers) || h.Buffer >= uint32(len(room.bufs)) {
-		return fmt.Errorf("%w: buffer %d of %d", ErrPageOutOfRange, h.Buffer, len(l.Buffers))
+	var pages, bytes uint64
+	for _, run := range runs {
+		if uint64(run.Buffer) >= uint64(len(l.Buffers)) || uint64(run.Buffer) >= uint64(len(room.bufs)) {
+			return fmt.Errorf("%w: buffer %d of %d", ErrPageOutOfRange, run.Buffer, len(l.Buffers))
+		}
+		spec := l.Buffers[run.Buffer]
+		if run.end() > spec.Pages() {
+			return fmt.Errorf("%w: buffer %d run {start %d, count %d} past %d pages",
+				ErrPageOutOfRange, run.Buffer, run.Start, run.Count, spec.Pages())
+		}
+		pages += uint64(run.Count)
+		bytes += uint64(run.Count) * uint64(spec.ItemLen)
+		if pages > uint64(h.Pages) { // stop early, so the byte sum stays far from overflow
+			break
+		}
 	}
-	spec := l.Buffers[h.Buffer]
-	if err := ValidateRuns(runs, spec.Pages()); err != nil {
-		return err
+	if pages != uint64(h.Pages) || bytes != h.PayloadLen {
+		return fmt.Errorf("%w: runs hold %d pages, %d bytes, header says %d pages, %d bytes",
+			ErrRejected, pages, bytes, h.Pages, h.PayloadLen)
 	}
-	pages := CountPages(runs)
-	if pages != int64(h.Pages) || uint64(pages)*uint64(spec.ItemLen) != h.PayloadLen {
-		return fmt.Errorf("%w: %d pages of %d bytes, header says %d pages, %d bytes",
-			ErrRejected, pages, spec.ItemLen, h.Pages, h.PayloadLen)
-	}
-	b := &room.bufs[h.Buffer]
-	// Check every run first, then claim, so a refused chunk claims nothing.
-	for pass := 0; pass < 2; pass++ {
-		for _, run := range runs {
-			j, ok := slices.BinarySearchFunc(b.runs, run.Start, func(e Run, t int32) int {
-				switch {
-				case e.end() <= int64(t):
-					return -1
-				case int64(e.Start) > int64(t):
-					return 1
-				}
-				return 0
-			})
-			if !ok || run.end() > b.runs[j].end() {
-				return fmt.Errorf("%w: buffer %d pages [%d,%d) are not the room's destination",
-					ErrPageOutOfRange, h.Buffer, run.Start, run.end())
+	// Claim run by run; a page that is not the room's, or already claimed (by an earlier
+	// chunk or earlier in this one), undoes what this chunk claimed.
+	for k, run := range runs {
+		b := &room.bufs[run.Buffer]
+		p0, ok := b.position(run.Run)
+		if !ok {
+			room.unclaim(runs[:k])
+			return fmt.Errorf("%w: buffer %d pages [%d,%d) are not the room's destination",
+				ErrPageOutOfRange, run.Buffer, run.Start, run.end())
+		}
+		for p := p0; p < p0+int64(run.Count); p++ {
+			bit := uint64(1) << (p % 64)
+			if b.claimed[p/64]&bit != 0 {
+				b.flip(p0, p-p0)
+				room.unclaim(runs[:k])
+				return fmt.Errorf("%w: buffer %d page %d sent twice", ErrRunsOverlap, run.Buffer, run.Start+int32(p-p0))
 			}
-			p0 := b.pos[j] + int64(run.Start-b.runs[j].Start)
-			for p := p0; p < p0+int64(run.Count); p++ {
-				bit := uint64(1) << (p % 64)
-				if pass == 0 && b.claimed[p/64]&bit != 0 {
-					return fmt.Errorf("%w: buffer %d page %d sent twice", ErrRunsOverlap, h.Buffer, run.Start+int32(p-p0))
-				}
-				if pass == 1 {
-					b.claimed[p/64] |= bit
-				}
-			}
+			b.claimed[p/64] |= bit
 		}
 	}
 	room.nextSeq++
-	room.claimed += pages
+	room.claimed += int64(pages)
 	return nil
+}
+
+// position is the room's page-list position of run's first page, if every page of run is
+// among the buffer's destination pages.
+func (b *rxBuf) position(run Run) (int64, bool) {
+	j, ok := slices.BinarySearchFunc(b.runs, run.Start, func(e Run, t int32) int {
+		switch {
+		case e.end() <= int64(t):
+			return -1
+		case int64(e.Start) > int64(t):
+			return 1
+		}
+		return 0
+	})
+	if !ok || run.end() > b.runs[j].end() {
+		return 0, false
+	}
+	return b.pos[j] + int64(run.Start-b.runs[j].Start), true
+}
+
+// flip toggles the claim bits of n positions from p0.
+func (b *rxBuf) flip(p0, n int64) {
+	for p := p0; p < p0+n; p++ {
+		b.claimed[p/64] ^= uint64(1) << (p % 64)
+	}
+}
+
+// unclaim gives back the pages of runs that claim reserved for a chunk it then refused.
+func (room *rxRoom) unclaim(runs []ChunkRun) {
+	for _, run := range runs {
+		b := &room.bufs[run.Buffer]
+		p0, _ := b.position(run.Run)
+		b.flip(p0, int64(run.Count))
+	}
 }
 
 // Close stops every listener and connection and waits for their goroutines. Rooms with bytes

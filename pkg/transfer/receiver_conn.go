@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -76,15 +77,24 @@ func (r *Receiver) ServeConn(c net.Conn) {
 	}()
 }
 
+// readBufBytes is the read buffering of a data connection: a one-page room of 64 buffers
+// of 256-byte pages (one chunk of 16 KiB and its DONE) fits, a 32 KiB page does not.
+const readBufBytes = 32 << 10
+
 // rxConn is the state of one data connection, owned by its goroutine.
 type rxConn struct {
-	r       *Receiver
-	raw     net.Conn
-	c       net.Conn // after the Authenticator
+	r   *Receiver
+	raw net.Conn
+	c   net.Conn // after the Authenticator; deadlines are set here
+	// in reads c: small frames (a header, its run list, the pages of a small room, the
+	// next frame) come in one read instead of one per run, while a read of at least
+	// readBufBytes into empty buffering goes straight into the destination pages.
+	in      *bufio.Reader
 	hdr     [HeaderSize]byte
 	out     [HeaderSize]byte
 	runBuf  []byte
-	runs    []Run
+	runs    []ChunkRun
+	dsts    [][]byte // the destination pages of the chunk being read, one slice per run
 	scratch []byte
 	// pending holds the rooms that received a chunk on this connection; if it breaks, the
 	// live ones fail with transfer_error.
@@ -103,6 +113,7 @@ func (c *rxConn) serve() error {
 	}
 	c.c = conn
 	c.c.SetDeadline(time.Time{})
+	c.in = bufio.NewReaderSize(conn, readBufBytes)
 	r.log.Debug("data connection accepted", zap.Stringer("remote", c.raw.RemoteAddr()))
 	for {
 		if err := c.readFull(c.hdr[:]); err != nil {
@@ -135,7 +146,7 @@ func (c *rxConn) serve() error {
 // readFull reads exactly len(p) bytes under the transfer-idle deadline.
 func (c *rxConn) readFull(p []byte) error {
 	c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
-	_, err := io.ReadFull(c.c, p)
+	_, err := io.ReadFull(c.in, p)
 	return err
 }
 
@@ -164,12 +175,12 @@ func (c *rxConn) reply(h *Header) error {
 	return err
 }
 
-func (c *rxConn) result(key wireKey, reason Reason) error {
+func (c *rxConn) result(key Key, reason Reason) error {
 	code := codeOK
 	if reason != "" {
 		code = reason.code()
 	}
-	return c.reply(&Header{Type: FrameResult, Room: key.room, Nonce: key.nonce, Status: uint32(code)})
+	return c.reply(&Header{Type: FrameResult, Room: key.Room, Nonce: key.Nonce, Rank: key.Rank, Status: uint32(code)})
 }
 
 // reject fails room as invalid, drains the frame's payload and tells the sender.
@@ -179,7 +190,7 @@ func (c *rxConn) reject(room *rxRoom, payload uint64, err error) error {
 	if err := c.drain(payload); err != nil {
 		return err
 	}
-	return c.result(room.key.wire(), ReasonInvalid)
+	return c.result(room.key, ReasonInvalid)
 }
 
 func (c *rxConn) chunk(h *Header) error {
@@ -197,7 +208,7 @@ func (c *rxConn) chunk(h *Header) error {
 		return err // a run list that fails its checksum cannot be trusted to delimit the payload
 	}
 	c.runs = runs
-	room := r.lookupFrame(h)
+	room := r.lookup(h.Key())
 	if room == nil {
 		return c.discard(h.PayloadLen)
 	}
@@ -216,23 +227,20 @@ func (c *rxConn) chunk(h *Header) error {
 		return c.reject(room, h.PayloadLen, err)
 	}
 	c.addPending(room)
-	var crc uint32
-	left := h.PayloadLen
+	c.dsts = c.dsts[:0]
 	for _, run := range runs {
-		dst := r.region.Pages(int(h.Buffer), run)
-		var n int
-		var werr error
-		crc, n, werr = c.write(room, dst, crc)
-		left -= uint64(n)
-		if werr == errFenced {
-			return c.discard(left)
-		} else if werr != nil {
-			return werr
-		}
+		c.dsts = append(c.dsts, r.region.Pages(int(run.Buffer), run.Run))
+	}
+	crc, n, err := c.write(room, c.dsts, 0)
+	clear(c.dsts)
+	if err == errFenced {
+		return c.discard(h.PayloadLen - uint64(n))
+	} else if err != nil {
+		return err
 	}
 	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
-		r.fail(room, ReasonChecksum, fmt.Errorf("%w: buffer %d seq %d", ErrChecksum, h.Buffer, h.Seq))
-		return c.result(room.key.wire(), ReasonChecksum)
+		r.fail(room, ReasonChecksum, fmt.Errorf("%w: seq %d", ErrChecksum, h.Seq))
+		return c.result(room.key, ReasonChecksum)
 	}
 	room.mu.Lock()
 	room.verified += int64(h.Pages)
@@ -243,37 +251,50 @@ func (c *rxConn) chunk(h *Header) error {
 
 var errFenced = errors.New("room fenced")
 
-// write reads len(dst) bytes from the connection straight into dst, one piece at a time,
-// each piece only while the room is live (the fence protocol, see rxRoom). It returns the
-// crc32c updated over what it wrote and the bytes read, or errFenced with the rest of dst
-// unread.
-func (c *rxConn) write(room *rxRoom, dst []byte, crc uint32) (uint32, int, error) {
-	piece := c.r.cfg.PieceBytes
-	off := 0
-	for ; off < len(dst); off += piece {
-		p := dst[off:min(off+piece, len(dst))]
+// write reads the bytes of dsts, in order, from the connection straight into them, one
+// piece of at most PieceBytes (spanning slices: a chunk of many small runs is one piece) at
+// a time, each piece only while the room is live (the fence protocol, see rxRoom). It
+// returns the crc32c updated over what it wrote and the bytes read, or errFenced with the
+// rest unread.
+func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32) (uint32, int, error) {
+	n, i, off := 0, 0, 0
+	for {
+		for i < len(dsts) && off == len(dsts[i]) {
+			i, off = i+1, 0
+		}
+		if i == len(dsts) {
+			return crc, n, nil
+		}
 		room.mu.Lock()
 		if room.state != live {
 			room.mu.Unlock()
-			return crc, off, errFenced
+			return crc, n, errFenced
 		}
 		room.writing = append(room.writing, c)
 		// Armed under mu, so a fence's interrupt (which sets it to now, under mu) is never
 		// overwritten by the read it interrupts.
 		c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
 		room.mu.Unlock()
-		_, err := io.ReadFull(c.c, p)
-		if err == nil {
+		var err error
+		for left := c.r.cfg.PieceBytes; left > 0 && i < len(dsts); {
+			p := dsts[i][off:]
+			p = p[:min(len(p), left)]
+			if _, err = io.ReadFull(c.in, p); err != nil {
+				break
+			}
 			crc = crc32.Update(crc, castagnoli, p)
+			n, left, off = n+len(p), left-len(p), off+len(p)
+			for i < len(dsts) && off == len(dsts[i]) {
+				i, off = i+1, 0
+			}
 		}
 		if c.leave(room) {
 			c.r.letGoFence(room)
 		}
 		if err != nil {
-			return crc, off, err
+			return crc, n, err
 		}
 	}
-	return crc, len(dst), nil
 }
 
 // leave ends this connection's write into room and reports whether it was the last one a
@@ -294,13 +315,13 @@ func (c *rxConn) leave(room *rxRoom) bool {
 
 func (c *rxConn) done(h *Header) error {
 	r := c.r
-	room := r.lookupFrame(h)
+	room := r.lookup(h.Key())
 	if room == nil {
 		r.rejected.Add(1)
 		if err := c.discard(h.PayloadLen); err != nil {
 			return err
 		}
-		return c.result(h.wireKey(), ReasonFenced) // ended and forgotten here (or never expected)
+		return c.result(h.Key(), ReasonFenced) // ended and forgotten here (or never expected)
 	}
 	room.mu.Lock()
 	if room.state != live {
@@ -312,7 +333,7 @@ func (c *rxConn) done(h *Header) error {
 		if err := c.discard(h.PayloadLen); err != nil {
 			return err
 		}
-		return c.result(room.key.wire(), reason)
+		return c.result(room.key, reason)
 	}
 	var aux []byte
 	if room.auxRow >= 0 {
@@ -335,7 +356,7 @@ func (c *rxConn) done(h *Header) error {
 		return c.reject(room, h.PayloadLen, err)
 	}
 	c.addPending(room)
-	crc, n, err := c.write(room, aux, 0)
+	crc, n, err := c.write(room, [][]byte{aux}, 0)
 	if err == errFenced {
 		return c.discard(uint64(len(aux) - n))
 	} else if err != nil {
@@ -343,18 +364,18 @@ func (c *rxConn) done(h *Header) error {
 	}
 	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
 		r.fail(room, ReasonChecksum, fmt.Errorf("%w: aux row", ErrChecksum))
-		return c.result(room.key.wire(), ReasonChecksum)
+		return c.result(room.key, ReasonChecksum)
 	}
 	room.mu.Lock()
 	ok := room.finish(completed, "")
 	room.mu.Unlock()
 	if !ok {
-		return c.result(room.key.wire(), ReasonFenced) // fenced while the aux row landed
+		return c.result(room.key, ReasonFenced) // fenced while the aux row landed
 	}
 	delete(c.pending, room)
 	r.log.Debug("room complete", zap.Stringer("room", room.key))
 	r.events.Complete(room.key)
-	return c.result(room.key.wire(), "")
+	return c.result(room.key, "")
 }
 
 func (c *rxConn) addPending(room *rxRoom) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -150,11 +151,9 @@ type Sender struct {
 	cfg    SenderConfig
 	log    *zap.Logger
 
-	mu    sync.Mutex
-	peers map[string]*peer
-	// jobs is indexed by what v1 frames carry: one rank of a room at a time, since the
-	// receiver could not tell two ranks' frames apart (the job's key has its rank).
-	jobs   map[wireKey]*job
+	mu     sync.Mutex
+	peers  map[string]*peer
+	jobs   map[Key]*job // open streams, by the key their frames carry (rank included)
 	closed bool
 	wg     sync.WaitGroup
 
@@ -176,12 +175,18 @@ func NewSender(region *Region, cfg SenderConfig) (*Sender, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Sender{region: region, cfg: cfg, log: cfg.Logger, peers: make(map[string]*peer), jobs: make(map[wireKey]*job)}, nil
+	return &Sender{region: region, cfg: cfg, log: cfg.Logger, peers: make(map[string]*peer), jobs: make(map[Key]*job)}, nil
 }
 
 // AddPeer registers a decode peer's data address and region layout and starts its
 // connection pool. Adding a known address with the same layout is a no-op.
 func (s *Sender) AddPeer(addr string, layout Layout) error {
+	s.mu.Lock()
+	p, known := s.peers[addr]
+	s.mu.Unlock()
+	if known && sameLayout(p.layout, layout) {
+		return nil // checked when it was added; the daemons add the peer at every bind
+	}
 	if err := s.region.Layout().Compatible(layout); err != nil {
 		return err
 	}
@@ -194,7 +199,7 @@ func (s *Sender) AddPeer(addr string, layout Layout) error {
 		// The layout of a live peer is immutable; a restarted peer is removed and re-added.
 		return p.layout.Compatible(layout)
 	}
-	p := newPeer(s, addr, layout, s.cfg.ConnsPerPeer)
+	p = newPeer(s, addr, layout, s.cfg.ConnsPerPeer)
 	s.peers[addr] = p
 	for i := 0; i < s.cfg.ConnsPerPeer; i++ {
 		s.wg.Add(1)
@@ -205,6 +210,10 @@ func (s *Sender) AddPeer(addr string, layout Layout) error {
 	}
 	s.log.Info("data peer added", zap.String("peer", addr), zap.Int("conns", s.cfg.ConnsPerPeer))
 	return nil
+}
+
+func sameLayout(a, b Layout) bool {
+	return a.Aux == b.Aux && a.Rank == b.Rank && slices.Equal(a.Buffers, b.Buffers)
 }
 
 // RemovePeer stops the peer's connections; its open and unfinished streams fail with
@@ -258,7 +267,7 @@ func (s *Sender) Open(st Stream) error {
 	}
 	s.mu.Lock()
 	p := s.peers[st.Peer]
-	switch _, dup := s.jobs[st.Key.wire()]; {
+	switch _, dup := s.jobs[st.Key]; {
 	case s.closed:
 		s.mu.Unlock()
 		return ErrClosed
@@ -270,7 +279,7 @@ func (s *Sender) Open(st Stream) error {
 		return fmt.Errorf("%w: %v", ErrDuplicateRoom, st.Key)
 	}
 	j.peer = p
-	s.jobs[st.Key.wire()] = j
+	s.jobs[st.Key] = j
 	s.mu.Unlock()
 	if !p.open(j) {
 		j.finalize(nil, false)
@@ -288,9 +297,9 @@ func (s *Sender) Open(st Stream) error {
 // ErrFenced, of an ended one with ErrStreamEnded.
 func (s *Sender) Append(key Key, pc Piece) error {
 	s.mu.Lock()
-	j := s.jobs[key.wire()]
+	j := s.jobs[key]
 	s.mu.Unlock()
-	if j == nil || j.st.Key != key {
+	if j == nil {
 		return fmt.Errorf("%w: %v", ErrStreamEnded, key)
 	}
 	local := s.region.Layout()
@@ -312,24 +321,31 @@ func (s *Sender) Append(key Key, pc Piece) error {
 		return fmt.Errorf("%w: %v", ErrStreamEnded, key)
 	}
 	for b, src := range pc.Src {
-		if err := ValidateRuns(src, local.Buffers[b].Pages()); err != nil {
-			j.mu.Unlock()
-			return fmt.Errorf("buffer %d source: %w", b, err)
+		if b > 0 && samePageList(src, pc.Src[b-1]) && samePageList(j.dst[b], j.dst[b-1]) && j.next[b] == j.next[b-1] &&
+			j.dstPages[b] == j.dstPages[b-1] && local.Buffers[b].Pages() == local.Buffers[b-1].Pages() {
+			// SamePages on both sides: the previous buffer's checks and segments hold
+			// (segments are read-only once paired).
+			w.segs[b], counts[b] = w.segs[b-1], counts[b-1]
+		} else {
+			if err := ValidateRuns(src, local.Buffers[b].Pages()); err != nil {
+				j.mu.Unlock()
+				return fmt.Errorf("buffer %d source: %w", b, err)
+			}
+			n := CountPages(src)
+			if j.next[b]+n > j.dstPages[b] || pc.Last && j.next[b]+n != j.dstPages[b] {
+				j.mu.Unlock()
+				return fmt.Errorf("%w: buffer %d: %d source pages after position %d, %d destination pages (last %v)",
+					ErrRunsMismatch, b, n, j.next[b], j.dstPages[b], pc.Last)
+			}
+			segs, err := Pair(src, runsAt(j.dst[b], j.next[b], n))
+			if err != nil {
+				j.mu.Unlock()
+				return fmt.Errorf("buffer %d: %w", b, err)
+			}
+			w.segs[b], counts[b] = segs, n
 		}
-		n := CountPages(src)
-		if j.next[b]+n > j.dstPages[b] || pc.Last && j.next[b]+n != j.dstPages[b] {
-			j.mu.Unlock()
-			return fmt.Errorf("%w: buffer %d: %d source pages after position %d, %d destination pages (last %v)",
-				ErrRunsMismatch, b, n, j.next[b], j.dstPages[b], pc.Last)
-		}
-		segs, err := Pair(src, runsAt(j.dst[b], j.next[b], n))
-		if err != nil {
-			j.mu.Unlock()
-			return fmt.Errorf("buffer %d: %w", b, err)
-		}
-		w.segs[b], counts[b] = segs, n
-		w.pages += n
-		w.charge += n * local.Buffers[b].ItemLen
+		w.pages += counts[b]
+		w.charge += counts[b] * local.Buffers[b].ItemLen
 	}
 	for b, n := range counts {
 		j.next[b] += n
@@ -349,9 +365,9 @@ func (s *Sender) Append(key Key, pc Piece) error {
 // admitted.
 func (s *Sender) WaitAdmitted(ctx context.Context, key Key) error {
 	s.mu.Lock()
-	j := s.jobs[key.wire()]
+	j := s.jobs[key]
 	s.mu.Unlock()
-	if j == nil || j.st.Key != key {
+	if j == nil {
 		return nil
 	}
 	p := j.peer
@@ -422,10 +438,10 @@ func (s *Sender) FenceWait(key Key) {
 
 func (s *Sender) fence(key Key) (bool, <-chan struct{}) {
 	s.mu.Lock()
-	j := s.jobs[key.wire()]
+	j := s.jobs[key]
 	s.mu.Unlock()
-	if j == nil || j.st.Key != key {
-		return true, nil // another rank's job is not this key's
+	if j == nil {
+		return true, nil
 	}
 	j.mu.Lock()
 	if !j.fenced {
@@ -622,8 +638,8 @@ func (j *job) setWriting(w bool) {
 func (j *job) finalize(err error, callDone bool) {
 	j.once.Do(func() {
 		j.s.mu.Lock()
-		if w := j.st.Key.wire(); j.s.jobs[w] == j {
-			delete(j.s.jobs, w)
+		if j.s.jobs[j.st.Key] == j {
+			delete(j.s.jobs, j.st.Key)
 		}
 		j.s.mu.Unlock()
 		j.mu.Lock()

@@ -248,7 +248,7 @@ func (p *peer) runSlot(slot int) {
 			continue
 		}
 		backoff = cfg.RedialMin
-		tc := &txConn{p: p, slot: slot, conn: conn, awaiting: make(map[wireKey]*job), dead: make(chan struct{})}
+		tc := &txConn{p: p, slot: slot, conn: conn, awaiting: make(map[Key]*job), dead: make(chan struct{})}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -301,7 +301,7 @@ type txConn struct {
 	pingAt atomic.Int64 // unix nanos of the unanswered ping, 0 if none
 
 	mu       sync.Mutex
-	awaiting map[wireKey]*job // by the frames' key: a RESULT does not say which rank
+	awaiting map[Key]*job // by the frames' key, rank included
 
 	dead    chan struct{} // closed when the reader ends
 	readErr error
@@ -386,7 +386,7 @@ func (tc *txConn) writeArmed(iov [][]byte) error {
 // written, the rest when it ends.
 func (tc *txConn) sendPiece(w *piece) error {
 	j := w.j
-	key := j.st.Key.wire()
+	key := j.st.Key
 	tc.mu.Lock()
 	tc.awaiting[key] = j
 	tc.mu.Unlock()
@@ -403,51 +403,55 @@ func (tc *txConn) sendPiece(w *piece) error {
 	return err
 }
 
-// chunkPlan is one chunk of a room: the destination runs it names and the
-// source pages it carries.
+// chunkPlan is one chunk of a stream: the destination runs it names, over any of the
+// piece's buffers, and the source pages it carries.
 type chunkPlan struct {
-	buf   int
-	runs  []Run
+	runs  []ChunkRun
 	iov   [][]byte // iov[0] is left for the header
 	bytes int64
+	pages int64 // page-buffer pairs
 }
 
-// planChunks splits a piece's segments into chunks of at most MaxChunkBytes
-// (at least one page each), pagelist.MaxRuns runs and pagelist.MaxPages
-// pages, the bounds the receiver checks each chunk against.
-func (tc *txConn) planChunks(j *piece) []chunkPlan {
+// planChunks packs a piece's segments, buffer after buffer, into chunks of at most
+// MaxChunkBytes (at least one page each), pagelist.MaxRuns runs and pagelist.MaxPages pages,
+// the bounds the receiver checks each chunk against. A chunk does not end where a buffer
+// does: the pages of a small piece over many buffers travel as one chunk, not one per buffer.
+func (tc *txConn) planChunks(w *piece) []chunkPlan {
 	s := tc.p.s
 	cfg := &s.cfg
 	var plans []chunkPlan
-	for b, segs := range j.segs {
+	c := chunkPlan{iov: [][]byte{nil}}
+	flush := func() {
+		plans = append(plans, c)
+		c = chunkPlan{iov: [][]byte{nil}}
+	}
+	for b, segs := range w.segs {
 		itemLen := s.region.layout.Buffers[b].ItemLen
 		i, off := 0, int32(0)
 		for i < len(segs) {
-			c := chunkPlan{buf: b, iov: [][]byte{nil}}
-			for i < len(segs) && len(c.runs) < pagelist.MaxRuns {
-				seg := segs[i]
-				n := int64(seg.Count - off)
-				if room := (cfg.MaxChunkBytes - c.bytes) / itemLen; room < n {
-					n = room
-				}
-				if room := pagelist.MaxPages - c.bytes/itemLen; room < n {
-					n = room
-				}
-				if n <= 0 {
-					if c.bytes > 0 {
-						break
-					}
-					n = 1 // a chunk holds at least one page
-				}
-				c.runs = append(c.runs, Run{Start: seg.Dst + off, Count: int32(n)})
-				c.iov = append(c.iov, s.region.Pages(b, Run{Start: seg.Src + off, Count: int32(n)}))
-				c.bytes += n * itemLen
-				if off += int32(n); off == seg.Count {
-					i, off = i+1, 0
-				}
+			if len(c.runs) == pagelist.MaxRuns {
+				flush()
 			}
-			plans = append(plans, c)
+			seg := segs[i]
+			n := min(int64(seg.Count-off), (cfg.MaxChunkBytes-c.bytes)/itemLen, pagelist.MaxPages-c.pages)
+			if n <= 0 {
+				if c.bytes > 0 {
+					flush()
+					continue
+				}
+				n = 1 // a chunk holds at least one page
+			}
+			c.runs = append(c.runs, ChunkRun{Buffer: uint32(b), Run: Run{Start: seg.Dst + off, Count: int32(n)}})
+			c.iov = append(c.iov, s.region.Pages(b, Run{Start: seg.Src + off, Count: int32(n)}))
+			c.bytes += n * itemLen
+			c.pages += n
+			if off += int32(n); off == seg.Count {
+				i, off = i+1, 0
+			}
 		}
+	}
+	if len(c.runs) > 0 {
+		flush()
 	}
 	return plans
 }
@@ -497,7 +501,7 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 		defer close(quit)
 		crcs = checksums(j, plans, quit)
 	}
-	for _, c := range plans {
+	for i, c := range plans {
 		var crc uint32
 		if crcs != nil {
 			var ok bool
@@ -505,25 +509,33 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 				return false, nil // stopped by Fence
 			}
 		}
-		tc.meta = AppendRuns(append(tc.meta[:0], make([]byte, HeaderSize)...), c.runs)
-		h := Header{Type: FrameChunk, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Seq: j.seq,
-			Buffer: uint32(c.buf), NumRuns: uint32(len(c.runs)), Pages: uint32(CountPages(c.runs)),
+		tc.meta = AppendRuns(append(tc.meta[:0], zeroHeader[:]...), c.runs)
+		h := Header{Type: FrameChunk, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank,
+			Seq: j.seq, NumRuns: uint32(len(c.runs)), Pages: uint32(c.pages),
 			PayloadLen: uint64(c.bytes), PayloadCRC: crc, RunsCRC: RunsChecksum(tc.meta[HeaderSize:])}
 		h.Encode(tc.meta)
 		c.iov[0] = tc.meta
-		if !j.acquireWrite(tc, int64(len(tc.meta))+c.bytes) {
+		iov, n := c.iov, int64(len(tc.meta))+c.bytes
+		if w.last && i == len(plans)-1 {
+			// The stream's DONE goes in the same write as its last chunk: one syscall, and
+			// often one read on the receiver, less per room.
+			tc.encodeDone(j, w, flags, j.seq+1, j.sentPages+c.pages)
+			iov = append(iov[:len(iov):len(iov)], tc.hdr[:], w.aux)
+			n += HeaderSize + int64(len(w.aux))
+		}
+		if !j.acquireWrite(tc, n) {
 			return false, nil
 		}
-		err := tc.writeArmed(c.iov)
+		err := tc.writeArmed(iov)
 		j.release()
 		if err != nil {
 			return false, err
 		}
 		j.seq++
-		j.sentPages += int64(h.Pages)
+		j.sentPages += c.pages
 		tc.p.release(w, c.bytes)
 	}
-	if !w.last {
+	if !w.last || len(plans) > 0 {
 		return true, nil
 	}
 	j.mu.Lock()
@@ -532,17 +544,25 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 	if stopped {
 		return false, nil
 	}
-	var crc uint32
-	if flags != 0 {
-		crc = crc32.Checksum(w.aux, castagnoli)
-	}
-	h := Header{Type: FrameDone, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Seq: j.seq,
-		Pages: uint32(j.sentPages), PayloadLen: uint64(len(w.aux)), PayloadCRC: crc}
-	h.Encode(tc.hdr[:])
+	tc.encodeDone(j, w, flags, j.seq, j.sentPages)
 	if err := tc.write([][]byte{tc.hdr[:], w.aux}, HeaderSize+int64(len(w.aux))); err != nil {
 		return false, err
 	}
 	return true, nil
+}
+
+// zeroHeader is the room a chunk's header takes before it is encoded.
+var zeroHeader [HeaderSize]byte
+
+// encodeDone encodes into tc.hdr the DONE of w's stream after chunks chunks of pages pages.
+func (tc *txConn) encodeDone(j *job, w *piece, flags uint16, chunks uint32, pages int64) {
+	var crc uint32
+	if flags != 0 {
+		crc = crc32.Checksum(w.aux, castagnoli)
+	}
+	h := Header{Type: FrameDone, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank, Seq: chunks,
+		Pages: uint32(pages), PayloadLen: uint64(len(w.aux)), PayloadCRC: crc}
+	h.Encode(tc.hdr[:])
 }
 
 // readLoop reads results and pongs. It wakes every KeepAlive to check that an outstanding
@@ -576,8 +596,8 @@ func (tc *txConn) readLoop() error {
 		case FramePong:
 		case FrameResult:
 			tc.mu.Lock()
-			j := tc.awaiting[h.wireKey()]
-			delete(tc.awaiting, h.wireKey())
+			j := tc.awaiting[h.Key()]
+			delete(tc.awaiting, h.Key())
 			tc.mu.Unlock()
 			if j == nil {
 				continue // a late result for a room already finished or fenced

@@ -18,8 +18,7 @@ type Rank struct {
 
 // Key names one rank's share of a room on the data plane: the router's room id, the nonce
 // decoded drew for it, and the rank. Two requests sharing a room id never touch each other's
-// state, nor do two ranks of one room. Wire v1 frames carry the room and nonce only (see the
-// package doc, Ranks on the wire).
+// state, nor do two ranks of one room. Every data frame carries the whole key (wire v2).
 type Key struct {
 	Room  uint64
 	Nonce uint64
@@ -34,11 +33,6 @@ func (k Key) String() string {
 	}
 	return fmt.Sprintf("%d/%d", k.Room, k.Nonce)
 }
-
-// wireKey is the part of a Key that wire v1 frames carry.
-type wireKey struct{ room, nonce uint64 }
-
-func (k Key) wire() wireKey { return wireKey{k.Room, k.Nonce} }
 
 // Reason is the closed set of failure reasons the data plane reports.
 type Reason string

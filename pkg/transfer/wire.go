@@ -8,44 +8,54 @@ import (
 	"github.com/pdlink/pdlink/pkg/pagelist"
 )
 
-// Data-connection framing. Every frame is a fixed 64-byte little-endian header, then for a
-// chunk the run list (NumRuns x 8 bytes), then PayloadLen bytes of payload:
+// Data-connection framing, wire v2. Every frame is a fixed 64-byte little-endian header,
+// then for a chunk the run list (NumRuns x 12 bytes), then PayloadLen bytes of payload:
 //
 //	off size field
 //	  0    4 magic "PDKV"
-//	  4    1 version (1)
+//	  4    1 version (2)
 //	  5    1 type (chunk, done, result, ping, pong)
 //	  6    2 flags (bit 0: PayloadCRC is set)
 //	  8    8 room
 //	 16    8 nonce
-//	 24    4 seq     chunk: sequence within the room; done: number of chunks sent
-//	 28    4 buffer  chunk: buffer index
-//	 32    4 runs    chunk: number of runs in the run list
-//	 36    4 pages   chunk: pages in this chunk; done: pages in the room
-//	 40    4 status  result: 0 ok, else a Reason code
-//	 44    8 payload length in bytes (chunk: pages x item_len; done: the aux row)
+//	 24    4 seq     chunk: sequence within the stream; done: number of chunks sent
+//	 28    4 status  result: 0 ok, else a Reason code
+//	 32    4 runs    chunk: number of entries in the run list
+//	 36    4 pages   chunk: page-buffer pairs in this chunk; done: in the stream
+//	 40    2 tp_rank chunk, done, result: the rank the frame is about
+//	 42    2 tp_size
+//	 44    8 payload length in bytes (chunk: the pages' bytes; done: the aux row)
 //	 52    4 payload crc32c
 //	 56    4 run list crc32c
 //	 60    4 header crc32c over bytes 0..59
 //
+// A run-list entry is {buffer u32, start u32, count u32}: count consecutive destination pages
+// of one buffer. A chunk's entries may name several buffers, in any order, and its payload is
+// their pages in entry order; so a one-page room of 64 buffers is one chunk of 64 entries
+// (the entry's buffer costs 4 bytes per run, less than a 64-byte header per buffer). Room,
+// nonce and rank make the frame's Key: two ranks of one room are two streams on the wire.
+//
 // The header checksum is always on (whatever the payload checksum setting) and the run list
 // has its own, so a corrupted header or run list is refused before a single payload byte is
-// placed: it cannot steer bytes into another room's pages.
+// placed: it cannot steer bytes into another room's (or rank's) pages. Version 1 frames (no
+// rank, one buffer per chunk) are refused with ErrBadVersion: both daemons ship together.
 const (
 	// HeaderSize is the fixed size of a frame header.
 	HeaderSize = 64
 	// wireMagic is "PDKV" read as a little-endian uint32.
-	wireMagic   = 0x564B4450
-	wireVersion = 1
+	wireMagic = 0x564B4450
+	// WireVersion is the data-connection protocol version this build speaks, and the only
+	// one it accepts.
+	WireVersion = 2
 
-	// maxRunsPerFrame bounds the run list a decoder will allocate for: a chunk names pages
-	// of one page list, so the list's bound is the chunk's.
+	// maxRunsPerFrame bounds the run list a decoder will allocate for; the sender keeps a
+	// chunk's entries, over all its buffers, within one page list's bound.
 	maxRunsPerFrame = pagelist.MaxRuns
 	// maxFrameMeta bounds small payloads (the aux row).
 	maxFrameMeta = 1 << 20
 	// maxChunkPayload bounds one chunk's payload.
 	maxChunkPayload = 1 << 30
-	runSize         = 8
+	runSize         = 12
 )
 
 // FrameType is the type byte of a frame.
@@ -53,9 +63,9 @@ type FrameType uint8
 
 // Frame types.
 const (
-	FrameChunk  FrameType = 1 // pages of one buffer of one room
-	FrameDone   FrameType = 2 // end of a room: totals and the aux row
-	FrameResult FrameType = 3 // receiver -> sender: the room's outcome
+	FrameChunk  FrameType = 1 // pages of one or more buffers of one room's rank
+	FrameDone   FrameType = 2 // end of a stream: totals and the aux row
+	FrameResult FrameType = 3 // receiver -> sender: the stream's outcome
 	FramePing   FrameType = 4 // sender -> receiver keepalive
 	FramePong   FrameType = 5 // receiver -> sender keepalive reply
 )
@@ -72,33 +82,34 @@ type Header struct {
 	Room       uint64
 	Nonce      uint64
 	Seq        uint32
-	Buffer     uint32
+	Status     uint32
 	NumRuns    uint32
 	Pages      uint32
-	Status     uint32
+	Rank       Rank
 	PayloadLen uint64
 	PayloadCRC uint32
 	RunsCRC    uint32
 }
 
-// wireKey is the room the frame is about; v1 frames do not say which rank.
-func (h *Header) wireKey() wireKey { return wireKey{h.Room, h.Nonce} }
+// Key is the stream the frame is about: room, nonce and rank.
+func (h *Header) Key() Key { return Key{Room: h.Room, Nonce: h.Nonce, Rank: h.Rank} }
 
 // Encode writes h into b[:HeaderSize], including the header checksum.
 func (h *Header) Encode(b []byte) {
 	_ = b[HeaderSize-1]
 	le := binary.LittleEndian
 	le.PutUint32(b[0:], wireMagic)
-	b[4] = wireVersion
+	b[4] = WireVersion
 	b[5] = byte(h.Type)
 	le.PutUint16(b[6:], h.Flags)
 	le.PutUint64(b[8:], h.Room)
 	le.PutUint64(b[16:], h.Nonce)
 	le.PutUint32(b[24:], h.Seq)
-	le.PutUint32(b[28:], h.Buffer)
+	le.PutUint32(b[28:], h.Status)
 	le.PutUint32(b[32:], h.NumRuns)
 	le.PutUint32(b[36:], h.Pages)
-	le.PutUint32(b[40:], h.Status)
+	le.PutUint16(b[40:], h.Rank.TP)
+	le.PutUint16(b[42:], h.Rank.Size)
 	le.PutUint64(b[44:], h.PayloadLen)
 	le.PutUint32(b[52:], h.PayloadCRC)
 	le.PutUint32(b[56:], h.RunsCRC)
@@ -117,8 +128,8 @@ func DecodeHeader(b []byte) (Header, error) {
 	if le.Uint32(b[0:]) != wireMagic {
 		return h, ErrBadMagic
 	}
-	if b[4] != wireVersion {
-		return h, fmt.Errorf("%w: %d", ErrBadVersion, b[4])
+	if b[4] != WireVersion {
+		return h, fmt.Errorf("%w: version %d, this build speaks %d", ErrBadVersion, b[4], WireVersion)
 	}
 	if le.Uint32(b[60:]) != crc32.Checksum(b[:60], castagnoli) {
 		return h, ErrHeaderChecksum
@@ -129,16 +140,19 @@ func DecodeHeader(b []byte) (Header, error) {
 		Room:       le.Uint64(b[8:]),
 		Nonce:      le.Uint64(b[16:]),
 		Seq:        le.Uint32(b[24:]),
-		Buffer:     le.Uint32(b[28:]),
+		Status:     le.Uint32(b[28:]),
 		NumRuns:    le.Uint32(b[32:]),
 		Pages:      le.Uint32(b[36:]),
-		Status:     le.Uint32(b[40:]),
+		Rank:       Rank{TP: le.Uint16(b[40:]), Size: le.Uint16(b[42:])},
 		PayloadLen: le.Uint64(b[44:]),
 		PayloadCRC: le.Uint32(b[52:]),
 		RunsCRC:    le.Uint32(b[56:]),
 	}
 	if h.Flags&^FlagPayloadCRC != 0 {
 		return h, fmt.Errorf("%w: flags %#x", ErrBadFrameType, h.Flags)
+	}
+	if h.Type != FrameResult && h.Status != 0 {
+		return h, fmt.Errorf("%w: status on a frame of type %d", ErrBadFrameType, h.Type)
 	}
 	switch h.Type {
 	case FrameChunk:
@@ -160,8 +174,8 @@ func DecodeHeader(b []byte) (Header, error) {
 			return h, fmt.Errorf("%w: malformed result", ErrBadFrameType)
 		}
 	case FramePing, FramePong:
-		if h.NumRuns != 0 || h.PayloadLen != 0 {
-			return h, fmt.Errorf("%w: keepalive with payload", ErrBadFrameType)
+		if h.NumRuns != 0 || h.PayloadLen != 0 || h.Rank != (Rank{}) {
+			return h, fmt.Errorf("%w: keepalive with payload or rank", ErrBadFrameType)
 		}
 	default:
 		return h, fmt.Errorf("%w: %d", ErrBadFrameType, h.Type)
@@ -169,9 +183,17 @@ func DecodeHeader(b []byte) (Header, error) {
 	return h, nil
 }
 
-// AppendRuns appends the wire form of runs to dst.
-func AppendRuns(dst []byte, runs []Run) []byte {
+// ChunkRun is one entry of a chunk's run list: Count consecutive pages of buffer Buffer
+// from page Start.
+type ChunkRun struct {
+	Buffer uint32
+	Run
+}
+
+// AppendRuns appends the wire form of a chunk's run list to dst.
+func AppendRuns(dst []byte, runs []ChunkRun) []byte {
 	for _, r := range runs {
+		dst = binary.LittleEndian.AppendUint32(dst, r.Buffer)
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(r.Start))
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(r.Count))
 	}
@@ -181,10 +203,11 @@ func AppendRuns(dst []byte, runs []Run) []byte {
 // RunsChecksum is the crc32c of an encoded run list.
 func RunsChecksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
-// DecodeRuns parses n runs from b (exactly n*8 bytes) after checking them against crc. Each
-// run must have a non-negative start and a positive count; range and repeat checks against
-// a region are the receiver's job. It appends to dst[:0] to reuse its storage. It never panics.
-func DecodeRuns(dst []Run, b []byte, n uint32, crc uint32) ([]Run, error) {
+// DecodeRuns parses n run-list entries from b (exactly n*12 bytes) after checking them
+// against crc. Each run must have a non-negative start and a positive count; buffer, range
+// and repeat checks against a region are the receiver's job. It appends to dst[:0] to reuse
+// its storage. It never panics.
+func DecodeRuns(dst []ChunkRun, b []byte, n uint32, crc uint32) ([]ChunkRun, error) {
 	if n == 0 || n > maxRunsPerFrame {
 		return dst[:0], fmt.Errorf("%w: %d runs", ErrFrameTooLarge, n)
 	}
@@ -197,9 +220,9 @@ func DecodeRuns(dst []Run, b []byte, n uint32, crc uint32) ([]Run, error) {
 	out := dst[:0]
 	le := binary.LittleEndian
 	for i := 0; i+runSize <= len(b); i += runSize {
-		r := Run{Start: int32(le.Uint32(b[i:])), Count: int32(le.Uint32(b[i+4:]))}
+		r := ChunkRun{Buffer: le.Uint32(b[i:]), Run: Run{Start: int32(le.Uint32(b[i+4:])), Count: int32(le.Uint32(b[i+8:]))}}
 		if r.Start < 0 || r.Count <= 0 {
-			return out[:0], fmt.Errorf("%w: run {start %d, count %d}", ErrEmptyRun, r.Start, r.Count)
+			return out[:0], fmt.Errorf("%w: buffer %d run {start %d, count %d}", ErrEmptyRun, r.Buffer, r.Start, r.Count)
 		}
 		out = append(out, r)
 	}

@@ -2,8 +2,10 @@ package transfer
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"net"
 	"os"
 	"path/filepath"
@@ -25,22 +27,58 @@ func isWireSentinel(err error) bool {
 	return false
 }
 
-// seedFrames are valid frames of every type, the seeds of the fuzz targets.
+// fuzzKey is the room the fuzz seeds speak of: a rank of a room with two.
+var fuzzKey = Key{Room: 42, Nonce: 7, Rank: Rank{TP: 1, Size: 2}}
+
+// seedFrames are frames of every type, the seeds of the fuzz targets: valid v2 frames, a
+// chunk naming two buffers, a whole stream of fuzzKey (its pages in FuzzReceiverStream's
+// room, then DONE) and a v1 frame (refused).
 func seedFrames() [][]byte {
-	k := Key{Room: 42, Nonce: 7}
+	k := fuzzKey
 	var out [][]byte
 	for _, h := range []Header{
 		{Type: FramePing}, {Type: FramePong},
-		{Type: FrameResult, Room: 1, Nonce: 2, Status: uint32(codeChecksum)},
-		{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Seq: 1, Pages: 4, PayloadLen: 16},
+		{Type: FrameResult, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Status: uint32(codeChecksum)},
+		{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: 1, Pages: 3, PayloadLen: 16},
 	} {
 		b := make([]byte, HeaderSize)
 		h.Encode(b)
 		out = append(out, b)
 	}
-	payload := bytes.Repeat([]byte{9}, 2*512)
+	page := bytes.Repeat([]byte{9}, 512)
+	payload := bytes.Repeat(page, 2)
 	out = append(out, append(chunkHeader(k, 0, 0, []Run{{1, 2}}, 512, payload), payload...))
+	runs := []ChunkRun{{0, Run{1, 2}}, {1, Run{3, 1}}}
+	payload = bytes.Repeat(page, 3)
+	stream := append(chunkHeaderRuns(k, 0, runs, 512, payload), payload...)
+	out = append(out, stream)
+	out = append(out, append(bytes.Clone(stream), doneFrame(k, 1, 3, bytes.Repeat([]byte{5}, 16))...))
+	out = append(out, encodeV1(Header{Type: FrameChunk, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce,
+		NumRuns: 1, Pages: 1, PayloadLen: 512}, 0))
 	return out
+}
+
+// encodeV1 is a header in the v1 layout (buffer at 28, status at 40, no rank), as a build
+// before wire v2 sends it.
+func encodeV1(h Header, buffer uint32) []byte {
+	b := make([]byte, HeaderSize)
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], wireMagic)
+	b[4] = 1
+	b[5] = byte(h.Type)
+	le.PutUint16(b[6:], h.Flags)
+	le.PutUint64(b[8:], h.Room)
+	le.PutUint64(b[16:], h.Nonce)
+	le.PutUint32(b[24:], h.Seq)
+	le.PutUint32(b[28:], buffer)
+	le.PutUint32(b[32:], h.NumRuns)
+	le.PutUint32(b[36:], h.Pages)
+	le.PutUint32(b[40:], h.Status)
+	le.PutUint64(b[44:], h.PayloadLen)
+	le.PutUint32(b[52:], h.PayloadCRC)
+	le.PutUint32(b[56:], h.RunsCRC)
+	le.PutUint32(b[60:], crc32.Checksum(b[:60], castagnoli))
+	return b
 }
 
 func FuzzDecodeHeader(f *testing.F) {
@@ -64,8 +102,9 @@ func FuzzDecodeHeader(f *testing.F) {
 }
 
 func FuzzDecodeRuns(f *testing.F) {
-	runs := AppendRuns(nil, []Run{{0, 1}, {5, 3}})
-	f.Add(runs, uint32(2), RunsChecksum(runs))
+	for _, rs := range seedRuns() {
+		f.Add(rs, uint32(len(rs)/runSize), RunsChecksum(rs))
+	}
 	f.Add([]byte{}, uint32(0), uint32(0))
 	f.Fuzz(func(t *testing.T, b []byte, n uint32, crc uint32) {
 		got, err := DecodeRuns(nil, b, n, crc)
@@ -88,18 +127,25 @@ func FuzzReceiverStream(f *testing.F) {
 		f.Add(s)
 	}
 	const item = 512
-	l := UniformLayout(1, 8, item, 1, 16)
+	l := UniformLayout(2, 8, item, 1, 16)
 	dst := openTestRegion(f, l)
 	rcv, err := NewReceiver(dst, ReceiverConfig{IdleTimeout: time.Second}, nil)
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { rcv.Close() })
-	k := Key{Room: 42, Nonce: 7}
+	k := fuzzKey
+	other := k
+	other.Rank.TP = 0 // the room's other rank: expected, and never written by frames of k
 	f.Fuzz(func(t *testing.T, b []byte) {
 		memset(dst.Buffer(0), 0xAA)
+		memset(dst.Buffer(1), 0xAA)
 		rcv.Fence(k)
-		if err := rcv.Expect(Expectation{Key: k, Dst: [][]Run{{{1, 2}}}, AuxRow: 0}); err != nil {
+		rcv.Fence(other)
+		if err := rcv.Expect(Expectation{Key: k, Dst: [][]Run{{{1, 2}}, {{3, 1}}}, AuxRow: 0}); err != nil {
+			t.Fatal(err)
+		}
+		if err := rcv.Expect(Expectation{Key: other, Dst: [][]Run{{{4, 2}}, {{0, 1}}}, AuxRow: -1}); err != nil {
 			t.Fatal(err)
 		}
 		client, server := net.Pipe()
@@ -116,11 +162,26 @@ func FuzzReceiverStream(f *testing.F) {
 		client.Write(b)
 		client.Close()
 		waitFor(t, func() bool { rcv.mu.Lock(); defer rcv.mu.Unlock(); return len(rcv.conns) == 0 })
-		outside := append(bytes.Clone(dst.Pages(0, Run{0, 1})), dst.Pages(0, Run{3, 5})...)
+		// Frames may name either rank of the room; no byte may land outside their pages.
+		var outside []byte
+		for _, p := range []struct {
+			buf int
+			run Run
+		}{{0, Run{0, 1}}, {0, Run{3, 1}}, {0, Run{6, 2}}, {1, Run{1, 2}}, {1, Run{4, 4}}} {
+			outside = append(outside, dst.Pages(p.buf, p.run)...)
+		}
 		if !bytes.Equal(outside, bytes.Repeat([]byte{0xAA}, len(outside))) {
-			t.Fatal("bytes landed outside the room's pages")
+			t.Fatal("bytes landed outside the rooms' pages")
 		}
 	})
+}
+
+// seedRuns are encoded run lists: one buffer, and several buffers out of order.
+func seedRuns() [][]byte {
+	return [][]byte{
+		AppendRuns(nil, []ChunkRun{{0, Run{0, 1}}, {0, Run{5, 3}}}),
+		AppendRuns(nil, []ChunkRun{{3, Run{0, 1}}, {0, Run{5, 3}}, {63, Run{7, 1}}}),
+	}
 }
 
 // TestWriteFuzzSeedCorpus regenerates testdata/fuzz from seedFrames when
@@ -145,9 +206,10 @@ func TestWriteFuzzSeedCorpus(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	runs := AppendRuns(nil, []Run{{0, 1}, {5, 3}})
-	body := fmt.Sprintf("go test fuzz v1\n[]byte(%s)\nuint32(2)\nuint32(%d)\n", strconv.Quote(string(runs)), RunsChecksum(runs))
-	if err := os.WriteFile(filepath.Join(dir, "seed-0"), []byte(body), 0o644); err != nil {
-		t.Fatal(err)
+	for i, rs := range seedRuns() {
+		body := fmt.Sprintf("go test fuzz v1\n[]byte(%s)\nuint32(%d)\nuint32(%d)\n", strconv.Quote(string(rs)), len(rs)/runSize, RunsChecksum(rs))
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%d", i)), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

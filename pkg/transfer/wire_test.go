@@ -1,0 +1,184 @@
+package transfer
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// TestChunkCarriesPagesOfSeveralBuffers: a one-page room of 64 buffers goes on the wire as
+// one CHUNK naming all 64 buffers and one DONE (wire v1 took 64 chunks), every page lands in
+// its own buffer; and with a chunk bound of ten pages the same room is seven chunks, none
+// over the bound, whose totals the DONE carries.
+func TestChunkCarriesPagesOfSeveralBuffers(t *testing.T) {
+	const item, nbuf = 256, 64
+	l := UniformLayout(nbuf, 4, item, 2, 16)
+	for _, tc := range []struct {
+		name     string
+		maxChunk int64
+		chunks   int
+	}{{"default bound", 0, 1}, {"ten pages a chunk", 10 * item, 7}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tap := &tapDialer{}
+			g := newRig(t, l, l, true, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: tc.maxChunk, Dialer: tap}, ReceiverConfig{})
+			for b := range nbuf {
+				fill(g.src.Buffer(b), uint64(b+1))
+				memset(g.dst.Buffer(b), 0xAA)
+			}
+			k := Key{Room: 5, Nonce: 2, Rank: Rank{TP: 0, Size: 1}}
+			src, dst := SamePages(nbuf, []Run{{1, 1}}), SamePages(nbuf, []Run{{3, 1}})
+			if err := g.rcv.Expect(Expectation{Key: k, Dst: dst, AuxRow: 1}); err != nil {
+				t.Fatal(err)
+			}
+			aux := bytes.Repeat([]byte{4}, 16)
+			if err := waitDone(t, g.send(t, k, src, dst, aux)); err != nil {
+				t.Fatal(err)
+			}
+			var chunks []Header
+			var dones []Header
+			for _, h := range tap.frames(t) {
+				switch h.Type {
+				case FrameChunk:
+					chunks = append(chunks, h)
+				case FrameDone:
+					dones = append(dones, h)
+				}
+			}
+			if len(chunks) != tc.chunks || len(dones) != 1 {
+				t.Fatalf("%d CHUNK and %d DONE frames, want %d and 1", len(chunks), len(dones), tc.chunks)
+			}
+			pages := uint32(0)
+			for _, h := range chunks {
+				if tc.maxChunk != 0 && int64(h.PayloadLen) > tc.maxChunk {
+					t.Fatalf("chunk of %d bytes over the bound %d", h.PayloadLen, tc.maxChunk)
+				}
+				pages += h.Pages
+			}
+			if d := dones[0]; pages != nbuf || d.Seq != uint32(tc.chunks) || d.Pages != nbuf {
+				t.Fatalf("chunks carry %d pages; DONE seq %d pages %d, want %d chunks and %d pages", pages, d.Seq, d.Pages, tc.chunks, nbuf)
+			}
+			if tc.chunks == 1 && chunks[0].NumRuns != nbuf {
+				t.Fatalf("the one chunk names %d runs, want one per buffer", chunks[0].NumRuns)
+			}
+			for b := range nbuf {
+				if !bytes.Equal(g.dst.Pages(b, Run{3, 1}), g.src.Pages(b, Run{1, 1})) {
+					t.Fatalf("buffer %d: the page did not land in its own buffer", b)
+				}
+				if rest := g.dst.Pages(b, Run{0, 3}); !bytes.Equal(rest, bytes.Repeat([]byte{0xAA}, len(rest))) {
+					t.Fatalf("buffer %d: bytes outside the room's page", b)
+				}
+			}
+			if r, ok := g.ev.get(k); !ok || r != "" || !bytes.Equal(g.dst.AuxRow(1), aux) {
+				t.Fatalf("outcome %q (reported %v), want complete with the aux row", r, ok)
+			}
+		})
+	}
+}
+
+// TestV1FramesAreRefused: a v1 frame (no rank, one buffer) is refused by the decoder with
+// ErrBadVersion, and by a receiver before any of its bytes land: the frame is counted as
+// rejected and its connection closed, the room it names is untouched and still takes a v2
+// stream.
+func TestV1FramesAreRefused(t *testing.T) {
+	const item = 512
+	l := UniformLayout(1, 4, item, 0, 0)
+	rcv, dst, ev, addr := rawReceiver(t, l, ReceiverConfig{})
+	memset(dst.Buffer(0), 0xAA)
+	k := Key{Room: 3, Nonce: 9}
+	if err := rcv.Expect(Expectation{Key: k, Dst: [][]Run{{{0, 1}}}, AuxRow: -1}); err != nil {
+		t.Fatal(err)
+	}
+	page := bytes.Repeat([]byte{7}, item)
+	v1Runs := []byte{0, 0, 0, 0, 1, 0, 0, 0} // {start 0, count 1}
+	v1 := encodeV1(Header{Type: FrameChunk, Room: k.Room, Nonce: k.Nonce, NumRuns: 1, Pages: 1, PayloadLen: item,
+		RunsCRC: RunsChecksum(v1Runs)}, 0)
+	if _, err := DecodeHeader(v1); !errors.Is(err, ErrBadVersion) {
+		t.Fatalf("decode a v1 header: %v, want ErrBadVersion", err)
+	}
+
+	c := dialRaw(t, addr)
+	c.write(append(append(v1, v1Runs...), page...))
+	c.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [HeaderSize]byte
+	n, err := io.ReadFull(c.c, b[:])
+	var ne net.Error
+	if err == nil || errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("after a v1 frame the connection answered %d bytes (%v), want it closed", n, err)
+	}
+	if n := rcv.Stats().RejectedFrames; n != 1 {
+		t.Fatalf("%d rejected frames, want the v1 frame counted", n)
+	}
+	if !bytes.Equal(dst.Pages(0, Run{0, 1}), bytes.Repeat([]byte{0xAA}, item)) {
+		t.Fatal("a v1 frame's bytes landed")
+	}
+	if r, ok := ev.get(k); ok {
+		t.Fatalf("the room has outcome %q from a v1 frame", r)
+	}
+
+	c = dialRaw(t, addr) // the twin: the same room over v2 completes
+	c.write(chunkHeader(k, 0, 0, []Run{{0, 1}}, item, page))
+	c.write(page)
+	c.write(doneFrame(k, 1, 1, nil))
+	if res := c.sync(); res[k] != uint32(codeOK) {
+		t.Fatalf("v2 twin: result %d, want ok", res[k])
+	}
+	if !bytes.Equal(dst.Pages(0, Run{0, 1}), page) {
+		t.Fatal("v2 twin: page not in place")
+	}
+}
+
+// TestRunNamingABufferPastTheLayoutIsRejectedBeforeAnyByte: a chunk whose first run is a
+// page of the room and whose second names buffer 2 of a two-buffer layout fails the room as
+// invalid before a byte lands, the first run's page included; so does a chunk naming one
+// page twice across its runs. Twin rooms whose chunks name the same pages correctly
+// complete on the same connection.
+func TestRunNamingABufferPastTheLayoutIsRejectedBeforeAnyByte(t *testing.T) {
+	const item = 512
+	l := UniformLayout(2, 4, item, 0, 0)
+	rcv, dst, ev, addr := rawReceiver(t, l, ReceiverConfig{})
+	past, twice, twin := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}, Key{Room: 3, Nonce: 1}
+	pages := map[Key]int32{past: 0, twice: 1, twin: 2}
+	for k, p := range pages {
+		if err := rcv.Expect(Expectation{Key: k, Dst: SamePages(2, []Run{{p, 1}}), AuxRow: -1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	memset(dst.Buffer(0), 0xAA)
+	memset(dst.Buffer(1), 0xAA)
+	payload := bytes.Repeat([]byte{7}, 2*item)
+	c := dialRaw(t, addr)
+	for k, runs := range map[Key][]ChunkRun{
+		past:  {{0, Run{0, 1}}, {2, Run{0, 1}}},
+		twice: {{1, Run{1, 1}}, {1, Run{1, 1}}},
+		twin:  {{1, Run{2, 1}}, {0, Run{2, 1}}},
+	} {
+		c.write(chunkHeaderRuns(k, 0, runs, item, payload))
+		c.write(payload)
+	}
+	c.write(doneFrame(twin, 1, 2, nil))
+	res := c.sync()
+	for _, k := range []Key{past, twice} {
+		if r, _ := ev.get(k); r != ReasonInvalid || res[k] != uint32(codeInvalid) {
+			t.Fatalf("%v: outcome %q, result %d; want invalid", k, r, res[k])
+		}
+		for b := range 2 {
+			if got := dst.Pages(b, Run{pages[k], 1}); !bytes.Equal(got, bytes.Repeat([]byte{0xAA}, item)) {
+				t.Fatalf("%v: buffer %d page %d was written by a refused chunk", k, b, pages[k])
+			}
+		}
+	}
+	if r, ok := ev.get(twin); !ok || r != "" || res[twin] != uint32(codeOK) {
+		t.Fatalf("twin: outcome %q (reported %v), result %d; want complete", r, ok, res[twin])
+	}
+	for b := range 2 {
+		if !bytes.Equal(dst.Pages(b, Run{2, 1}), payload[:item]) {
+			t.Fatalf("twin: buffer %d page not in place", b)
+		}
+	}
+	if n := rcv.Stats().RejectedFrames; n != 2 {
+		t.Fatalf("%d rejected frames, want 2", n)
+	}
+}
