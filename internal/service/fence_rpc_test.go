@@ -36,11 +36,11 @@ func holdChunk(t *testing.T, addr string, key transfer.Key, mem *transfer.Region
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() }) // a test that stops early still lets the fence return
-	run := []transfer.Run{{Start: dst, Count: 1}}
+	run := []transfer.ChunkRun{{Buffer: 0, Run: transfer.Run{Start: dst, Count: 1}}}
 	itemLen := mem.Layout().Buffers[0].ItemLen
 	payload := bytes.Repeat([]byte{0x5A}, int(itemLen))
 	frame := transfer.AppendRuns(make([]byte, transfer.HeaderSize), run)
-	h := transfer.Header{Type: transfer.FrameChunk, Flags: transfer.FlagPayloadCRC, Room: key.Room, Nonce: key.Nonce,
+	h := transfer.Header{Type: transfer.FrameChunk, Flags: transfer.FlagPayloadCRC, Room: key.Room, Nonce: key.Nonce, Rank: key.Rank,
 		NumRuns: 1, Pages: 1, PayloadLen: uint64(itemLen),
 		PayloadCRC: crc32.Checksum(payload, crc32.MakeTable(crc32.Castagnoli)),
 		RunsCRC:    transfer.RunsChecksum(frame[transfer.HeaderSize:])}
@@ -157,7 +157,7 @@ func TestRPCsShowFailedOnlyAfterFence_I9(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := transfer.Key{Room: room, Nonce: ro.Status.Nonce}
+	key := transfer.Key{Room: room, Nonce: ro.Status.Nonce, Rank: transfer.Rank{TP: 0, Size: 1}}
 	if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, DstPages: &pb.PageList{Indices: []int32{dstPage}}}); err != nil {
 		t.Fatal(err)
 	}
