@@ -131,10 +131,13 @@ func rxBytes(t *testing.T, h *host) float64 {
 // and waits (bounded) until 40 rooms ended and d holds at least 10 live
 // rooms, which it returns: the reading just before the test's fault (a
 // second scrape would count rooms that ended since). The workload runs
-// until the test stops it after its fault.
-func (c *cluster) startMidTransfer(ctx context.Context, conc int, d *testbed.Daemon) (*testbed.Background, float64) {
+// until the test stops it after its fault. tokensPerS is the simulated
+// prefill GPU's rate (sim.Config.PrefillTokensPerS, 0: none).
+func (c *cluster) startMidTransfer(ctx context.Context, conc int, d *testbed.Daemon, tokensPerS float64) (*testbed.Background, float64) {
 	c.t.Helper()
-	b := testbed.StartBackground(ctx, c.t, c.sim, c.workload(0, conc), 40)
+	w := c.workload(0, conc)
+	w.PrefillTokensPerS = tokensPerS
+	b := testbed.StartBackground(ctx, c.t, c.sim, w, 40)
 	select {
 	case <-b.Warm:
 	case <-time.After(time.Minute):
@@ -277,7 +280,7 @@ func linkCut(t *testing.T, c *cluster, bound func(d *testbed.Daemon, state strin
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const fresh, conc = 66, 60
-	r, _ := c.startMidTransfer(ctx, conc, c.dec)
+	r, _ := c.startMidTransfer(ctx, conc, c.dec, 0)
 
 	cut := time.Now()
 	c.preH.setLink(t, "down")
@@ -347,13 +350,17 @@ func killMidTransfer(t *testing.T, victimName string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const fresh, conc = 66, 60
-	r, inflight := c.startMidTransfer(ctx, conc, victim)
-	// Only a survivor's room bound to the victim and not Transferring ends
-	// with peer_lost: a Transferring one fails on its reset data
-	// connection first (seen: all 37 of prefill's live rooms Transferring
-	// at the kill, all transfer_error, the test then hit nothing). Kill
-	// once the survivor holds a few, and judge the rooms of that reading:
-	// a look after the kill finds them gone.
+	// Only a survivor's room bound to the victim with no bytes on a data
+	// connection yet ends with peer_lost or peer_restarted: a room whose
+	// pages already stream fails on its reset data connection first (seen:
+	// all 37 of prefill's live rooms Transferring at the kill, all
+	// transfer_error; since each Send streams at once, also 35 of 36
+	// WaitingForInput). A prefill GPU at a realistic rate keeps most bound
+	// rooms queued for their first forward pass, as chunked prefill does,
+	// so rooms that sent nothing yet are there at the kill. Kill once the
+	// survivor holds a few WaitingForInput, and judge the rooms of that
+	// reading: a look after the kill finds them gone.
+	r, inflight := c.startMidTransfer(ctx, conc, victim, 20000)
 	var held []heldRoom
 	if _, ok := testbed.Eventually(30*time.Second, func() bool {
 		held = c.held(survivor, c.killBound)
