@@ -16,6 +16,7 @@ import (
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/room"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -82,7 +83,7 @@ func (r *prefillRoom) repeats(start int64, src []transfer.Run, last bool, auxInd
 	return false
 }
 
-var _ conn.PrefillDataPlane = (*PrefillData)(nil)
+var _ room.PrefillDataPlane = (*PrefillData)(nil)
 
 // NewPrefillData returns the adapter over a data plane of the given kind,
 // built when the region is registered; SetNode must be called before use.
@@ -120,8 +121,8 @@ func (d *PrefillData) Close() {
 	d.slot.close()
 }
 
-// Bind implements conn.PrefillDataPlane.
-func (d *PrefillData) Bind(peer conn.PeerInfo, md conn.Metadata) {
+// Bind implements room.PrefillDataPlane.
+func (d *PrefillData) Bind(peer conn.PeerInfo, md room.Metadata) {
 	region := d.slot.get()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -189,7 +190,7 @@ func (d *PrefillData) waitBound(ctx context.Context, id poll.RoomID) *prefillRoo
 	}
 }
 
-// Fence implements conn.PrefillDataPlane without waiting: the sender
+// Fence implements room.PrefillDataPlane without waiting: the sender
 // stops the room at once and answers done when no worker reads its source
 // pages; otherwise its OnFenced tells the node Fenced once the worker let
 // go (within FenceGrace plus one chunk write).
@@ -204,7 +205,7 @@ func (d *PrefillData) Fence(key poll.Key) bool {
 	return s.Fence(d.slot.key(key))
 }
 
-// Forget implements conn.PrefillDataPlane.
+// Forget implements room.PrefillDataPlane.
 func (d *PrefillData) Forget(key poll.Key) {
 	d.Fence(key) // a room reaped unfenced: stop its transfer all the same
 	d.mu.Lock()

@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -267,7 +268,7 @@ func (e *scriptEnv) cmdStatus() {
 			line += fmt.Sprintf(" deadline=+%v", time.Duration(in.Deadline-now))
 			e.logf("%s", line)
 		}
-		var peers []PeerInfo
+		var peers []conn.PeerInfo
 		if s == sidePrefill {
 			peers = e.pre.Peers()
 		} else {
@@ -296,7 +297,7 @@ func popcount(x uint64) int {
 
 func (e *scriptEnv) cmdCounters() {
 	for _, s := range []scriptSide{sidePrefill, sideDecode} {
-		var c Counters
+		var c conn.Counters
 		switch {
 		case !e.alive[s]:
 			e.logf("%s: not running", e.instance(s))
@@ -307,7 +308,7 @@ func (e *scriptEnv) cmdCounters() {
 			c = e.dec.Counters()
 		}
 		var parts []string
-		for _, r := range AllRejectReasons() {
+		for _, r := range conn.AllRejectReasons() {
 			if n := c.Rejected(r); n > 0 {
 				parts = append(parts, fmt.Sprintf("rejected_%s=%d", r, n))
 			}

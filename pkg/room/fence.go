@@ -1,10 +1,11 @@
-package conn
+package room
 
 import (
 	"context"
 
 	"go.uber.org/zap"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -58,7 +59,7 @@ func (c *core) fenceRoom(k poll.Key) []poll.Effect {
 func (c *core) callFence(k poll.Key) (done, ok bool) {
 	defer func() {
 		if p := recover(); p != nil {
-			c.ctr.restarts.Add(1)
+			c.lk.CountWorkerRestart()
 			c.log.Error("data plane fence panicked, will retry", zap.Uint64("room", uint64(k.Room)), zap.Any("panic", p))
 			done, ok = false, false
 		}
@@ -204,7 +205,7 @@ func (c *core) waitParked(ctx context.Context, key poll.Key, p *parkedCall) erro
 		return ctx.Err()
 	case <-c.halted:
 		c.unpark(key, p)
-		return ErrClosedNode
+		return conn.ErrClosedNode
 	}
 }
 

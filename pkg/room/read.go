@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -67,7 +67,7 @@ func (c *core) publish(tr Transition) {
 		case s.ch <- tr:
 		default:
 			s.dropped.Add(1)
-			c.ctr.dropped.Add(1)
+			c.lk.CountWatchDropped()
 		}
 	}
 }
@@ -131,9 +131,9 @@ func (c *core) Clear(ids []poll.RoomID, errs []error) {
 // and ZeroMQ may drop what was queued.
 func (c *core) Shutdown(ctx context.Context) {
 	_ = c.step(poll.Event{Kind: poll.EvShutdown})
-	c.lk.awaitRoomFramesAcked(ctx)
+	c.lk.AwaitRoomFramesAcked(ctx)
 	// Even with the drain spent, one GOODBYE goes out.
-	c.sayGoodbye(ctx)
+	c.lk.SayGoodbye(ctx)
 }
 
 // WallTime converts a table time (RoomInfo.CreatedAt, Deadline, history)

@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -101,14 +101,14 @@ wait:
 
 	notices := w.settle(waitCtx, p.TerminalGrace)
 	rep.Invisible = len(w.pending)
-	rep.UnackedNotices = c.lk.unackedRoomFrames()
+	rep.UnackedNotices = c.lk.UnackedRoomFrames()
 	rep.Capped = waitCtx.Err() != nil
 	if notices {
-		c.sayGoodbye(capCtx)
+		c.lk.SayGoodbye(capCtx)
 	} else {
 		// The peers did not acknowledge the notices: they will not answer
 		// a goodbye in time either. One try, no wait.
-		c.sayGoodbye(doneContext())
+		c.lk.SayGoodbye(doneContext())
 	}
 	select {
 	case <-performed:
@@ -231,8 +231,8 @@ func (w *drainWatch) settle(ctx context.Context, grace time.Duration) bool {
 	armed := time.Time{}
 	for {
 		w.recheck()
-		removed := c.lk.frameAcked()
-		acked := c.lk.unackedRoomFrames() == 0
+		removed := c.lk.FrameAcked()
+		acked := c.lk.UnackedRoomFrames() == 0
 		waiting := len(w.pending) > 0
 		if !waiting && !w.lastEnd.IsZero() && armed != w.lastEnd {
 			stopGrace()
@@ -252,7 +252,7 @@ func (w *drainWatch) settle(ctx context.Context, grace time.Duration) bool {
 		case <-removed:
 		case <-graceEnd:
 		case <-ctx.Done():
-			return c.lk.unackedRoomFrames() == 0
+			return c.lk.UnackedRoomFrames() == 0
 		}
 	}
 }
