@@ -35,8 +35,11 @@ type core struct {
 	// lk is the room code's way into the link machinery (pkg/conn).
 	lk conn.Link
 
-	// mu guards t, hidden and parked. Transitions are published while it
-	// is held (takeLocked), so every subscriber sees them in table order.
+	// mu guards t, hidden and parked (withTable). While the owner runs
+	// only its inputs take it, so it is never contended; once the owner
+	// stopped, inputs run on their callers under it. Transitions are
+	// published inside withTable (takeLocked), on the owner goroutine, so
+	// every subscriber sees them in table order.
 	mu     sync.Mutex
 	t      *poll.Table
 	hidden map[poll.Key]poll.State // Failed rooms not yet visible: their visible "from"
@@ -57,12 +60,17 @@ type core struct {
 	halted   chan struct{}
 	haltOnce sync.Once
 
+	// own is the owner goroutine's input queue (owner.go).
+	own *owner
+
 	// performHook, if set (tests, from the node config's performHook),
-	// runs before a batch's effects are performed, outside the table lock.
+	// runs before a batch's effects are performed.
 	performHook func([]poll.Effect)
+	// publishHook, if set (tests), runs as each transition is published.
+	publishHook func(Transition)
 }
 
-func newCore(lk conn.Link, performHook func([]poll.Effect)) (*core, error) {
+func newCore(lk conn.Link, performHook func([]poll.Effect), publishHook func(Transition)) (*core, error) {
 	cfg := lk.Config()
 	t, err := poll.New(cfg.Table)
 	if err != nil {
@@ -80,7 +88,10 @@ func newCore(lk conn.Link, performHook func([]poll.Effect)) (*core, error) {
 		fences:      make(map[poll.Key]*fenceState),
 		halted:      make(chan struct{}),
 		performHook: performHook,
+		publishHook: publishHook,
+		own:         newOwner(),
 	}
+	go c.runOwner()
 	return c, nil
 }
 
@@ -105,6 +116,7 @@ func (c *core) startWorkers() {
 func (c *core) stopWorkers() {
 	c.haltOnce.Do(func() { close(c.halted) })
 	c.lk.StopWorkers()
+	c.stopOwner()
 }
 
 // now is the node's monotonic time in nanoseconds (the table's time).
@@ -154,22 +166,26 @@ func (c *core) publishLocked(effs []poll.Effect) {
 	}
 }
 
-// step applies one event and performs its effects outside the lock.
+// step applies one event and performs its effects, as one input of the
+// owner.
 func (c *core) step(ev poll.Event) error {
-	c.mu.Lock()
-	err := c.t.Step(c.now(), ev)
-	effs := c.takeLocked()
-	c.mu.Unlock()
-	c.perform(effs)
+	var err error
+	c.apply(func() { err = c.t.Step(c.now(), ev) })
 	return err
 }
 
-// tick expires deadlines and performs the effects.
-func (c *core) tick() {
-	c.mu.Lock()
-	c.t.Tick(c.now())
-	effs := c.takeLocked()
-	c.mu.Unlock()
+// apply runs change on the table and performs the effects it made, as one
+// input of the owner.
+func (c *core) apply(change func()) { c.exec(func() { c.applyOwned(change) }) }
+
+// applyOwned is apply inside an input: change and the publication under
+// withTable, then the effects in table order.
+func (c *core) applyOwned(change func()) {
+	var effs []poll.Effect
+	c.withTable(func() {
+		change()
+		effs = c.takeLocked()
+	})
 	c.perform(effs)
 }
 
@@ -221,9 +237,15 @@ func (c *core) tickLoop(ctx context.Context, t conn.Ticker) error {
 	}
 }
 
+// onTick expires deadlines and retries fences (one input of the owner),
+// then lets the link retransmit, send heartbeats and find lost peers on
+// the tick worker: what the link delivers from it goes to the owner as
+// inputs of their own.
 func (c *core) onTick() {
-	c.tick()
-	c.retryFences()
+	c.exec(func() {
+		c.applyOwned(func() { c.t.Tick(c.now()) })
+		c.retryFences()
+	})
 	c.lk.Tick(c.now())
 }
 
@@ -270,12 +292,21 @@ func answer(err error, effs []poll.Effect, ev poll.Event) (a conn.AckResult, ech
 	return conn.AckRejected(conn.RejectInvalid), false
 }
 
-// stepFrame steps a peer's frame event and returns the ACK answer.
-func (c *core) stepFrame(ev poll.Event) (conn.AckResult, error) {
-	c.mu.Lock()
-	err := c.t.Step(c.now(), ev)
-	effs := c.takeLocked()
-	c.mu.Unlock()
+// stepFrame steps a peer's frame event and returns the ACK answer, as
+// one input of the owner: the reader that delivered the frame waits for
+// the owner's CPU, never for a fence.
+func (c *core) stepFrame(ev poll.Event) (a conn.AckResult, err error) {
+	c.exec(func() { a, err = c.stepFrameOwned(ev) })
+	return a, err
+}
+
+func (c *core) stepFrameOwned(ev poll.Event) (conn.AckResult, error) {
+	var err error
+	var effs []poll.Effect
+	c.withTable(func() {
+		err = c.t.Step(c.now(), ev)
+		effs = c.takeLocked()
+	})
 	a, echo := answer(err, effs, ev)
 	if echo {
 		kept := effs[:0]
@@ -293,9 +324,7 @@ func (c *core) stepFrame(ev poll.Event) (conn.AckResult, error) {
 
 // roomDeadline returns the room's current deadline (node time), or false.
 func (c *core) roomDeadline(id poll.RoomID) (int64, poll.State, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	info, err := c.t.Get(id)
+	info, err := c.Get(id)
 	if err != nil {
 		return 0, poll.StateNone, false
 	}

@@ -96,20 +96,20 @@ func (n *DecodeOwner) OnRankDone(key poll.Key, rank int) {
 }
 
 func (n *DecodeOwner) advance(key poll.Key, done bool, rank uint8) {
-	n.mu.Lock()
-	now := n.now()
-	if info, err := n.t.Get(key.Room); err == nil && info.Key.Nonce == key.Nonce {
-		if info.State == poll.Bootstrapping {
-			_ = n.t.Step(now, poll.Event{Kind: poll.EvMetadata, Key: key, Peer: info.Peer})
-		}
-		_ = n.t.Step(now, poll.Event{Kind: poll.EvFirstChunk, Key: key}) // or progress in Transferring
-		if done {
-			_ = n.t.Step(now, poll.Event{Kind: poll.EvDone, Key: key, Rank: rank})
-		}
-	}
-	effs := n.takeLocked()
-	n.mu.Unlock()
-	n.perform(effs)
+	n.post(func() {
+		n.applyOwned(func() {
+			now := n.now()
+			if info, err := n.t.Get(key.Room); err == nil && info.Key.Nonce == key.Nonce {
+				if info.State == poll.Bootstrapping {
+					_ = n.t.Step(now, poll.Event{Kind: poll.EvMetadata, Key: key, Peer: info.Peer})
+				}
+				_ = n.t.Step(now, poll.Event{Kind: poll.EvFirstChunk, Key: key}) // or progress in Transferring
+				if done {
+					_ = n.t.Step(now, poll.Event{Kind: poll.EvDone, Key: key, Rank: rank})
+				}
+			}
+		})
+	})
 }
 
 // OnFailed is the data plane's callback: the room's transfer failed

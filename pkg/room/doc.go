@@ -9,9 +9,12 @@
 //
 // # Files
 //
-//	core.go            the table behind one mutex, the effect driver
-//	                   (perform), the tick worker, frame events and their
-//	                   ACK (stepFrame, answer)
+//	owner.go           the owner goroutine: the input queue, exec (a call
+//	                   waits for its answer), post (an event nobody waits
+//	                   for), withTable, stop
+//	core.go            the effect driver (perform), publication, the tick
+//	                   worker, frame events and their ACK (stepFrame,
+//	                   answer)
 //	fence.go           fences (never waited for), Fenced, parked Abort
 //	                   calls, AwaitFailedVisible
 //	read.go            Poll, Get, List, Stats, Clear, Shutdown, Watch
@@ -54,23 +57,36 @@
 // failed returns poll.ErrTerminal at once, whatever is visible; a node
 // that stops releases parked calls with ErrClosedNode.
 //
-// Watch (Subscribe) sees each room's transitions in table order: they are
-// published while the table lock is held, by a send that never blocks.
+// Watch (Subscribe) sees each room's transitions in table order: the owner
+// goroutine publishes them as it steps, by a send that never blocks.
 //
 // # Goroutines and locks
 //
-// Each owner has one worker of its own, the tick worker (core.go), run
-// under its link's supervisor (R6): poll Tick and fence retries, then the
-// link's Tick (retransmits, heartbeats, peer liveness). Frames and peer
-// events arrive on the link's readers (prefill's listener worker, decode's
-// session workers) as direct calls; scheduler calls and data-plane
-// callbacks run on their callers' goroutines. No goroutine of the owner
-// waits for a fence. Locks: the table mutex, the link's peer/session and
-// outbox mutexes and the fence mutex are never held together; the
-// subscriber mutex is taken only alone or inside the table mutex
-// (publication, which never blocks). No data-plane or transport call is
-// made under any of them. PLAN.md step 3 replaces the table mutex by one
-// owner goroutine.
+// Each owner runs one goroutine that owns its table (owner.go, etcd raft's
+// node.run): every input reaches it through one FIFO queue and it steps
+// them one at a time, publishing the visible transitions to Watch and
+// performing the effects in table order on itself. Scheduler calls (Open,
+// FirstSend, SendMetadata, Abort, Clear, Poll, Get, List, Stats) and the
+// link's deliveries (frames, whose answer is the ACK the reader sends, and
+// peer events) are inputs whose caller waits for the answer: at most for
+// the owner's CPU, since the owner never waits (fences answer at once and
+// report Fenced later). Data-plane callbacks (OnProgress, OnRankDone,
+// OnFailed, Fenced) are inputs nobody waits for, so a transfer goroutine
+// that calls back while it holds a lock of its own never waits for an
+// owner that may be asking it to fence. Abort waits for its room's Failed
+// to be visible on its caller, parked, never on the owner.
+//
+// The owner's other worker is the tick worker (core.go), run under its
+// link's supervisor (R6): each tick is one input (poll Tick and fence
+// retries), then the link's Tick on the worker itself (retransmits,
+// heartbeats, peer liveness; what the link delivers from it becomes inputs
+// of their own). Once the node stopped, inputs run on their callers with
+// the table behind the table mutex (withTable), so a closed node still
+// answers Poll and Get. Locks: the table mutex (never contended while the
+// owner runs), the link's peer/session and outbox mutexes and the fence
+// mutex are never held together; the subscriber mutex is taken only alone
+// or inside the table mutex (publication, which never blocks). No
+// data-plane or transport call is made under any of them.
 //
 // # Usage
 //

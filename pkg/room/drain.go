@@ -123,25 +123,36 @@ wait:
 }
 
 // failLive fails every live room with shutdown and returns their keys.
-// Its effects (notices, fences, publications) run on their own goroutine,
-// which closes performed when done: a fence that never completes must not
-// hold the drain past its cap.
+// Its effects (notices, fences, publications) run right after, in the same
+// input of the owner, which closes performed when done: the drain does not
+// wait for them, so a fence that never completes must not hold the drain
+// past its cap.
 func (c *core) failLive() (failed []poll.Key, performed <-chan struct{}) {
-	c.mu.Lock()
-	_ = c.t.Step(c.now(), poll.Event{Kind: poll.EvShutdown})
-	effs := c.takeLocked()
-	c.mu.Unlock()
-	for _, e := range effs {
-		if e.Kind == poll.EffTransition && e.To == poll.Failed {
-			failed = append(failed, e.Key)
-		}
-	}
 	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	keys := make(chan []poll.Key, 1)
+	c.post(func() {
+		var failed []poll.Key
+		defer func() {
+			select {
+			case keys <- failed: // unless sent below (a panic in between)
+			default:
+			}
+			close(done)
+		}()
+		var effs []poll.Effect
+		c.withTable(func() {
+			_ = c.t.Step(c.now(), poll.Event{Kind: poll.EvShutdown})
+			effs = c.takeLocked()
+		})
+		for _, e := range effs {
+			if e.Kind == poll.EffTransition && e.To == poll.Failed {
+				failed = append(failed, e.Key)
+			}
+		}
+		keys <- failed
 		c.perform(effs)
-	}()
-	return failed, done
+	})
+	return <-keys, done
 }
 
 // at returns a channel closed at t on the node's clock, and a stop.
@@ -188,13 +199,15 @@ func (w *drainWatch) await(failed []poll.Key) {
 		w.pending[k] = struct{}{}
 	}
 	// A room leaves hidden as its publication reaches the subscription,
-	// both under the table lock, so none is missed between this and the
-	// loop.
-	w.c.mu.Lock()
-	for k := range w.c.hidden {
-		w.pending[k] = struct{}{}
-	}
-	w.c.mu.Unlock()
+	// both in one input of the owner, so none is missed between this and
+	// the loop.
+	w.c.exec(func() {
+		w.c.withTable(func() {
+			for k := range w.c.hidden {
+				w.pending[k] = struct{}{}
+			}
+		})
+	})
 }
 
 // recheck asks the table about the awaited rooms once the subscription

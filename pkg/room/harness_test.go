@@ -208,13 +208,20 @@ func (h *harness) rogue() (evil conn.Conn, send func(b []byte)) {
 }
 
 // settle waits (in real time, briefly) until no frame is queued or being
-// handled. A receiver that died mid-frame (panic) is let go after a while.
+// handled and neither owner has an input queued or running (data-plane
+// callbacks are events nobody waits for). A receiver that died mid-frame
+// (panic) is let go after a while.
 func (h *harness) settle() {
 	deadline := time.Now().Add(200 * time.Millisecond)
-	for !h.net.Idle() && time.Now().Before(deadline) {
+	for !(h.net.Idle() && h.ownersIdle()) && time.Now().Before(deadline) {
 		runtime.Gosched()
 		time.Sleep(20 * time.Microsecond)
 	}
+}
+
+// ownersIdle reports whether neither owner has an input queued or running.
+func (h *harness) ownersIdle() bool {
+	return (h.pre == nil || h.pre.ownerIdle()) && (h.dec == nil || h.dec.ownerIdle())
 }
 
 // advance moves virtual time by d, one tick at a time, settling the

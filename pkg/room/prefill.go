@@ -26,9 +26,12 @@ type PrefillConfig struct {
 	// roomFrameHook, if set (tests), runs as the link delivers a room frame
 	// to the node, on the listener worker.
 	roomFrameHook func(from poll.PeerID, seq uint64, ft conn.FrameType)
-	// performHook (tests) runs on the stepping goroutine after the table
-	// lock is released, before the batch's effects are performed.
+	// performHook (tests) runs on the owner goroutine after a batch's
+	// transitions are published, before its effects are performed.
 	performHook func([]poll.Effect)
+	// publishHook (tests) runs as each transition is published to Watch,
+	// on the goroutine that publishes it.
+	publishHook func(Transition)
 }
 
 // PrefillOwner is prefilld's room owner: it binds the bootstrap socket,
@@ -55,7 +58,7 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := newCore(link.Link, cfg.performHook)
+	c, err := newCore(link.Link, cfg.performHook, cfg.publishHook)
 	if err != nil {
 		return nil, err
 	}

@@ -174,7 +174,7 @@ func (e *scriptEnv) cmdDataPlane(verb string, a scriptArgs) error {
 		e.call(s, desc, func() string {
 			e.dec.OnProgress(key)
 			e.dec.OnRankDone(key, rank)
-			return "ok"
+			return e.taken(s)
 		})
 	case "progress":
 		e.call(s, desc, func() string {
@@ -183,7 +183,7 @@ func (e *scriptEnv) cmdDataPlane(verb string, a scriptArgs) error {
 			} else {
 				e.dec.OnProgress(key)
 			}
-			return "ok"
+			return e.taken(s)
 		})
 	case "fail":
 		if len(a.pos) < 2 {
@@ -196,10 +196,23 @@ func (e *scriptEnv) cmdDataPlane(verb string, a scriptArgs) error {
 			} else {
 				e.dec.OnFailed(key, reason)
 			}
-			return "ok"
+			return e.taken(s)
 		})
 	}
 	return nil
+}
+
+// taken answers a data-plane callback once the owner of side s took it:
+// the callbacks are events nobody waits for, so an input queued behind
+// them (the owner runs its inputs in order) marks where their effects end
+// and the script traces them before the callback's "ok".
+func (e *scriptEnv) taken(s scriptSide) string {
+	c, err := e.node(s)
+	if err != nil {
+		return "ok"
+	}
+	c.exec(func() {})
+	return "ok"
 }
 
 func (e *scriptEnv) cmdRoom(verb string, a scriptArgs) error {

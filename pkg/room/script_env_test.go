@@ -337,8 +337,9 @@ func (e *scriptEnv) takeOutput() []string {
 }
 
 // quiet reports whether nothing is in progress: every scheduler call has
-// returned or is parked until its room's fence is done, and every receive
-// queue is empty with its receiver back in Recv.
+// returned or is parked until its room's fence is done, neither owner has
+// an input queued or running, and every receive queue is empty with its
+// receiver back in Recv.
 func (e *scriptEnv) quiet() bool {
 	e.mu.Lock()
 	pending := e.pending
@@ -347,6 +348,9 @@ func (e *scriptEnv) quiet() bool {
 		if n > e.parkedCalls(scriptSide(s)) {
 			return false
 		}
+	}
+	if (e.alive[sidePrefill] && !e.pre.ownerIdle()) || (e.alive[sideDecode] && !e.dec.ownerIdle()) {
+		return false
 	}
 	return e.net.Idle()
 }

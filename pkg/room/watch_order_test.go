@@ -2,6 +2,8 @@ package room
 
 import (
 	"context"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,97 +12,112 @@ import (
 )
 
 // Issue 12: Watch delivers each room's transitions in the order the table
-// made them, whichever goroutine stepped them. One goroutine moves the room
-// to Transferring and is then delayed between the table lock and the rest
-// of its effects (performHook, as a loaded machine would deschedule it);
-// meanwhile another goroutine aborts the room, whose Failed becomes visible
-// at once (the fence is done). A subscriber must still see
-// WaitingForInput -> Transferring before Transferring -> Failed: this fails
-// when transitions are published after the table lock is released.
+// made them, because the owner goroutine publishes every one of them,
+// whichever goroutine's call or callback caused it. Many goroutines move
+// rooms on (FirstSend, OnProgress) and abort them at once; a subscriber
+// must see each room's transitions chained (each From the previous To,
+// ending Failed), all published from one goroutine. This fails when
+// publication leaves the owner goroutine (a caller publishing what its
+// input made, as the table-lock owners before it did).
 func TestWatchSeesEachRoomsTransitionsInTableOrder(t *testing.T) {
+	const rooms = 40
 	for _, side := range []string{"prefill", "decode"} {
 		t.Run(side, func(t *testing.T) {
-			delayed := make(chan struct{})
-			release := make(chan struct{})
-			var once sync.Once
-			hook := func(effs []poll.Effect) {
-				for _, e := range effs {
-					if e.Kind == poll.EffTransition && e.Key.Room == 1 && e.To == poll.Transferring {
-						once.Do(func() {
-							close(delayed)
-							<-release
-						})
-					}
-				}
+			var pubMu sync.Mutex
+			publishers := map[string]int{}
+			hook := func(Transition) {
+				id := goroutineID()
+				pubMu.Lock()
+				publishers[id]++
+				pubMu.Unlock()
 			}
-			o := options{pre: func(c *PrefillConfig) { c.performHook = hook }}
+			o := options{pre: func(c *PrefillConfig) { c.publishHook = hook }}
 			if side == "decode" {
-				o = options{dec: func(c *DecodeConfig) { c.performHook = hook }}
+				o = options{dec: func(c *DecodeConfig) { c.publishHook = hook }}
 			}
 			h := newHarnessWith(t, 41, o)
-			released := false
-			t.Cleanup(func() {
-				if !released {
-					close(release)
-				}
-			})
-			key := h.open(1, 1)
-			if !h.waitBound(key, time.Second) {
-				t.Fatal("room not bound")
+			keys := make([]poll.Key, rooms)
+			for i := range keys {
+				keys[i] = h.open(poll.RoomID(i+1), 1)
 			}
-			h.expect(1, poll.WaitingForInput, poll.WaitingForInput)
+			for _, k := range keys {
+				if !h.waitBound(k, time.Second) {
+					t.Fatalf("room %d not bound", k.Room)
+				}
+			}
+			for _, k := range keys {
+				h.expect(k.Room, poll.WaitingForInput, poll.WaitingForInput)
+			}
 			var owner interface {
 				Subscribe(int) *Subscription
 				Abort(context.Context, poll.RoomID, poll.Reason) error
 			} = h.pre
-			moveOn := func() { _ = h.pre.FirstSend(1) }
+			moveOn := func(k poll.Key) { _ = h.pre.FirstSend(k.Room) }
 			if side == "decode" {
 				owner = h.dec
-				moveOn = func() { h.dec.OnProgress(key) }
+				moveOn = func(k poll.Key) { h.dec.OnProgress(k) }
 			}
-			sub := owner.Subscribe(64)
+			sub := owner.Subscribe(4 * rooms)
 			defer sub.Close()
+			pubMu.Lock()
+			clear(publishers)
+			pubMu.Unlock()
 
-			moved := make(chan struct{})
-			go func() {
-				defer close(moved)
-				moveOn()
-			}()
-			select {
-			case <-delayed:
-			case <-time.After(5 * time.Second):
-				t.Fatal("the move to Transferring never reached its effects")
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if err := owner.Abort(ctx, 1, ""); err != nil {
-				t.Fatalf("Abort: %v", err)
+			var wg sync.WaitGroup
+			for _, k := range keys {
+				wg.Add(2)
+				go func() { defer wg.Done(); moveOn(k) }()
+				go func() { defer wg.Done(); _ = owner.Abort(ctx, k.Room, "") }()
 			}
-			released = true
-			close(release)
-			<-moved
+			wg.Wait()
 
-			var got []Transition
-			for len(got) < 2 {
+			last := map[poll.RoomID]poll.State{}
+			for _, k := range keys {
+				last[k.Room] = poll.WaitingForInput
+			}
+			failed := 0
+			for failed < rooms {
 				select {
 				case tr := <-sub.C():
-					if tr.Key.Room == 1 {
-						got = append(got, tr)
+					prev, ok := last[tr.Key.Room]
+					if !ok {
+						continue
+					}
+					if tr.From != prev {
+						t.Fatalf("room %d: Watch saw %v -> %v after a transition to %v", tr.Key.Room, tr.From, tr.To, prev)
+					}
+					last[tr.Key.Room] = tr.To
+					if tr.To == poll.Failed {
+						failed++
 					}
 				case <-time.After(5 * time.Second):
-					t.Fatalf("only %d transitions of room 1 published: %+v", len(got), got)
+					t.Fatalf("%d of %d rooms published Failed: %v", failed, rooms, last)
 				}
-			}
-			if got[0].From != poll.WaitingForInput || got[0].To != poll.Transferring ||
-				got[1].From != poll.Transferring || got[1].To != poll.Failed {
-				t.Fatalf("Watch saw %v -> %v, then %v -> %v; want WaitingForInput -> Transferring, then Transferring -> Failed",
-					got[0].From, got[0].To, got[1].From, got[1].To)
 			}
 			if n := sub.Dropped(); n != 0 {
 				t.Fatalf("%d transitions dropped", n)
 			}
+			pubMu.Lock()
+			defer pubMu.Unlock()
+			if len(publishers) != 1 {
+				t.Fatalf("transitions published from %d goroutines, want one: the owner's", len(publishers))
+			}
 		})
 	}
+}
+
+// goroutineID is the running goroutine's id, read from its stack header
+// ("goroutine 17 [running]:").
+func goroutineID() string {
+	var buf [64]byte
+	n := runtime.Stack(buf[:], false)
+	f := strings.Fields(string(buf[:n]))
+	if len(f) < 2 {
+		return ""
+	}
+	return f[1]
 }
 
 // A slow Watch reader never blocks the node; what it missed is counted.
