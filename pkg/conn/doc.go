@@ -32,9 +32,10 @@
 // PeerRestarted, PeerGone; LiveRooms for heartbeats), as a direct call on
 // the goroutine that read the frame or on the tick worker; the room side
 // reaches peers only through its link (Target handles, Link.Send,
-// DecodeLink.SendFollowing/Session, Peers, Counters). The owner goroutine
-// of pkg/room's PLAN (step 3) replaces the direct calls by a bounded event
-// queue.
+// DecodeLink.SendFollowing/Session, Peers, Counters). Package room turns
+// each delivery into an input of its owner goroutine and the reader waits
+// for the answer, at most for the owner's CPU; the reader still sends the
+// ACK itself (PLAN step 3 leaves ACK as an owner effect for later).
 //
 // # Protocol
 //

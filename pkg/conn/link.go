@@ -205,9 +205,9 @@ func (l Link) SayGoodbye(ctx context.Context) { l.sayGoodbye(ctx) }
 
 // RoomSide is what a link delivers to its room side and asks of it. Every
 // delivery is a direct call on the goroutine that read the frame (the
-// listener worker, a session's receive worker) or on the tick worker; the
-// owner goroutine of pkg/room's PLAN step 3 turns these calls into
-// events. A peer's frames are delivered one at a time in the order its
+// listener worker, a session's receive worker) or on the tick worker
+// (package room hands it to its owner goroutine and waits for the
+// answer). A peer's frames are delivered one at a time in the order its
 // connection delivered them, duplicates never.
 type RoomSide interface {
 	// FrameIn is a valid, non-duplicate room frame (METADATA, ABORT,
