@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
-	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/room"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -23,7 +23,7 @@ import (
 type DecodeNode interface {
 	RoomOwner
 	Open(room poll.RoomID, prefillAddr string, ranks int) (poll.Nonce, error)
-	SendMetadata(room poll.RoomID, req conn.MetadataRequest) error
+	SendMetadata(room poll.RoomID, req room.MetadataRequest) error
 	OnProgress(key poll.Key)
 	OnRankDone(key poll.Key, rank int)
 	OnFailed(key poll.Key, reason poll.Reason)
@@ -102,7 +102,7 @@ func (d *DecodeData) settleMetadata(key poll.Key, md *sentMetadata, err error) {
 	close(md.done)
 }
 
-var _ conn.DecodeDataPlane = (*DecodeData)(nil)
+var _ room.DecodeDataPlane = (*DecodeData)(nil)
 
 // NewDecodeData returns the adapter over a data plane of the given kind,
 // built when the region is registered; SetNode must be called before use.
@@ -166,8 +166,8 @@ func (d *DecodeData) Close() {
 	d.slot.close()
 }
 
-// Expect implements conn.DecodeDataPlane.
-func (d *DecodeData) Expect(md conn.Metadata) error {
+// Expect implements room.DecodeDataPlane.
+func (d *DecodeData) Expect(md room.Metadata) error {
 	d.mu.Lock()
 	rx := d.receiver
 	d.mu.Unlock()
@@ -186,7 +186,7 @@ func (d *DecodeData) Expect(md conn.Metadata) error {
 	return rx.Expect(transfer.Expectation{Key: tkey(md.Key, transfer.Rank(md.Rank)), Dst: transfer.SamePages(len(l.Buffers), runs), AuxRow: auxRow})
 }
 
-// Fence implements conn.DecodeDataPlane without waiting: the receiver
+// Fence implements room.DecodeDataPlane without waiting: the receiver
 // stops the room at once and answers done when no byte is being written
 // into its pages; otherwise its OnFenced tells the node Fenced once the
 // writer let go (within FenceGrace plus one piece), R7.
@@ -200,7 +200,7 @@ func (d *DecodeData) Fence(key poll.Key) bool {
 	return rx.Fence(d.slot.key(key))
 }
 
-// Forget implements conn.DecodeDataPlane.
+// Forget implements room.DecodeDataPlane.
 func (d *DecodeData) Forget(key poll.Key) {
 	d.Fence(key) // a room reaped unfenced: stop its writes all the same
 	d.mdMu.Lock()
@@ -303,7 +303,7 @@ func (s *DecodeServer) SendMetadata(ctx context.Context, req *pb.SendMetadataReq
 		return nil, invalid("prefix_len", "%d positions, but dst_pages has %d", req.PrefixLen, n)
 	}
 	rank := rankFromProto(req.Rank)
-	mr := conn.MetadataRequest{DstPages: req.DstPages, AuxIndex: req.AuxIndex, PrefixLen: req.PrefixLen, Rank: connRank(rank)}
+	mr := room.MetadataRequest{DstPages: req.DstPages, AuxIndex: req.AuxIndex, PrefixLen: req.PrefixLen, Rank: connRank(rank)}
 	id := poll.RoomID(req.RoomId)
 	in, err := s.Node.Get(id)
 	if err != nil {

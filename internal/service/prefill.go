@@ -17,6 +17,7 @@ import (
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/room"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -181,7 +182,7 @@ func (r *prefillRoom) checkPositions(start, n int64, buffers []int, nbuf int, la
 	return nil
 }
 
-var _ conn.PrefillDataPlane = (*PrefillData)(nil)
+var _ room.PrefillDataPlane = (*PrefillData)(nil)
 
 // NewPrefillData returns the adapter over a data plane of the given kind,
 // built when the region is registered; SetNode must be called before use.
@@ -219,8 +220,8 @@ func (d *PrefillData) Close() {
 	d.slot.close()
 }
 
-// Bind implements conn.PrefillDataPlane.
-func (d *PrefillData) Bind(peer conn.PeerInfo, md conn.Metadata) {
+// Bind implements room.PrefillDataPlane.
+func (d *PrefillData) Bind(peer conn.PeerInfo, md room.Metadata) {
 	region := d.slot.get()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -290,7 +291,7 @@ func (d *PrefillData) waitBound(ctx context.Context, id poll.RoomID) *prefillRoo
 	}
 }
 
-// Fence implements conn.PrefillDataPlane without waiting: the sender
+// Fence implements room.PrefillDataPlane without waiting: the sender
 // stops the room at once and answers done when no worker reads its source
 // pages; otherwise its OnFenced tells the node Fenced once the worker let
 // go (within FenceGrace plus one chunk write).
@@ -305,7 +306,7 @@ func (d *PrefillData) Fence(key poll.Key) bool {
 	return s.Fence(d.slot.key(key))
 }
 
-// Forget implements conn.PrefillDataPlane.
+// Forget implements room.PrefillDataPlane.
 func (d *PrefillData) Forget(key poll.Key) {
 	d.Fence(key) // a room reaped unfenced: stop its transfer all the same
 	d.mu.Lock()

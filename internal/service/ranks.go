@@ -2,13 +2,13 @@ package service
 
 import (
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
-	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/room"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // One vocabulary, rank, from the proto to the data plane: the proto's Rank
-// (tp_rank, tp_size) is conn.Rank on the control plane and transfer.Rank
+// (tp_rank, tp_size) is room.Rank on the control plane and transfer.Rank
 // in every data-plane key; a completion's rank is poll's Rank index.
 
 // rankFromProto is a rank validateRank accepted; nil or tp_size 0 is rank
@@ -21,7 +21,7 @@ func rankFromProto(r *pb.Rank) transfer.Rank {
 }
 
 // connRank is the control plane's name for the same rank.
-func connRank(r transfer.Rank) conn.Rank { return conn.Rank(r) }
+func connRank(r transfer.Rank) room.Rank { return room.Rank(r) }
 
 // tkey is the data-plane key of rank's share of the room.
 func tkey(k poll.Key, rank transfer.Rank) transfer.Key {

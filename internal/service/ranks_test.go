@@ -14,13 +14,13 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
-	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/room"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // tableNode is a DecodeNode whose data-plane callbacks step a real poll
-// table the way conn.DecodeNode does; the other calls are not used here.
+// table the way room.DecodeOwner does; the other calls are not used here.
 type tableNode struct {
 	DecodeNode
 	t   *poll.Table
@@ -91,15 +91,15 @@ func TestDecodeFenceEndsTheExpectationOfItsRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Close)
-	room := poll.Key{Room: 7, Nonce: 42}
-	md := conn.Metadata{Key: room, Rank: conn.Rank{TP: 0, Size: 1}, DstPages: &pb.PageList{Indices: []int32{1, 2}}, ExpectedRanks: 1}
+	key := poll.Key{Room: 7, Nonce: 42}
+	md := room.Metadata{Key: key, Rank: room.Rank{TP: 0, Size: 1}, DstPages: &pb.PageList{Indices: []int32{1, 2}}, ExpectedRanks: 1}
 	if err := d.Expect(md); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Expect(md); err == nil {
 		t.Fatal("a live expectation was taken twice")
 	}
-	if !d.Fence(room) {
+	if !d.Fence(key) {
 		t.Fatal("fence of an idle room not done")
 	}
 	if err := d.Expect(md); err != nil {

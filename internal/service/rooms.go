@@ -16,10 +16,11 @@ import (
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/room"
 )
 
-// RoomOwner is what the services need from a node (conn.PrefillNode and
-// conn.DecodeNode both satisfy it).
+// RoomOwner is what the services need from a node (room.PrefillOwner and
+// room.DecodeOwner both satisfy it).
 type RoomOwner interface {
 	PollStatus(ids []poll.RoomID, out []poll.Status) []poll.Status
 	Get(id poll.RoomID) (poll.RoomInfo, error)
@@ -28,7 +29,7 @@ type RoomOwner interface {
 	// Abort returns once the room's Failed is visible (its fence done),
 	// bounded by ctx.
 	Abort(ctx context.Context, room poll.RoomID, reason poll.Reason) error
-	Subscribe(buf int) *conn.Subscription
+	Subscribe(buf int) *room.Subscription
 	WallTime(ns int64) time.Time
 	Peers() []conn.PeerInfo
 }

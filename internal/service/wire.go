@@ -16,6 +16,7 @@ import (
 	"github.com/pdlink/pdlink/pkg/conn/zmtp"
 	"github.com/pdlink/pdlink/pkg/metrics"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/room"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -119,7 +120,7 @@ func authSources(kr *auth.Keyring) (rejected, reloads func() []metrics.Count) {
 
 // drainer is what a drain needs of a room owner.
 type drainer interface {
-	Drain(ctx context.Context, p conn.DrainPlan) conn.DrainReport
+	Drain(ctx context.Context, p room.DrainPlan) room.DrainReport
 }
 
 // drainRooms refuses new rooms at once, then runs the node's drain: rooms
@@ -132,7 +133,7 @@ func drainRooms(ctx context.Context, deadline time.Time, grace time.Duration, ga
 	if !ok {
 		capAt = deadline.Add(daemon.StopBound)
 	}
-	node.Drain(ctx, conn.DrainPlan{Deadline: deadline, TerminalGrace: grace, Cap: capAt})
+	node.Drain(ctx, room.DrainPlan{Deadline: deadline, TerminalGrace: grace, Cap: capAt})
 }
 
 // SetupPrefill wires prefilld: the bootstrap socket, the room owner, the
@@ -152,7 +153,7 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		scfg.Auth, ncfg.Auth = kr.Data(), kr.Control(auth.SidePrefill)
 	}
 	data := NewPrefillData(cfg.DataTransport, scfg, log)
-	node, err := conn.NewPrefillNode(conn.PrefillConfig{
+	node, err := room.NewPrefillOwner(room.PrefillConfig{
 		Config:     ncfg,
 		ListenAddr: cfg.BootstrapListen,
 		DataPlane:  data,
@@ -215,7 +216,7 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		rcfg.Auth, ncfg.Auth = kr.Data(), kr.Control(auth.SideDecode)
 	}
 	data := NewDecodeData(cfg.DataTransport, rcfg, log)
-	node, err := conn.NewDecodeNode(conn.DecodeConfig{
+	node, err := room.NewDecodeOwner(room.DecodeConfig{
 		Config:       ncfg,
 		DataEndpoint: advertise,
 		LayoutsFunc:  data.Layouts,
@@ -315,7 +316,7 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg d
 // observeDurations feeds the duration histograms from the node's
 // transitions until the subscription closes. Room detail comes from Get,
 // which is cheap next to a room's life.
-func observeDurations(owner RoomOwner, sub *conn.Subscription, rec *metrics.Recorder) {
+func observeDurations(owner RoomOwner, sub *room.Subscription, rec *metrics.Recorder) {
 	for tr := range sub.C() {
 		if !tr.To.Terminal() {
 			continue

@@ -13,6 +13,7 @@ import (
 	"github.com/pdlink/pdlink/pkg/auth"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/room"
 )
 
 // These tests run a real prefill node and decode node (pkg/conn) over
@@ -36,13 +37,13 @@ type nodeDP struct {
 
 func newNodeDP() *nodeDP { return &nodeDP{binds: map[poll.Key]int{}, peers: map[poll.Key]string{}} }
 
-func (d *nodeDP) Bind(p conn.PeerInfo, md conn.Metadata) {
+func (d *nodeDP) Bind(p conn.PeerInfo, md room.Metadata) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.binds[md.Key]++
 	d.peers[md.Key] = p.Addr
 }
-func (d *nodeDP) Expect(conn.Metadata) error { return nil }
+func (d *nodeDP) Expect(room.Metadata) error { return nil }
 func (d *nodeDP) Fence(poll.Key) bool        { return true }
 func (d *nodeDP) Forget(poll.Key)            {}
 
@@ -56,8 +57,8 @@ type nodes struct {
 	t        *testing.T
 	clk      *conn.FakeClock
 	net      *conn.MemNetwork
-	pre      *conn.PrefillNode
-	dec      *conn.DecodeNode
+	pre      *room.PrefillOwner
+	dec      *room.DecodeOwner
 	preDP    *nodeDP
 	pk, dk   *auth.Keyring
 	tapMu    sync.Mutex
@@ -90,12 +91,12 @@ func newNodes(t *testing.T, mk func(now func() time.Time) (pk, dk *auth.Keyring)
 		return false
 	})
 	var err error
-	n.pre, err = conn.NewPrefillNode(conn.PrefillConfig{Config: nodeConfig(clk, n.net.Host("prefill"), "prefill-a", poll.Prefill, n.pk.Control(auth.SidePrefill)),
+	n.pre, err = room.NewPrefillOwner(room.PrefillConfig{Config: nodeConfig(clk, n.net.Host("prefill"), "prefill-a", poll.Prefill, n.pk.Control(auth.SidePrefill)),
 		ListenAddr: nPrefill, DataPlane: n.preDP})
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.dec, err = conn.NewDecodeNode(conn.DecodeConfig{Config: nodeConfig(clk, n.net.Host(nDecodeHost), "decode-a", poll.Decode, n.dk.Control(auth.SideDecode)),
+	n.dec, err = room.NewDecodeOwner(room.DecodeConfig{Config: nodeConfig(clk, n.net.Host(nDecodeHost), "decode-a", poll.Decode, n.dk.Control(auth.SideDecode)),
 		DataEndpoint: nDataAddr, DataPlane: newNodeDP(),
 		Layouts: []*pdlinkv1.RegionLayout{{Rank: &pdlinkv1.Rank{TpSize: 1}, Buffers: []*pdlinkv1.BufferSpec{{Length: 4096, ItemLen: 64}}}}})
 	if err != nil {
@@ -139,21 +140,21 @@ func (n *nodes) state(node interface {
 }
 
 // openBound opens room on both sides and waits until prefill bound it.
-func (n *nodes) openBound(room poll.RoomID) poll.Key {
+func (n *nodes) openBound(id poll.RoomID) poll.Key {
 	n.t.Helper()
-	if _, err := n.pre.Open(room, 0, 0); err != nil {
+	if _, err := n.pre.Open(id, 0, 0); err != nil {
 		n.t.Fatal(err)
 	}
-	nonce, err := n.dec.Open(room, nPrefill, 1)
+	nonce, err := n.dec.Open(id, nPrefill, 1)
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	if err := n.dec.SendMetadata(room, conn.MetadataRequest{Rank: conn.Rank{Size: 1}, DstPages: &pdlinkv1.PageList{Indices: []int32{1, 2, 3}}}); err != nil {
+	if err := n.dec.SendMetadata(id, room.MetadataRequest{Rank: room.Rank{Size: 1}, DstPages: &pdlinkv1.PageList{Indices: []int32{1, 2, 3}}}); err != nil {
 		n.t.Fatal(err)
 	}
-	k := poll.Key{Room: room, Nonce: nonce}
+	k := poll.Key{Room: id, Nonce: nonce}
 	if !n.until(2*time.Second, func() bool { return n.preDP.bound(k) > 0 }) {
-		n.t.Fatalf("room %d never bound on prefill (prefill %v, decode %v)", room, n.state(n.pre, room), n.state(n.dec, room))
+		n.t.Fatalf("room %d never bound on prefill (prefill %v, decode %v)", id, n.state(n.pre, id), n.state(n.dec, id))
 	}
 	return k
 }

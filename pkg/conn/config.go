@@ -51,10 +51,9 @@ type Config struct {
 	// Seed seeds the retransmit jitter (0: random).
 	Seed uint64
 
-	frameHook func(FrameType) // tests: fault injection before each frame
-	// performHook (tests) runs on the stepping goroutine after the table
-	// lock is released, before the batch's effects are performed.
-	performHook func([]poll.Effect)
+	// FrameHook (tests: fault injection) runs before each received frame is
+	// handled, on the worker that read it.
+	FrameHook func(FrameType)
 }
 
 // DefaultConfig returns the defaults for every zero field.

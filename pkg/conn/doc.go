@@ -1,8 +1,8 @@
-// Package conn is pdlink's daemon-to-daemon control plane: frames, the
-// reliable session layer above a best-effort Transport, peers and
-// heartbeats, and the two room owners (PrefillNode in prefilld, DecodeNode
-// in decoded) that turn frames, scheduler calls and data-plane callbacks
-// into events for a poll.Table.
+// Package conn is pdlink's daemon-to-daemon link: frames, the reliable
+// session layer above a best-effort Transport, peers and heartbeats. It
+// carries the frames of the room owners (package room: PrefillOwner in
+// prefilld, DecodeOwner in decoded) and never imports them: it delivers to
+// an owner through the RoomSide it is given and sends what the owner asks.
 //
 // # Layers
 //
@@ -11,35 +11,31 @@
 //	                          reordering, delay, partition, listener death)
 //	Codec (codec.go)          Envelope <-> bytes; size, version, MAC
 //	                          (Authenticator hook, NoAuth default) and the
-//	                          validity rules of wire.proto/common.proto;
-//	                          every error maps to a RejectReason
+//	                          validity rules of wire.proto/common.proto
+//	                          (validate.go); every error maps to a
+//	                          RejectReason
 //	reliable (reliable.go)    seq per (instance, epoch); ACK per frame with
 //	                          seq; retransmit with exponential backoff and
 //	                          jitter until the ACK or the frame's give-up
 //	                          deadline; a dedupe window per peer incarnation
 //	                          re-acks duplicates without re-applying them
-//	links (link.go,           the transport side of a node: sockets and
-//	link_prefill.go,          sessions, frame intake, reliable sends,
-//	link_decode.go,           peers (prefill: registry by instance, id and
-//	goodbye.go,               endpoint; decode: one session per prefill
-//	supervisor.go)            address, REGISTER), heartbeats and liveness,
-//	                          GOODBYE and departures
-//	rooms (core.go, fence.go, one poll.Table behind one mutex; transitions
-//	read.go, drain.go,        published under it, other effects performed
-//	prefill.go,               outside it; fences, parked calls, Watch,
-//	prefill_frames.go,        drain; the room frames (METADATA, ABORT,
-//	decode.go,                STATUS, ABORT_ACK) and the scheduler and
-//	decode_rooms.go,          data-plane calls
-//	dataplane.go)
+//	links (link.go,           sockets and sessions, frame intake, reliable
+//	link_prefill.go,          sends, peers (PrefillLink: registry by
+//	link_decode.go,           instance, id and endpoint; DecodeLink: one
+//	goodbye.go, peer.go,      session per prefill address, REGISTER),
+//	supervisor.go,            heartbeats and liveness, GOODBYE and
+//	counters.go, clock.go)    departures; the supervisor of the node's
+//	                          workers, counters, the node's Clock
 //
-// The seam between the two is one place (link.go): a link delivers to its
-// room side only through roomSide (frameIn, whose answer is the frame's
-// ACK; peerLost, peerRestarted, peerGone; liveRooms for heartbeats), as a
-// direct call on the goroutine that read the frame or on the tick worker;
-// the room side reaches peers only through its link (target handles,
-// linkBase.send, decodeLink.sendFollowing/session, peerInfos, counters).
-// The owner goroutine of pkg/room's PLAN (step 3) replaces the direct
-// calls by a bounded event queue.
+// The seam is one place (link.go): a link delivers to its room side only
+// through RoomSide (FrameIn, whose answer is the frame's ACK; PeerLost,
+// PeerRestarted, PeerGone; LiveRooms for heartbeats), as a direct call on
+// the goroutine that read the frame or on the tick worker; the room side
+// reaches peers only through its link (Target handles, Link.Send,
+// DecodeLink.SendFollowing/Session, Peers, Counters). Package room turns
+// each delivery into an input of its owner goroutine and the reader waits
+// for the answer, at most for the owner's CPU; the reader still sends the
+// ACK itself (PLAN step 3 leaves ACK as an owner effect for later).
 //
 // # Protocol
 //
@@ -97,33 +93,6 @@
 // RejectReason; unknown_peer means register and retry). Only final answers
 // enter the dedupe window, so a retried NOT_OPEN frame is processed again.
 //
-// # Fences and aborting (I9)
-//
-// A room that fails is fenced: the node asks its data plane to stop the
-// room's worker (Fence) and never waits for it. Fence answers done when
-// no worker holds the room; otherwise the data plane calls Fenced(key)
-// once the worker let go, from any goroutine. Until then the room is
-// Failed inside the table but the scheduler keeps seeing its previous
-// state (Poll, Get's Visible, List, Watch, the errors of Send and
-// SendMetadata, Clear answering not terminal); at Fenced its Failed is
-// published. So a stalled data write delays only its own room's Failed:
-// the socket readers, the tick loop (heartbeats, deadlines) and every
-// other room go on, and the peer hears the failure at once (its own
-// fence covers its side). A Fence that panics is recovered, counted and
-// called again on the next tick.
-//
-// Abort is the one call that waits for a fence: it fails the room, then
-// is parked until the room's Failed is visible, so its caller reads
-// Failed right after it returns (the gRPC Abort answers Failed, as it
-// always did). The wait is bounded by the caller's ctx, never by a
-// socket reader: when ctx ends first Abort returns ctx's error, the abort
-// stands, and Failed shows once fenced. A second Abort of a room already
-// failed returns poll.ErrTerminal at once, whatever is visible; a node
-// that stops releases parked calls with ErrClosedNode.
-//
-// Watch (Subscribe) sees each room's transitions in table order: they are
-// published while the table lock is held, by a send that never blocks.
-//
 // # Hostile input (R12)
 //
 // A frame over Limits.MaxFrameBytes, one that does not decode, speaks
@@ -135,56 +104,31 @@
 //
 // # Goroutines and locks
 //
-// Each node runs, under a supervisor that recovers panics, logs them at
-// Error, counts them (Counters.WorkerRestarts) and restarts the worker with
-// backoff (R6):
-//   - the tick worker (core.go, the room side's): poll Tick and fence
-//     retries, then the link's retransmits, heartbeats and peer liveness;
-//   - prefill: one listener worker (the link's, link_prefill.go), the only
-//     reader of the bootstrap socket (re-binds the address if the socket
-//     dies); the room frames it reads run the room side on it;
-//   - decode: one worker per prefill address (the link's, link_decode.go),
-//     the only reader of its Conn (dials again if the Conn dies, then
-//     registers again); the room frames it reads run the room side on it.
+// The link's workers run under its supervisor (Link.Go), which recovers
+// panics, logs them at Error, counts them (Counters.WorkerRestarts) and
+// restarts the worker with backoff (R6):
+//   - prefill: one listener worker (PrefillLink.Listen), the only reader
+//     of the bootstrap socket (re-binds the address if the socket dies);
+//     the room frames it reads run the room side on it;
+//   - decode: one worker per prefill address (DecodeLink.Session), the
+//     only reader of its Conn (dials again if the Conn dies, then
+//     registers again); the room frames it reads run the room side on it;
+//   - the room side's tick worker (package room) runs under the same
+//     supervisor and calls Link.Tick: retransmits, heartbeats, liveness.
 //
 // So a room side that blocks in a delivery holds that reader (its peer's
 // frames wait), never the tick worker: heartbeats keep leaving and the
-// peer keeps counting this node up.
-//
-// Scheduler calls and data-plane callbacks run on their callers'
-// goroutines; no goroutine of the node waits for a fence. Locks: the table
-// mutex, the peer/session mutex, the outbox mutex and the fence mutex are
-// never held together; the subscriber mutex is taken only alone or inside
-// the table mutex (publication, which never blocks). No data-plane or
-// transport call is made under any of them (except the transport sends of
-// MemNetwork, which never block).
+// peer keeps counting this node up. The peer/session mutex and the outbox
+// mutex are never held together, and no transport call is made under
+// either (except the sends of MemNetwork, which never block).
 //
 // Time comes from a Clock: RealClock in the daemons, FakeClock in tests,
-// which makes every scenario deterministic (the table's time is nanoseconds
-// since the node started).
+// which makes every scenario deterministic (node time, Link.Now, is
+// nanoseconds since the link was made).
 //
 // # Usage
 //
-// The daemon (and its gRPC services) must:
-//
-//  1. Build the node with NewPrefillNode/NewDecodeNode (Transport, Logger,
-//     poll limits, timings in Config; a data plane adapter), then Start it
-//     before any other call. On shutdown call Shutdown (bounded by the
-//     drain: rooms fail with shutdown, the peers are told until they
-//     acknowledge, then hear GOODBYE), then Close (which alone tells them
-//     once).
-//  2. Map scheduler calls: prefill Open/FirstSend/Abort/Clear/Poll/Get/List;
-//     decode Open (returns the nonce)/SendMetadata/Abort/Clear/Poll/Get/List;
-//     pass Abort the caller's ctx (it may wait for the fence).
-//     Errors are poll's or this package's sentinels; map them to gRPC codes
-//     at the service edge.
-//  3. Route data-plane callbacks to the node: OnProgress, OnFailed,
-//     Fenced for a Fence that answered not done, and on decode OnRankDone
-//     once a rank's pages and aux row are verified (I8). The data plane's
-//     Fence must be sticky and must not wait (see PrefillDataPlane).
-//  4. Serve Watch from Subscribe (bounded; Dropped counts what a slow
-//     reader missed) and metrics from Stats (rooms) and Counters (frames,
-//     rejects, retransmits, peers, restarts).
-//
-// The ZeroMQ implementation of Transport lives in package zmtp.
+// Package room builds the links (NewPrefillLink, NewDecodeLink) with the
+// node's Config and its RoomSide; the daemons build the room owners, not
+// links. The ZeroMQ implementation of Transport lives in package zmtp.
 package conn

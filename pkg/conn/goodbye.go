@@ -43,7 +43,7 @@ func (c *core) sayGoodbye(ctx context.Context) {
 		env := &pdlinkv1.Envelope{Body: &pdlinkv1.Envelope_Goodbye{Goodbye: &pdlinkv1.Goodbye{}}}
 		// Any answer ends it: unknown_peer means the peer does not count
 		// us either, and must not make us register again.
-		c.sendReliable(t, env, poll.Key{}, giveUp, nil, func(poll.PeerID, ackResult) bool {
+		c.sendReliable(t, env, poll.Key{}, giveUp, nil, func(poll.PeerID, AckResult) bool {
 			c.hooks.farewell(t)
 			return true
 		})
@@ -56,26 +56,4 @@ func (c *core) sayGoodbye(ctx context.Context) {
 		c.log.Warn("goodbye not acknowledged by every peer, they will count us lost",
 			zap.Int("unacknowledged", c.out.pendingOf(FrameGoodbye)))
 	}
-}
-
-// peerDeparted forgets the peer behind id, which said goodbye: rooms still
-// bound to it fail as if its shutdown ABORT had arrived (aborted:remote,
-// peer reason shutdown), frames queued for it are dropped, and it is
-// counted as a goodbye, not as lost.
-func (c *core) peerDeparted(id poll.PeerID, fields ...zap.Field) {
-	dropped := c.lk.departed(id)
-	rooms := c.roomsBoundTo(id)
-	c.log.Info("peer said goodbye", append(fields, zap.Uint32("peer", uint32(id)),
-		zap.Int("rooms_failed", len(rooms)), zap.Int("frames_dropped", dropped))...)
-	for _, k := range rooms {
-		_ = c.step(poll.Event{Kind: poll.EvAbortRemote, Key: k, Peer: id, Reason: poll.ReasonShutdown})
-	}
-}
-
-// doneContext is an already cancelled context: Close says goodbye once
-// without waiting.
-func doneContext() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
 }

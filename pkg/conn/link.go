@@ -2,7 +2,9 @@ package conn
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -11,90 +13,228 @@ import (
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
-// The link/room seam. A link (prefillLink in link_prefill.go, decodeLink in
-// link_decode.go) owns the transport side: sockets and sessions, the codec,
-// validation, reliable delivery (reliable.go: seq, ACK, retransmit,
+// The link/room seam. A link (PrefillLink in link_prefill.go, DecodeLink
+// in link_decode.go) owns the transport side: sockets and sessions, the
+// codec, validation, reliable delivery (reliable.go: seq, ACK, retransmit,
 // dedupe), peers, REGISTER, heartbeats and liveness, GOODBYE and
-// departures. The room side (PrefillNode, DecodeNode with core.go,
-// fence.go, read.go, drain.go and the room frame handlers) owns the
-// poll.Table and everything that steps it. The link reaches the room side
-// only through roomSide; the room side reaches peers only through its
-// link's methods (target, sendFollowing, session, peers, counters) and the
-// opaque target handles the link hands it.
+// departures. The room side (package room) owns the poll.Table and
+// everything that steps it. The link reaches the room side only through
+// RoomSide; the room side reaches peers only through its link's methods
+// (Target, SendFollowing, Session, Peers, Counters) and the opaque Target
+// handles the link hands it.
 
-// linkBase is the link machinery both links share and the calls the room
-// code (core.go, fence.go, read.go, drain.go, the room frame handlers)
-// makes into it: reliable sends, the REGISTER wait of rebound rooms and
-// the unacknowledged room notices a drain waits for. The codec, outbox,
-// counters and supervisor are still fields of core; only link code and
-// these methods touch them.
-type linkBase struct{ *core }
+// linkHooks are what the shared link machinery asks of its side's link.
+type linkHooks interface {
+	// maintain sends heartbeats and declares peers lost (tick worker).
+	maintain(now int64)
+	// unknownToPeer: the peer behind dest answered unknown_peer (it forgot
+	// us): register again (decode); nothing to do on prefill.
+	unknownToPeer(dest Target)
+	// goodbyeTargets are the peers to tell that this node is leaving.
+	goodbyeTargets() []Target
+	// farewell: the peer behind dest acknowledged our GOODBYE; no more
+	// heartbeats to it, and it is not declared lost.
+	farewell(dest Target)
+}
 
-// send sends env reliably to dest until it is acknowledged or giveUp.
-func (l linkBase) send(dest target, env *pdlinkv1.Envelope, key poll.Key, giveUp int64) {
+// core is the link machinery both links share: config, clock, codec,
+// reliable outbox, counters, the supervisor of the node's workers.
+type core struct {
+	cfg   Config
+	log   *zap.Logger
+	clock Clock
+	start time.Time
+	codec *Codec
+	ctr   counters
+	out   *outbox
+	hooks linkHooks
+
+	sup     *supervisor
+	ctx     context.Context // the workers' context, set by StartWorkers
+	cancel  context.CancelFunc
+	started atomic.Bool
+	closed  atomic.Bool
+	// saidGoodbye: GOODBYE went to the peers (goodbye.go); the node is
+	// leaving and keeps quiet.
+	saidGoodbye atomic.Bool
+
+	limiter logLimiter
+
+	// frameHook, if set (tests, from Config.FrameHook), runs before each
+	// received frame is handled.
+	frameHook func(FrameType)
+}
+
+func newCore(cfg Config, side poll.Side) (*core, error) {
+	cfg, err := cfg.withDefaults(side)
+	if err != nil {
+		return nil, err
+	}
+	c := &core{
+		cfg:       cfg,
+		log:       cfg.Logger.With(zap.String("side", side.String()), zap.String("instance", cfg.Instance)),
+		clock:     cfg.Clock,
+		start:     cfg.Clock.Now(),
+		codec:     &Codec{Limits: cfg.Limits, Auth: cfg.Auth},
+		out:       newOutbox(cfg.RetryBase, cfg.RetryMax, cfg.Seed),
+		frameHook: cfg.FrameHook,
+	}
+	c.limiter.clock = c.clock
+	return c, nil
+}
+
+// now is the node's monotonic time in nanoseconds (the table's time).
+func (c *core) now() int64 { return int64(c.clock.Now().Sub(c.start)) }
+
+// wall converts node time to wall time.
+func (c *core) wall(ns int64) time.Time { return c.start.Add(time.Duration(ns)) }
+
+// Link is the link machinery both links share and the calls the room side
+// makes into it: the node's config, clock and workers, reliable sends,
+// the REGISTER wait of rebound rooms, the unacknowledged room notices a
+// drain waits for, GOODBYE. PrefillLink and DecodeLink embed it.
+type Link struct{ *core }
+
+// Config is the node's config with every default filled in.
+func (l Link) Config() Config { return l.cfg }
+
+// Logger is the node's logger (side and instance fields set).
+func (l Link) Logger() *zap.Logger { return l.log }
+
+// Clock is the node's clock.
+func (l Link) Clock() Clock { return l.clock }
+
+// Now is the node's monotonic time in nanoseconds (the table's time).
+func (l Link) Now() int64 { return l.now() }
+
+// Wall converts node time to wall time.
+func (l Link) Wall(ns int64) time.Time { return l.wall(ns) }
+
+// StartWorkers starts the supervisor of the node's workers; Go runs one
+// under it.
+func (l Link) StartWorkers() {
+	ctx, cancel := context.WithCancel(context.Background())
+	l.ctx, l.cancel = ctx, cancel
+	l.sup = &supervisor{ctx: ctx, clock: l.clock, log: l.log, restarts: &l.ctr.restarts}
+	l.started.Store(true)
+}
+
+// Go runs fn as a supervised worker (R6): a panic or an error is logged,
+// counted in WorkerRestarts and fn runs again after a backoff.
+func (l Link) Go(name string, fn func(ctx context.Context) error) { l.sup.Go(name, fn) }
+
+// StopWorkers cancels every worker and waits for them.
+func (l Link) StopWorkers() {
+	if l.cancel != nil {
+		l.cancel()
+		l.sup.Wait()
+	}
+}
+
+// Started reports whether StartWorkers ran.
+func (l Link) Started() bool { return l.started.Load() }
+
+// MarkClosed marks the node closed (no new sessions) and reports whether
+// this call did it.
+func (l Link) MarkClosed() bool { return l.closed.CompareAndSwap(false, true) }
+
+// Closed reports whether the node is closed.
+func (l Link) Closed() bool { return l.closed.Load() }
+
+// Tick resends due reliable frames, abandons expired ones, sends
+// heartbeats and declares silent peers lost (the tick worker).
+func (l Link) Tick(now int64) {
+	l.retransmit(now)
+	l.hooks.maintain(now)
+}
+
+// CountWorkerRestart counts a room-side worker call recovered from a panic
+// (a data-plane fence) in WorkerRestarts.
+func (l Link) CountWorkerRestart() { l.ctr.restarts.Add(1) }
+
+// CountWatchDropped counts a transition a slow subscriber missed.
+func (l Link) CountWatchDropped() { l.ctr.dropped.Add(1) }
+
+// Send sends env reliably to dest until it is acknowledged or giveUp.
+func (l Link) Send(dest Target, env *pdlinkv1.Envelope, key poll.Key, giveUp int64) {
 	l.sendReliable(dest, env, key, giveUp, nil, nil)
 }
 
-// rebound marks the frames about key to go again as soon as their peer
+// Rebound marks the frames about key to go again as soon as their peer
 // acknowledges our REGISTER (poll moved the room to a restarted peer's
 // new instance).
-func (l linkBase) rebound(key poll.Key) { l.out.awaitRegister(key) }
+func (l Link) Rebound(key poll.Key) { l.out.awaitRegister(key) }
 
-// unackedRoomFrames counts the frames about rooms not acknowledged yet.
-func (l linkBase) unackedRoomFrames() int { return l.out.roomFrames() }
+// UnackedRoomFrames counts the frames about rooms not acknowledged yet.
+func (l Link) UnackedRoomFrames() int { return l.out.roomFrames() }
 
-// frameAcked is closed the next time a frame leaves the outbox.
-func (l linkBase) frameAcked() <-chan struct{} {
+// UnackedFrames counts the reliable frames not acknowledged yet.
+func (l Link) UnackedFrames() int { return l.out.len() }
+
+// SetJitterSource replaces the source of the retransmit jitter (tests: a
+// constant source makes the backoff of frames due in one tick independent
+// of the order the outbox visits them in).
+func (l Link) SetJitterSource(src rand.Source) {
+	l.out.mu.Lock()
+	defer l.out.mu.Unlock()
+	l.out.rng = rand.New(src)
+}
+
+// FrameAcked is closed the next time a frame leaves the outbox.
+func (l Link) FrameAcked() <-chan struct{} {
 	l.out.mu.Lock()
 	defer l.out.mu.Unlock()
 	return l.out.removed
 }
 
-// awaitRoomFramesAcked waits until every frame about a room is
+// AwaitRoomFramesAcked waits until every frame about a room is
 // acknowledged (or given up), or ctx ends.
-func (l linkBase) awaitRoomFramesAcked(ctx context.Context) {
+func (l Link) AwaitRoomFramesAcked(ctx context.Context) {
 	l.out.waitUntil(ctx, func() bool { return l.out.roomFrames() == 0 })
 }
 
-// departed forgets what is queued for a peer that said goodbye, counts
+// Departed forgets what is queued for a peer that said goodbye, counts
 // the goodbye and returns the number of frames dropped.
-func (l linkBase) departed(id poll.PeerID) int {
+func (l Link) Departed(id poll.PeerID) int {
 	l.ctr.peerGoodbyes.Add(1)
 	return l.out.cancelPeer(id)
 }
 
-// roomSide is what a link delivers to its room side and asks of it. Every
+// SayGoodbye tells the peers this node is leaving (goodbye.go).
+func (l Link) SayGoodbye(ctx context.Context) { l.sayGoodbye(ctx) }
+
+// RoomSide is what a link delivers to its room side and asks of it. Every
 // delivery is a direct call on the goroutine that read the frame (the
-// listener worker, a session's receive worker) or on the tick worker; the
-// owner goroutine of PLAN step 3 turns these calls into Events. A peer's
-// frames are delivered one at a time in the order its connection
-// delivered them, duplicates never.
-type roomSide interface {
-	// frameIn is a valid, non-duplicate room frame (METADATA, ABORT,
+// listener worker, a session's receive worker) or on the tick worker
+// (package room hands it to its owner goroutine and waits for the
+// answer). A peer's frames are delivered one at a time in the order its
+// connection delivered them, duplicates never.
+type RoomSide interface {
+	// FrameIn is a valid, non-duplicate room frame (METADATA, ABORT,
 	// STATUS, ABORT_ACK, or one this side never receives) from the peer
 	// behind from; its answer is the frame's ACK. from is the handle to
 	// send replies about the frame to.
-	frameIn(from target, ft FrameType, env *pdlinkv1.Envelope) ackResult
-	// peerLost: the peer id was silent for HeartbeatMisses intervals.
-	peerLost(id poll.PeerID)
-	// peerRestarted: a new incarnation replaced old. On decode the
+	FrameIn(from Target, ft FrameType, env *pdlinkv1.Envelope) AckResult
+	// PeerLost: the peer id was silent for HeartbeatMisses intervals.
+	PeerLost(id poll.PeerID)
+	// PeerRestarted: a new incarnation replaced old. On decode the
 	// session goes on as id (REGISTER to it already on its way); on
 	// prefill id is NoPeer (the new one registered as a new peer). The
 	// old incarnation's queued frames are dropped (before this call on
 	// prefill, right after it on decode).
-	peerRestarted(old, id poll.PeerID)
-	// peerGone: the peer id said goodbye; the link forgot it.
-	peerGone(id poll.PeerID, fields ...zap.Field)
-	// liveRooms is the live-room count heartbeats carry.
-	liveRooms() uint32
+	PeerRestarted(old, id poll.PeerID)
+	// PeerGone: the peer id said goodbye; the link forgot it.
+	PeerGone(id poll.PeerID, fields ...zap.Field)
+	// LiveRooms is the live-room count heartbeats carry.
+	LiveRooms() uint32
 }
 
 // finishFrame counts a rejection, remembers a final answer and sends it.
-func (c *core) finishFrame(dest target, from string, seq uint64, a ackResult, remember func(uint64, ackResult)) {
-	if a.result == pdlinkv1.AckResult_ACK_RESULT_REJECTED {
+func (c *core) finishFrame(dest Target, from string, seq uint64, a AckResult, remember func(uint64, AckResult)) {
+	if a.Result == pdlinkv1.AckResult_ACK_RESULT_REJECTED {
 		r := RejectInvalid
 		for _, x := range AllRejectReasons() {
-			if x.String() == a.reason {
+			if x.String() == a.Reason {
 				r = x
 			}
 		}
@@ -110,7 +250,7 @@ func (c *core) finishFrame(dest target, from string, seq uint64, a ackResult, re
 }
 
 // sendHeartbeat sends one HEARTBEAT (best effort) carrying live rooms.
-func (c *core) sendHeartbeat(dest target, live uint32) {
+func (c *core) sendHeartbeat(dest Target, live uint32) {
 	env := c.envelope(0)
 	env.Body = &pdlinkv1.Envelope_Heartbeat{Heartbeat: &pdlinkv1.Heartbeat{LiveRooms: live}}
 	_, _ = c.transmit(dest, env)
@@ -125,7 +265,7 @@ func (c *core) envelope(seq uint64) *pdlinkv1.Envelope {
 }
 
 // transmit encodes env and sends one copy.
-func (c *core) transmit(dest target, env *pdlinkv1.Envelope) ([]byte, error) {
+func (c *core) transmit(dest Target, env *pdlinkv1.Envelope) ([]byte, error) {
 	frame, err := c.codec.Encode(env)
 	if err != nil {
 		c.ctr.sendErrors.Add(1)
@@ -136,7 +276,7 @@ func (c *core) transmit(dest target, env *pdlinkv1.Envelope) ([]byte, error) {
 	return frame, nil
 }
 
-func (c *core) send(dest target, env *pdlinkv1.Envelope, frame []byte) {
+func (c *core) send(dest Target, env *pdlinkv1.Envelope, frame []byte) {
 	if ft, ok := FrameTypeOf(env); ok {
 		c.ctr.frames[Sent][ft].Add(1)
 	}
@@ -148,7 +288,7 @@ func (c *core) send(dest target, env *pdlinkv1.Envelope, frame []byte) {
 
 // sendReliable sends env (body set) with a fresh seq and keeps it for
 // retransmission until acknowledged or giveUp (node time).
-func (c *core) sendReliable(dest target, env *pdlinkv1.Envelope, key poll.Key, giveUp int64, want func() bool, onAck func(poll.PeerID, ackResult) bool) {
+func (c *core) sendReliable(dest Target, env *pdlinkv1.Envelope, key poll.Key, giveUp int64, want func() bool, onAck func(poll.PeerID, AckResult) bool) {
 	ft, _ := FrameTypeOf(env)
 	p := &pending{ft: ft, dest: dest, key: key, giveUp: giveUp, want: want, onAck: onAck}
 	now := c.now()
@@ -205,9 +345,9 @@ func (c *core) resendRegistered(id poll.PeerID) {
 }
 
 // sendAck answers a reliable frame.
-func (c *core) sendAck(dest target, seq uint64, a ackResult) {
+func (c *core) sendAck(dest Target, seq uint64, a AckResult) {
 	env := c.envelope(0)
-	env.Body = &pdlinkv1.Envelope_Ack{Ack: &pdlinkv1.Ack{AckedSeq: seq, Result: a.result, Reason: a.reason}}
+	env.Body = &pdlinkv1.Envelope_Ack{Ack: &pdlinkv1.Ack{AckedSeq: seq, Result: a.Result, Reason: a.Reason}}
 	_, _ = c.transmit(dest, env)
 }
 
@@ -217,7 +357,7 @@ func (c *core) handleAck(from poll.PeerID, a *pdlinkv1.Ack) {
 	if p == nil {
 		return // a duplicate ACK, or for a frame already given up
 	}
-	res := ackResult{result: a.GetResult(), reason: a.GetReason()}
+	res := AckResult{Result: a.GetResult(), Reason: a.GetReason()}
 	if p.onAck == nil && !res.final() {
 		// unknown_peer: the frame was not applied; register, then retry.
 		c.hooks.unknownToPeer(p.dest)

@@ -11,37 +11,48 @@ import (
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
-// decodeLink is decoded's link: one session per prefill address (dialed
+// DecodeLink is decoded's link: one session per prefill address (dialed
 // lazily, registered first, registered again after the prefill restarts),
 // heartbeats and liveness, dedupe per prefill incarnation, GOODBYE and
 // departures. It reaches the room side only through room.
 //
-// The codec, outbox, counters, clock, log and supervisor it uses are still
-// fields of the shared core (the room table's neighbour); only link code
-// touches them outside the core's own retransmit and drain waits.
-type decodeLink struct {
-	linkBase
+// The codec, outbox, counters, clock, log and supervisor it uses are the
+// shared Link's.
+type DecodeLink struct {
+	Link
 	dataEndpoint string
 	layouts      func() []*pdlinkv1.RegionLayout
-	room         roomSide
+	room         RoomSide
 
 	smu      sync.Mutex
-	sessions map[string]*prefillSession // by bootstrap address
-	byID     map[poll.PeerID]*prefillSession
+	sessions map[string]*PrefillSession // by bootstrap address
+	byID     map[poll.PeerID]*PrefillSession
 	nextID   poll.PeerID
-	departed map[*prefillSession]int64 // said goodbye: Conn open until then + a heartbeat bound
+	departed map[*PrefillSession]int64 // said goodbye: Conn open until then + a heartbeat bound
 }
 
-func newDecodeLink(c *core, dataEndpoint string, layouts func() []*pdlinkv1.RegionLayout, room roomSide) *decodeLink {
-	return &decodeLink{linkBase: linkBase{c}, dataEndpoint: dataEndpoint, layouts: layouts, room: room,
-		sessions: make(map[string]*prefillSession), byID: make(map[poll.PeerID]*prefillSession)}
+// NewDecodeLink returns the link of a decode node whose data listener is
+// dataEndpoint (sent in REGISTER with the layouts read at each REGISTER).
+// It delivers to room.
+func NewDecodeLink(cfg Config, dataEndpoint string, layouts func() []*pdlinkv1.RegionLayout, room RoomSide) (*DecodeLink, error) {
+	if err := validateEndpoint(dataEndpoint, cfg.Limits.withDefaults()); err != nil {
+		return nil, fmt.Errorf("%w: DataEndpoint: %v", ErrBadArgument, err)
+	}
+	c, err := newCore(cfg, poll.Decode)
+	if err != nil {
+		return nil, err
+	}
+	l := &DecodeLink{Link: Link{c}, dataEndpoint: dataEndpoint, layouts: layouts, room: room,
+		sessions: make(map[string]*PrefillSession), byID: make(map[poll.PeerID]*PrefillSession)}
+	c.hooks = l
+	return l, nil
 }
 
-// prefillSession is the link to one prefill daemon address. Fields after
+// PrefillSession is the link to one prefill daemon address. Fields after
 // addr are guarded by the link's smu. The room side holds one only as an
 // opaque handle (Open re-reads its current peer id through the link).
-type prefillSession struct {
-	l           *decodeLink
+type PrefillSession struct {
+	l           *DecodeLink
 	addr        string
 	conn        Conn
 	id          poll.PeerID // the PeerID rooms bound to the current instance carry
@@ -61,11 +72,11 @@ type prefillSession struct {
 // sessTarget is a session at one PeerID: frames queued for an instance
 // that restarted are cancelled by that id.
 type sessTarget struct {
-	s  *prefillSession
+	s  *PrefillSession
 	id poll.PeerID
 }
 
-func (t sessTarget) peerID() poll.PeerID { return t.id }
+func (t sessTarget) PeerID() poll.PeerID { return t.id }
 
 func (t sessTarget) transmit(frame []byte) error { return t.s.transmit(frame) }
 
@@ -73,9 +84,9 @@ func (t sessTarget) transmit(frame []byte) error { return t.s.transmit(frame) }
 // talks to now. A METADATA goes there: when the prefill restarts, its room
 // moves to the new instance (poll.EvPeerReplaced) and the frame follows,
 // even one sent while the restart was being handled.
-type currentInstance struct{ s *prefillSession }
+type currentInstance struct{ s *PrefillSession }
 
-func (t currentInstance) peerID() poll.PeerID {
+func (t currentInstance) PeerID() poll.PeerID {
 	t.s.l.smu.Lock()
 	defer t.s.l.smu.Unlock()
 	return t.s.id
@@ -83,7 +94,7 @@ func (t currentInstance) peerID() poll.PeerID {
 
 func (t currentInstance) transmit(frame []byte) error { return t.s.transmit(frame) }
 
-func (s *prefillSession) transmit(frame []byte) error {
+func (s *PrefillSession) transmit(frame []byte) error {
 	s.l.smu.Lock()
 	c := s.conn
 	s.l.smu.Unlock()
@@ -93,8 +104,8 @@ func (s *prefillSession) transmit(frame []byte) error {
 	return c.Send(context.Background(), frame)
 }
 
-// session returns the session for addr, dialing it on first use.
-func (l *decodeLink) session(addr string) (*prefillSession, error) {
+// Session returns the session for addr, dialing it on first use.
+func (l *DecodeLink) Session(addr string) (*PrefillSession, error) {
 	l.smu.Lock()
 	s := l.sessions[addr]
 	if s != nil {
@@ -112,7 +123,7 @@ func (l *decodeLink) session(addr string) (*prefillSession, error) {
 	}
 	l.nextID++
 	sctx, cancel := context.WithCancel(l.ctx)
-	s = &prefillSession{l: l, addr: addr, conn: conn, cancel: cancel, id: l.nextID, lastHeard: l.now(), up: true, dd: newDedupe(l.cfg.DedupeWindow)}
+	s = &PrefillSession{l: l, addr: addr, conn: conn, cancel: cancel, id: l.nextID, lastHeard: l.now(), up: true, dd: newDedupe(l.cfg.DedupeWindow)}
 	l.sessions[addr], l.byID[s.id] = s, s
 	l.smu.Unlock()
 	l.log.Info("prefill session opened", zap.String("addr", addr), zap.Uint32("peer", uint32(s.id)))
@@ -121,35 +132,38 @@ func (l *decodeLink) session(addr string) (*prefillSession, error) {
 	return s, nil
 }
 
-// currentPeer is the PeerID of the instance the session talks to now.
-func (l *decodeLink) currentPeer(s *prefillSession) poll.PeerID {
+// CurrentPeer is the PeerID of the instance the session talks to now.
+func (l *DecodeLink) CurrentPeer(s *PrefillSession) poll.PeerID {
 	l.smu.Lock()
 	defer l.smu.Unlock()
 	return s.id
 }
 
-// sessionOf returns the session whose instance is (or was, until its
+// SessionOf returns the session whose instance is (or was, until its
 // rooms moved) id.
-func (l *decodeLink) sessionOf(id poll.PeerID) (*prefillSession, bool) {
+func (l *DecodeLink) SessionOf(id poll.PeerID) (*PrefillSession, bool) {
 	l.smu.Lock()
 	defer l.smu.Unlock()
 	s := l.byID[id]
 	return s, s != nil
 }
 
-// target returns where a frame to the prefill instance id goes, or false
+// Target returns where a frame to the prefill instance id goes, or false
 // once that instance is gone (restarted or said goodbye).
-func (l *decodeLink) target(id poll.PeerID) (sessTarget, bool) {
-	s, ok := l.sessionOf(id)
-	return sessTarget{s: s, id: id}, ok
+func (l *DecodeLink) Target(id poll.PeerID) (Target, bool) {
+	s, ok := l.SessionOf(id)
+	if !ok {
+		return nil, false
+	}
+	return sessTarget{s: s, id: id}, true
 }
 
-// sendFollowing sends env reliably to whichever instance the session talks
+// SendFollowing sends env reliably to whichever instance the session talks
 // to when each copy leaves (a METADATA follows its room across a prefill
 // restart). An unknown_peer answer registers again and retries; every
 // other answer goes to onAck, which returns false to retry.
-func (l *decodeLink) sendFollowing(s *prefillSession, env *pdlinkv1.Envelope, key poll.Key, giveUp int64, want func() bool, onAck func(poll.PeerID, ackResult) bool) {
-	l.sendReliable(currentInstance{s: s}, env, key, giveUp, want, func(from poll.PeerID, a ackResult) bool {
+func (l *DecodeLink) SendFollowing(s *PrefillSession, env *pdlinkv1.Envelope, key poll.Key, giveUp int64, want func() bool, onAck func(poll.PeerID, AckResult) bool) {
+	l.sendReliable(currentInstance{s: s}, env, key, giveUp, want, func(from poll.PeerID, a AckResult) bool {
 		if a.unknownPeer() {
 			l.register(s) // prefill forgot us (restart or long loss): register, then retry
 			return false
@@ -161,7 +175,7 @@ func (l *decodeLink) sendFollowing(s *prefillSession, env *pdlinkv1.Envelope, ke
 // run is the supervised receive worker of a session: the reconnect loop.
 // A dead Conn makes it fail; the supervisor runs it again, which dials
 // again (with backoff) and registers again.
-func (s *prefillSession) run(ctx context.Context) error {
+func (s *PrefillSession) run(ctx context.Context) error {
 	l := s.l
 	if ctx.Err() != nil {
 		return nil // the session was closed (its prefill said goodbye)
@@ -203,7 +217,7 @@ func (s *prefillSession) run(ctx context.Context) error {
 
 // register sends REGISTER to the session's prefill unless one is already
 // on its way. It is retried until acknowledged.
-func (l *decodeLink) register(s *prefillSession) {
+func (l *DecodeLink) register(s *PrefillSession) {
 	if l.saidGoodbye.Load() {
 		return // leaving: an unknown_peer answer must not make us a peer again
 	}
@@ -218,20 +232,20 @@ func (l *decodeLink) register(s *prefillSession) {
 	env := &pdlinkv1.Envelope{Body: &pdlinkv1.Envelope_Register{Register: &pdlinkv1.Register{
 		InstanceId: l.cfg.Instance, DataEndpoint: l.dataEndpoint, Layouts: l.layouts()}}}
 	forever := int64(1) << 62
-	l.sendReliable(t, env, poll.Key{}, forever, nil, func(_ poll.PeerID, a ackResult) bool {
+	l.sendReliable(t, env, poll.Key{}, forever, nil, func(_ poll.PeerID, a AckResult) bool {
 		l.smu.Lock()
 		if s.id != t.id {
 			l.smu.Unlock()
 			return true // the prefill restarted meanwhile; a new REGISTER is on its way
 		}
 		s.registering = false
-		applied := a.result == pdlinkv1.AckResult_ACK_RESULT_APPLIED
+		applied := a.Result == pdlinkv1.AckResult_ACK_RESULT_APPLIED
 		if applied {
 			s.registered = true
 		}
 		l.smu.Unlock()
 		if !applied {
-			l.log.Error("prefill refused registration", zap.String("addr", s.addr), zap.String("reason", a.reason))
+			l.log.Error("prefill refused registration", zap.String("addr", s.addr), zap.String("reason", a.Reason))
 			return true
 		}
 		l.resendRegistered(t.id)
@@ -239,8 +253,8 @@ func (l *decodeLink) register(s *prefillSession) {
 	})
 }
 
-// closeSessions closes every session's Conn (the node stops).
-func (l *decodeLink) closeSessions() {
+// CloseSessions closes every session's Conn (the node stops).
+func (l *DecodeLink) CloseSessions() {
 	l.closeDeparted(0, true)
 	l.smu.Lock()
 	defer l.smu.Unlock()
@@ -252,8 +266,8 @@ func (l *decodeLink) closeSessions() {
 	}
 }
 
-// peerInfos returns the prefill daemons this link talks to.
-func (l *decodeLink) peerInfos() []PeerInfo {
+// Peers returns the prefill daemons this link talks to.
+func (l *DecodeLink) Peers() []PeerInfo {
 	l.smu.Lock()
 	defer l.smu.Unlock()
 	out := make([]PeerInfo, 0, len(l.sessions))
@@ -263,8 +277,8 @@ func (l *decodeLink) peerInfos() []PeerInfo {
 	return out
 }
 
-// counters returns the frame and peer counters.
-func (l *decodeLink) counters() Counters {
+// Counters returns the frame and peer counters.
+func (l *DecodeLink) Counters() Counters {
 	s := l.ctr.snapshot()
 	l.smu.Lock()
 	for _, x := range l.sessions {
@@ -274,7 +288,7 @@ func (l *decodeLink) counters() Counters {
 	return s
 }
 
-func (l *decodeLink) unknownToPeer(t target) {
+func (l *DecodeLink) unknownToPeer(t Target) {
 	if st, ok := t.(sessTarget); ok {
 		l.register(st.s)
 	}
@@ -282,7 +296,7 @@ func (l *decodeLink) unknownToPeer(t target) {
 
 // maintain sends heartbeats on every session (also to a lost prefill, so
 // it is found again) and declares silent ones lost (R10).
-func (l *decodeLink) maintain(now int64) {
+func (l *DecodeLink) maintain(now int64) {
 	l.closeDeparted(now, false)
 	bound := int64(l.cfg.HeartbeatMisses) * int64(l.cfg.HeartbeatInterval)
 	var lost []poll.PeerID
@@ -305,10 +319,10 @@ func (l *decodeLink) maintain(now int64) {
 	for _, id := range lost {
 		l.ctr.peerLost.Add(1)
 		l.log.Warn("peer lost", zap.Uint32("peer", uint32(id)))
-		l.room.peerLost(id)
+		l.room.PeerLost(id)
 	}
 	if len(hb) > 0 {
-		live := l.room.liveRooms()
+		live := l.room.LiveRooms()
 		for _, t := range hb {
 			l.sendHeartbeat(t, live)
 		}
@@ -320,7 +334,7 @@ func (l *decodeLink) maintain(now int64) {
 // again, and the room side moves or fails the rooms bound to the old
 // instance (R10). ACKs, heartbeats, duplicates and GOODBYE end here; the
 // other frames go to the room side.
-func (l *decodeLink) handle(s *prefillSession, frame []byte) {
+func (l *DecodeLink) handle(s *PrefillSession, frame []byte) {
 	env, ft, ok := l.decodeFrame(frame, s.addr)
 	if !ok {
 		return
@@ -354,7 +368,7 @@ func (l *decodeLink) handle(s *prefillSession, frame []byte) {
 		l.log.Info("peer is back", zap.String("addr", s.addr))
 	}
 	t := sessTarget{s: s, id: s.id}
-	var dupAck ackResult
+	var dupAck AckResult
 	dup := false
 	if seq != 0 {
 		dupAck, dup = s.dd.get(seq)
@@ -368,7 +382,7 @@ func (l *decodeLink) handle(s *prefillSession, frame []byte) {
 		// the new instance, which may have applied a frame of one before
 		// we saw the restart) follow it on the same connection.
 		l.register(s)
-		l.room.peerRestarted(restarted, t.id)
+		l.room.PeerRestarted(restarted, t.id)
 		// What is left for the old instance (its REGISTER, notices about
 		// its rooms) dies with it; METADATA follows the session.
 		l.out.cancelPeer(restarted)
@@ -381,7 +395,7 @@ func (l *decodeLink) handle(s *prefillSession, frame []byte) {
 		l.sendAck(t, seq, dupAck)
 		return
 	}
-	var a ackResult
+	var a AckResult
 	switch ft {
 	case FrameAck:
 		l.handleAck(t.id, env.GetAck())
@@ -391,9 +405,9 @@ func (l *decodeLink) handle(s *prefillSession, frame []byte) {
 	case FrameGoodbye:
 		a = l.handleGoodbye(s, t)
 	default:
-		a = l.room.frameIn(t, ft, env)
+		a = l.room.FrameIn(t, ft, env)
 	}
-	l.finishFrame(t, s.addr, seq, a, func(seq uint64, a ackResult) {
+	l.finishFrame(t, s.addr, seq, a, func(seq uint64, a AckResult) {
 		l.smu.Lock()
 		s.dd.put(seq, a)
 		l.smu.Unlock()
@@ -402,10 +416,10 @@ func (l *decodeLink) handle(s *prefillSession, frame []byte) {
 
 // goodbyeTargets are the prefill daemons that registered us and were
 // heard from within the heartbeat bound.
-func (l *decodeLink) goodbyeTargets() []target {
+func (l *DecodeLink) goodbyeTargets() []Target {
 	l.smu.Lock()
 	defer l.smu.Unlock()
-	var out []target
+	var out []Target
 	for _, s := range l.sessions {
 		if s.up && s.registered {
 			out = append(out, sessTarget{s: s, id: s.id})
@@ -414,7 +428,7 @@ func (l *decodeLink) goodbyeTargets() []target {
 	return out
 }
 
-func (l *decodeLink) farewell(t target) {
+func (l *DecodeLink) farewell(t Target) {
 	if st, ok := t.(sessTarget); ok {
 		l.smu.Lock()
 		st.s.farewell = true
@@ -427,29 +441,29 @@ func (l *decodeLink) farewell(t target) {
 // session's Conn stays open for a heartbeat bound (closeDeparted) so
 // a GOODBYE retransmitted after a lost ACK is answered from the dedupe
 // window.
-func (l *decodeLink) handleGoodbye(s *prefillSession, t sessTarget) ackResult {
+func (l *DecodeLink) handleGoodbye(s *PrefillSession, t sessTarget) AckResult {
 	l.smu.Lock()
 	if l.sessions[s.addr] != s || s.id != t.id {
 		l.smu.Unlock()
-		return ackApplied
+		return AckApplied
 	}
 	delete(l.sessions, s.addr)
 	delete(l.byID, s.id)
 	if l.departed == nil {
-		l.departed = make(map[*prefillSession]int64)
+		l.departed = make(map[*PrefillSession]int64)
 	}
 	l.departed[s] = l.now()
 	instance := s.instance
 	l.smu.Unlock()
-	l.room.peerGone(t.id, zap.String("addr", s.addr), zap.String("peer_instance", instance))
-	return ackApplied
+	l.room.PeerGone(t.id, zap.String("addr", s.addr), zap.String("peer_instance", instance))
+	return AckApplied
 }
 
 // closeDeparted closes the sessions that said goodbye more than a
 // heartbeat bound before now (every one if all).
-func (l *decodeLink) closeDeparted(now int64, all bool) {
+func (l *DecodeLink) closeDeparted(now int64, all bool) {
 	bound := int64(l.cfg.HeartbeatMisses) * int64(l.cfg.HeartbeatInterval)
-	var closing []*prefillSession
+	var closing []*PrefillSession
 	l.smu.Lock()
 	for s, at := range l.departed {
 		if all || now-at > bound {
@@ -464,7 +478,7 @@ func (l *decodeLink) closeDeparted(now int64, all bool) {
 }
 
 // close stops the session's receive worker and its Conn.
-func (s *prefillSession) close() {
+func (s *PrefillSession) close() {
 	if s.cancel != nil {
 		s.cancel()
 	}

@@ -11,18 +11,18 @@ import (
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
-// prefillLink is prefilld's link: the bootstrap socket and its listener
+// PrefillLink is prefilld's link: the bootstrap socket and its listener
 // worker, the registry of decode peers (learnt from REGISTER only, by
 // instance, id and data endpoint), dedupe per peer incarnation, heartbeats
 // and liveness, GOODBYE and departures. It reaches the room side only
 // through room; the room side reaches peers only through its methods.
 //
-// The codec, outbox, counters, clock, log and supervisor it uses are still
-// fields of the shared core (see decodeLink).
-type prefillLink struct {
-	linkBase
+// The codec, outbox, counters, clock, log and supervisor it uses are the
+// shared Link's.
+type PrefillLink struct {
+	Link
 	acceptRegister func(PeerInfo) error
-	room           roomSide
+	room           RoomSide
 
 	lnMu sync.Mutex
 	ln   Listener
@@ -36,14 +36,23 @@ type prefillLink struct {
 	departed   map[string]departure // by instance id: said goodbye (goodbye.go)
 }
 
-func newPrefillLink(c *core, addr string, acceptRegister func(PeerInfo) error, room roomSide) *prefillLink {
-	return &prefillLink{linkBase: linkBase{c}, addr: addr, acceptRegister: acceptRegister, room: room,
+// NewPrefillLink returns the link of a prefill node that binds addr;
+// acceptRegister, if set, vets a decode peer's REGISTER (an error rejects
+// it as invalid). It delivers to room.
+func NewPrefillLink(cfg Config, addr string, acceptRegister func(PeerInfo) error, room RoomSide) (*PrefillLink, error) {
+	c, err := newCore(cfg, poll.Prefill)
+	if err != nil {
+		return nil, err
+	}
+	l := &PrefillLink{Link: Link{c}, addr: addr, acceptRegister: acceptRegister, room: room,
 		peers: make(map[string]*decodePeer), byID: make(map[poll.PeerID]*decodePeer), byEndpoint: make(map[string]*decodePeer)}
+	c.hooks = l
+	return l, nil
 }
 
-// bind binds the bootstrap socket; the node starts listenLoop, its only
-// reader, once the workers run.
-func (l *prefillLink) bind(ctx context.Context) error {
+// Bind binds the bootstrap socket; Listen starts its only reader once the
+// workers run.
+func (l *PrefillLink) Bind(ctx context.Context) error {
 	ln, err := l.cfg.Transport.Listen(ctx, l.addr)
 	if err != nil {
 		return err
@@ -55,14 +64,14 @@ func (l *prefillLink) bind(ctx context.Context) error {
 }
 
 // Addr returns the bound bootstrap address.
-func (l *prefillLink) Addr() string {
+func (l *PrefillLink) Addr() string {
 	l.lnMu.Lock()
 	defer l.lnMu.Unlock()
 	return l.addr
 }
 
-// closeSocket closes the bootstrap socket (the node stops).
-func (l *prefillLink) closeSocket() {
+// CloseSocket closes the bootstrap socket (the node stops).
+func (l *PrefillLink) CloseSocket() {
 	l.lnMu.Lock()
 	if l.ln != nil {
 		_ = l.ln.Close()
@@ -71,26 +80,37 @@ func (l *prefillLink) closeSocket() {
 	l.lnMu.Unlock()
 }
 
-// target returns where a frame to decode peer id goes, or false once
+// Target returns where a frame to decode peer id goes, or false once
 // that peer restarted or was forgotten.
-func (l *prefillLink) target(id poll.PeerID) (*decodePeer, bool) {
+func (l *PrefillLink) Target(id poll.PeerID) (Target, bool) {
 	l.pmu.Lock()
 	defer l.pmu.Unlock()
 	p := l.byID[id]
-	return p, p != nil
+	if p == nil {
+		return nil, false
+	}
+	return p, true
 }
 
-// peerInfo describes the peer behind from for the data plane.
-func (l *prefillLink) peerInfo(from *decodePeer) PeerInfo {
+// PeerInfo describes the decode peer behind from (a Target this link
+// delivered a frame with) for the data plane.
+func (l *PrefillLink) PeerInfo(from Target) PeerInfo {
 	l.pmu.Lock()
 	defer l.pmu.Unlock()
-	return from.infoLocked(l.core)
+	return from.(*decodePeer).infoLocked(l.core)
 }
+
+func (l *PrefillLink) unknownToPeer(Target) {}
+
+// Listen starts the listener worker, the only reader of the bootstrap
+// socket; its supervisor runs it again (re-binding the address) if the
+// socket dies.
+func (l *PrefillLink) Listen() { l.sup.Go("listener", l.listenLoop) }
 
 // decodePeer is one registered decode instance. Fields after l are
 // guarded by the link's pmu.
 type decodePeer struct {
-	l         *prefillLink
+	l         *PrefillLink
 	id        poll.PeerID
 	instance  string
 	epoch     uint64
@@ -104,7 +124,7 @@ type decodePeer struct {
 	dd        *dedupe
 }
 
-func (p *decodePeer) peerID() poll.PeerID { return p.id }
+func (p *decodePeer) PeerID() poll.PeerID { return p.id }
 
 func (p *decodePeer) transmit(frame []byte) error {
 	p.l.pmu.Lock()
@@ -119,14 +139,14 @@ func (p *decodePeer) infoLocked(c *core) PeerInfo {
 
 // routeTarget answers a dialer that is not a registered peer.
 type routeTarget struct {
-	l     *prefillLink
+	l     *PrefillLink
 	route Route
 }
 
-func (r routeTarget) peerID() poll.PeerID         { return poll.NoPeer }
+func (r routeTarget) PeerID() poll.PeerID         { return poll.NoPeer }
 func (r routeTarget) transmit(frame []byte) error { return r.l.sendRoute(r.route, frame) }
 
-func (l *prefillLink) sendRoute(route Route, frame []byte) error {
+func (l *PrefillLink) sendRoute(route Route, frame []byte) error {
 	l.lnMu.Lock()
 	ln := l.ln
 	l.lnMu.Unlock()
@@ -139,7 +159,7 @@ func (l *prefillLink) sendRoute(route Route, frame []byte) error {
 // listenLoop is the supervised receive worker. When the socket dies it
 // returns an error; the supervisor counts it and runs the loop again,
 // which binds the address anew (R6, R12).
-func (l *prefillLink) listenLoop(ctx context.Context) error {
+func (l *PrefillLink) listenLoop(ctx context.Context) error {
 	l.lnMu.Lock()
 	ln := l.ln
 	l.lnMu.Unlock()
@@ -171,8 +191,8 @@ func (l *prefillLink) listenLoop(ctx context.Context) error {
 	}
 }
 
-// peerInfos returns the registered decode peers.
-func (l *prefillLink) peerInfos() []PeerInfo {
+// Peers returns the registered decode peers.
+func (l *PrefillLink) Peers() []PeerInfo {
 	l.pmu.Lock()
 	defer l.pmu.Unlock()
 	out := make([]PeerInfo, 0, len(l.peers))
@@ -182,8 +202,8 @@ func (l *prefillLink) peerInfos() []PeerInfo {
 	return out
 }
 
-// counters returns the frame and peer counters.
-func (l *prefillLink) counters() Counters {
+// Counters returns the frame and peer counters.
+func (l *PrefillLink) Counters() Counters {
 	s := l.ctr.snapshot()
 	l.pmu.Lock()
 	for _, p := range l.peers {
@@ -195,7 +215,7 @@ func (l *prefillLink) counters() Counters {
 
 // maintain sends heartbeats, declares silent peers lost (R10) and forgets
 // peers lost for long.
-func (l *prefillLink) maintain(now int64) {
+func (l *PrefillLink) maintain(now int64) {
 	bound := int64(l.cfg.HeartbeatMisses) * int64(l.cfg.HeartbeatInterval)
 	var lost []poll.PeerID
 	var hb []*decodePeer
@@ -227,10 +247,10 @@ func (l *prefillLink) maintain(now int64) {
 	for _, id := range lost {
 		l.ctr.peerLost.Add(1)
 		l.log.Warn("peer lost", zap.Uint32("peer", uint32(id)))
-		l.room.peerLost(id)
+		l.room.PeerLost(id)
 	}
 	if len(hb) > 0 {
-		live := l.room.liveRooms()
+		live := l.room.LiveRooms()
 		for _, p := range hb {
 			l.sendHeartbeat(p, live)
 		}
@@ -240,7 +260,7 @@ func (l *prefillLink) maintain(now int64) {
 // handle processes one frame from the bootstrap socket. It never returns
 // an error: a bad frame is rejected, counted and, when it asked for one,
 // answered; the listener goes on (R12).
-func (l *prefillLink) handle(route Route, frame []byte) {
+func (l *PrefillLink) handle(route Route, frame []byte) {
 	env, ft, ok := l.decodeFrame(frame, string(route))
 	if !ok {
 		return
@@ -283,12 +303,12 @@ func (l *prefillLink) handle(route Route, frame []byte) {
 	}
 	l.pmu.Unlock()
 
-	var a ackResult
+	var a AckResult
 	switch ft {
 	case FrameRegister:
 		a = l.updateRegistration(p, env.GetRegister())
 	case FrameMetadata, FrameAbort, FrameStatus, FrameAbortAck:
-		a = l.room.frameIn(p, ft, env)
+		a = l.room.FrameIn(p, ft, env)
 	case FrameAck:
 		l.handleAck(p.id, env.GetAck())
 		return
@@ -297,7 +317,7 @@ func (l *prefillLink) handle(route Route, frame []byte) {
 	case FrameGoodbye:
 		a = l.handleGoodbye(p)
 	}
-	l.finishFrame(p, p.instance, seq, a, func(seq uint64, a ackResult) {
+	l.finishFrame(p, p.instance, seq, a, func(seq uint64, a AckResult) {
 		l.pmu.Lock()
 		p.dd.put(seq, a)
 		l.pmu.Unlock()
@@ -308,7 +328,7 @@ func (l *prefillLink) handle(route Route, frame []byte) {
 // longer, at this epoch) registered: only REGISTER is accepted. A
 // HEARTBEAT is answered with ours, so a decode daemon sees our epoch and
 // registers again after we restarted.
-func (l *prefillLink) handleStranger(route Route, env *pdlinkv1.Envelope, ft FrameType, known *decodePeer) {
+func (l *PrefillLink) handleStranger(route Route, env *pdlinkv1.Envelope, ft FrameType, known *decodePeer) {
 	rt := routeTarget{l: l, route: route}
 	if known != nil && env.GetEpoch() < known.epoch {
 		l.reject(RejectStaleEpoch, env.GetSenderInstance(), nil)
@@ -324,21 +344,21 @@ func (l *prefillLink) handleStranger(route Route, env *pdlinkv1.Envelope, ft Fra
 		l.reject(RejectUnknownPeer, env.GetSenderInstance(), nil)
 	default:
 		l.reject(RejectUnknownPeer, env.GetSenderInstance(), nil)
-		l.sendAck(rt, env.GetSeq(), ackRejected(RejectUnknownPeer))
+		l.sendAck(rt, env.GetSeq(), AckRejected(RejectUnknownPeer))
 	}
 }
 
 // register admits a new decode instance. Another instance at the same data
 // endpoint with an older epoch is the same daemon restarted: every room
 // bound to it fails with peer_restarted at once (R10).
-func (l *prefillLink) register(route Route, env *pdlinkv1.Envelope) {
+func (l *PrefillLink) register(route Route, env *pdlinkv1.Envelope) {
 	reg := env.GetRegister()
 	rt := routeTarget{l: l, route: route}
 	info := PeerInfo{Instance: reg.GetInstanceId(), Epoch: env.GetEpoch(), Addr: reg.GetDataEndpoint(), Layouts: reg.GetLayouts(), Up: true}
 	if l.acceptRegister != nil {
 		if err := l.acceptRegister(info); err != nil {
 			l.reject(RejectInvalid, info.Instance, err)
-			l.sendAck(rt, env.GetSeq(), ackRejected(RejectInvalid))
+			l.sendAck(rt, env.GetSeq(), AckRejected(RejectInvalid))
 			return
 		}
 	}
@@ -354,7 +374,7 @@ func (l *prefillLink) register(route Route, env *pdlinkv1.Envelope) {
 		if old.epoch >= info.Epoch {
 			l.pmu.Unlock()
 			l.reject(RejectStaleEpoch, info.Instance, nil)
-			l.sendAck(rt, env.GetSeq(), ackRejected(RejectStaleEpoch))
+			l.sendAck(rt, env.GetSeq(), AckRejected(RejectStaleEpoch))
 			return
 		}
 		replaced = append(replaced, old.id)
@@ -363,7 +383,7 @@ func (l *prefillLink) register(route Route, env *pdlinkv1.Envelope) {
 	if len(l.peers) >= l.cfg.MaxPeers {
 		l.pmu.Unlock()
 		l.reject(RejectTooManyPeers, info.Instance, nil)
-		l.sendAck(rt, env.GetSeq(), ackRejected(RejectTooManyPeers))
+		l.sendAck(rt, env.GetSeq(), AckRejected(RejectTooManyPeers))
 		return
 	}
 	l.nextID++
@@ -373,20 +393,20 @@ func (l *prefillLink) register(route Route, env *pdlinkv1.Envelope) {
 	p := &decodePeer{l: l, id: l.nextID, instance: info.Instance, epoch: info.Epoch, endpoint: info.Addr, layouts: info.Layouts,
 		route: route, lastHeard: now, up: true, dd: newDedupe(l.cfg.DedupeWindow)}
 	l.peers[p.instance], l.byID[p.id], l.byEndpoint[p.endpoint] = p, p, p
-	p.dd.put(env.GetSeq(), ackApplied)
+	p.dd.put(env.GetSeq(), AckApplied)
 	l.pmu.Unlock()
 
 	for _, id := range replaced {
 		l.ctr.peerRestarts.Add(1)
 		l.out.cancelPeer(id)
 		l.log.Warn("peer restarted", zap.Uint32("old_peer", uint32(id)), zap.String("instance", p.instance), zap.String("endpoint", p.endpoint))
-		l.room.peerRestarted(id, poll.NoPeer)
+		l.room.PeerRestarted(id, poll.NoPeer)
 	}
 	l.log.Info("peer registered", zap.String("peer", p.instance), zap.String("endpoint", p.endpoint), zap.Uint32("id", uint32(p.id)))
-	l.sendAck(p, env.GetSeq(), ackApplied)
+	l.sendAck(p, env.GetSeq(), AckApplied)
 }
 
-func (l *prefillLink) dropPeerLocked(p *decodePeer) {
+func (l *PrefillLink) dropPeerLocked(p *decodePeer) {
 	delete(l.peers, p.instance)
 	delete(l.byID, p.id)
 	if l.byEndpoint[p.endpoint] == p {
@@ -396,22 +416,22 @@ func (l *prefillLink) dropPeerLocked(p *decodePeer) {
 
 // updateRegistration handles a REGISTER from a peer already registered at
 // this epoch (a retry after its ACK was lost): idempotent.
-func (l *prefillLink) updateRegistration(p *decodePeer, reg *pdlinkv1.Register) ackResult {
+func (l *PrefillLink) updateRegistration(p *decodePeer, reg *pdlinkv1.Register) AckResult {
 	l.pmu.Lock()
 	defer l.pmu.Unlock()
 	if reg.GetDataEndpoint() != p.endpoint {
-		return ackRejected(RejectInvalid) // an instance does not move its data endpoint
+		return AckRejected(RejectInvalid) // an instance does not move its data endpoint
 	}
 	p.layouts = reg.GetLayouts()
-	return ackApplied
+	return AckApplied
 }
 
 // goodbyeTargets are the decode peers heard from within the heartbeat
 // bound.
-func (l *prefillLink) goodbyeTargets() []target {
+func (l *PrefillLink) goodbyeTargets() []Target {
 	l.pmu.Lock()
 	defer l.pmu.Unlock()
-	var out []target
+	var out []Target
 	for _, p := range l.peers {
 		if p.up {
 			out = append(out, p)
@@ -420,7 +440,7 @@ func (l *prefillLink) goodbyeTargets() []target {
 	return out
 }
 
-func (l *prefillLink) farewell(t target) {
+func (l *PrefillLink) farewell(t Target) {
 	if p, ok := t.(*decodePeer); ok {
 		l.pmu.Lock()
 		p.farewell = true
@@ -430,22 +450,22 @@ func (l *prefillLink) farewell(t target) {
 
 // handleGoodbye forgets a registered decode peer that is leaving. A
 // repeat (our ACK was lost) finds it gone and changes nothing.
-func (l *prefillLink) handleGoodbye(p *decodePeer) ackResult {
+func (l *PrefillLink) handleGoodbye(p *decodePeer) AckResult {
 	l.pmu.Lock()
 	if l.peers[p.instance] != p {
 		l.pmu.Unlock()
-		return ackApplied
+		return AckApplied
 	}
 	l.dropPeerLocked(p)
 	l.departLocked(p.instance, p.epoch, l.now())
 	l.pmu.Unlock()
-	l.room.peerGone(p.id, zap.String("peer_instance", p.instance), zap.String("endpoint", p.endpoint))
-	return ackApplied
+	l.room.PeerGone(p.id, zap.String("peer_instance", p.instance), zap.String("endpoint", p.endpoint))
+	return AckApplied
 }
 
 // departLocked remembers a departed incarnation, bounded by MaxPeers (the
 // oldest goes first) and by PeerForgetAfter (see expireDeparturesLocked).
-func (l *prefillLink) departLocked(instance string, epoch uint64, now int64) {
+func (l *PrefillLink) departLocked(instance string, epoch uint64, now int64) {
 	if l.departed == nil {
 		l.departed = make(map[string]departure)
 	}
@@ -461,7 +481,7 @@ func (l *prefillLink) departLocked(instance string, epoch uint64, now int64) {
 	l.departed[instance] = departure{epoch: epoch, at: now}
 }
 
-func (l *prefillLink) expireDeparturesLocked(now int64) {
+func (l *PrefillLink) expireDeparturesLocked(now int64) {
 	for inst, d := range l.departed {
 		if now-d.at > int64(l.cfg.PeerForgetAfter) {
 			delete(l.departed, inst)
@@ -471,7 +491,7 @@ func (l *prefillLink) expireDeparturesLocked(now int64) {
 
 // departedLocked reports whether env comes from an incarnation that said
 // goodbye (a newer one is a new peer).
-func (l *prefillLink) departedLocked(env *pdlinkv1.Envelope) bool {
+func (l *PrefillLink) departedLocked(env *pdlinkv1.Envelope) bool {
 	d, ok := l.departed[env.GetSenderInstance()]
 	return ok && env.GetEpoch() <= d.epoch
 }
@@ -480,11 +500,11 @@ func (l *prefillLink) departedLocked(env *pdlinkv1.Envelope) bool {
 // again is a duplicate, acknowledged (idempotent); its HEARTBEATs and ACKs
 // until it hears that ACK are expected and dropped; any other frame is
 // refused as stale_epoch without an answer, so it cannot register again.
-func (l *prefillLink) answerDeparted(route Route, env *pdlinkv1.Envelope, ft FrameType) {
+func (l *PrefillLink) answerDeparted(route Route, env *pdlinkv1.Envelope, ft FrameType) {
 	switch ft {
 	case FrameGoodbye:
 		l.reject(RejectDuplicate, env.GetSenderInstance(), nil) // as a duplicate of a live peer's would be
-		l.sendAck(routeTarget{l: l, route: route}, env.GetSeq(), ackApplied)
+		l.sendAck(routeTarget{l: l, route: route}, env.GetSeq(), AckApplied)
 	case FrameHeartbeat, FrameAck:
 	default:
 		l.reject(RejectStaleEpoch, env.GetSenderInstance(), nil)

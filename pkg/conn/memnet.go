@@ -138,6 +138,29 @@ func (n *MemNetwork) Idle() bool {
 	return true
 }
 
+// Bound reports whether a listener is bound to addr.
+func (n *MemNetwork) Bound(addr string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.listeners[addr] != nil
+}
+
+// Connected reports whether the Conn a listener sees as route is open.
+func (n *MemNetwork) Connected(route Route) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.conns[route] != nil
+}
+
+// RouteOf is the route a listener sees c's frames from ("" if c is not
+// one of this network's Conns).
+func (n *MemNetwork) RouteOf(c Conn) Route {
+	if mc, ok := c.(*memConn); ok && mc.n == n {
+		return mc.route
+	}
+	return ""
+}
+
 // Delivered and Dropped count frames since the network was made.
 func (n *MemNetwork) Delivered() uint64 { return n.delivered.Load() }
 

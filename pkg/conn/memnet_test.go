@@ -5,8 +5,6 @@ import (
 	"errors"
 	"testing"
 	"time"
-
-	"github.com/pdlink/pdlink/pkg/poll"
 )
 
 func recvN(t *testing.T, ln Listener, n int) []string {
@@ -108,28 +106,6 @@ func TestMemNetworkIdleCoversFrameBeingHandled(t *testing.T) {
 	if !net.Idle() {
 		t.Fatal("not idle after the receiver came back")
 	}
-}
-
-// A slow Watch reader never blocks the node; what it missed is counted.
-func TestSlowSubscriberDropsAndCounts(t *testing.T) {
-	h := newHarness(t, 40)
-	sub := h.pre.Subscribe(1)
-	for r := poll.RoomID(1); r <= 5; r++ {
-		if _, err := h.pre.Open(r, 0, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if sub.Dropped() != 4 || h.pre.Counters().WatchDropped != 4 {
-		t.Fatalf("dropped %d", sub.Dropped())
-	}
-	sub.Close()
-	if _, ok := <-sub.C(); !ok {
-		t.Fatal("buffered transition lost on close")
-	}
-	if _, ok := <-sub.C(); ok {
-		t.Fatal("channel open after Close")
-	}
-	sub.Close() // idempotent
 }
 
 // A frame sent while the listener is being bound either waits for it or is

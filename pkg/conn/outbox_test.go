@@ -14,7 +14,7 @@ type outboxPeer poll.PeerID
 
 func (p outboxPeer) transmit([]byte) error { return nil }
 
-func (p outboxPeer) peerID() poll.PeerID { return poll.PeerID(p) }
+func (p outboxPeer) PeerID() poll.PeerID { return poll.PeerID(p) }
 
 // roomFrames is a count kept as frames come and go (a drain asks after
 // every transition; it used to scan every frame under the lock the

@@ -10,26 +10,30 @@ import (
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
-// ackResult is what an ACK said about a frame.
-type ackResult struct {
-	result pdlinkv1.AckResult
-	reason string
+// AckResult is what an ACK said about a frame.
+type AckResult struct {
+	Result pdlinkv1.AckResult
+	Reason string
 }
 
 var (
-	ackApplied = ackResult{result: pdlinkv1.AckResult_ACK_RESULT_APPLIED}
-	ackNotOpen = ackResult{result: pdlinkv1.AckResult_ACK_RESULT_NOT_OPEN}
+	// AckApplied: the frame took effect, or had already.
+	AckApplied = AckResult{Result: pdlinkv1.AckResult_ACK_RESULT_APPLIED}
+	// AckNotOpen: the room is not open here yet; the sender retries until
+	// its own deadline.
+	AckNotOpen = AckResult{Result: pdlinkv1.AckResult_ACK_RESULT_NOT_OPEN}
 )
 
-func ackRejected(r RejectReason) ackResult {
-	return ackResult{result: pdlinkv1.AckResult_ACK_RESULT_REJECTED, reason: r.String()}
+// AckRejected is the answer to a frame refused for reason r.
+func AckRejected(r RejectReason) AckResult {
+	return AckResult{Result: pdlinkv1.AckResult_ACK_RESULT_REJECTED, Reason: r.String()}
 }
 
 // final reports whether a sender must stop retrying after this answer, so
 // the receiver may remember it in its dedupe window. NOT_OPEN and
 // unknown_peer say "try again", and a retry must be processed again.
-func (a ackResult) final() bool {
-	switch a.result {
+func (a AckResult) final() bool {
+	switch a.Result {
 	case pdlinkv1.AckResult_ACK_RESULT_NOT_OPEN:
 		return false
 	case pdlinkv1.AckResult_ACK_RESULT_REJECTED:
@@ -41,15 +45,19 @@ func (a ackResult) final() bool {
 // unknownPeer reports whether the peer refused the frame because it does
 // not know us (it restarted or forgot us): it goes again once we are
 // registered.
-func (a ackResult) unknownPeer() bool {
-	return a.result == pdlinkv1.AckResult_ACK_RESULT_REJECTED && a.reason == RejectUnknownPeer.String()
+func (a AckResult) unknownPeer() bool {
+	return a.Result == pdlinkv1.AckResult_ACK_RESULT_REJECTED && a.Reason == RejectUnknownPeer.String()
 }
 
-// target is where a reliable frame goes: a peer instance on prefill, a
-// prefill session on decode. transmit sends one copy, best effort.
-type target interface {
+// Target is where a frame goes: a peer instance on prefill, a prefill
+// session on decode. The room side holds it only as an opaque handle the
+// link gave it (to send replies with Send); transmit sends one copy, best
+// effort.
+type Target interface {
 	transmit(frame []byte) error
-	peerID() poll.PeerID
+	// PeerID is the peer the frame goes to (NoPeer: a dialer that is not
+	// a registered peer).
+	PeerID() poll.PeerID
 }
 
 // pending is one reliable frame waiting for its ACK.
@@ -57,7 +65,7 @@ type pending struct {
 	seq     uint64
 	ft      FrameType
 	frame   []byte
-	dest    target
+	dest    Target
 	key     poll.Key
 	giveUp  int64 // node time (ns) after which the frame is abandoned
 	next    int64 // next retransmit
@@ -67,7 +75,7 @@ type pending struct {
 	want func() bool
 	// onAck handles the ACK from the peer instance it went to; it returns
 	// false to keep retrying (NOT_OPEN). nil: any ACK completes the frame.
-	onAck func(from poll.PeerID, a ackResult) bool
+	onAck func(from poll.PeerID, a AckResult) bool
 	// afterRegister: the frame goes again as soon as its peer acknowledges
 	// our REGISTER (besides its backoff): its room moved to a restarted
 	// peer's new instance, which knows nothing of us until then.
@@ -170,7 +178,7 @@ func (o *outbox) take(seq uint64, from poll.PeerID) *pending {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	p := o.items[seq]
-	if p == nil || p.dest.peerID() != from {
+	if p == nil || p.dest.PeerID() != from {
 		return nil
 	}
 	o.deleteLocked(seq)
@@ -225,7 +233,7 @@ func (o *outbox) registered(id poll.PeerID) []*pending {
 	defer o.mu.Unlock()
 	var out []*pending
 	for _, p := range o.items {
-		if p.afterRegister && p.dest.peerID() == id {
+		if p.afterRegister && p.dest.PeerID() == id {
 			p.afterRegister = false
 			out = append(out, p)
 		}
@@ -247,7 +255,7 @@ func (o *outbox) cancelPeer(id poll.PeerID) int {
 	defer o.mu.Unlock()
 	n := 0
 	for seq, p := range o.items {
-		if p.dest.peerID() == id {
+		if p.dest.PeerID() == id {
 			o.deleteLocked(seq)
 			n++
 		}
@@ -289,21 +297,21 @@ func (o *outbox) roomFrames() int {
 // than the window is processed again, which the handlers make harmless
 // (they are idempotent).
 type dedupe struct {
-	seen  map[uint64]ackResult
+	seen  map[uint64]AckResult
 	order []uint64
 	head  int
 }
 
 func newDedupe(window int) *dedupe {
-	return &dedupe{seen: make(map[uint64]ackResult), order: make([]uint64, 0, window)}
+	return &dedupe{seen: make(map[uint64]AckResult), order: make([]uint64, 0, window)}
 }
 
-func (d *dedupe) get(seq uint64) (ackResult, bool) {
+func (d *dedupe) get(seq uint64) (AckResult, bool) {
 	a, ok := d.seen[seq]
 	return a, ok
 }
 
-func (d *dedupe) put(seq uint64, a ackResult) {
+func (d *dedupe) put(seq uint64, a AckResult) {
 	if _, ok := d.seen[seq]; ok {
 		d.seen[seq] = a
 		return

@@ -1,9 +1,8 @@
-package conn
+package room
 
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"runtime"
 	"sort"
 	"strconv"
@@ -13,11 +12,12 @@ import (
 	"time"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
 // The scripted two-node environment (script_test.go runs the scripts). A
-// PrefillNode and a DecodeNode talk over a MemNetwork on a FakeClock, but
+// PrefillOwner and a DecodeOwner talk over a MemNetwork on a FakeClock, but
 // every frame either sends is first queued here, per direction, so a
 // script decides when it is delivered, dropped or held. The trace stays
 // deterministic because only one goroutine acts at a time: the harness
@@ -66,10 +66,10 @@ type heldFence struct {
 // scriptEnv is the two-node environment a script drives.
 type scriptEnv struct {
 	t   testing.TB
-	clk *FakeClock
-	net *MemNetwork
-	pre *PrefillNode
-	dec *DecodeNode
+	clk *conn.FakeClock
+	net *conn.MemNetwork
+	pre *PrefillOwner
+	dec *DecodeOwner
 
 	alive [2]bool
 	gen   [2]int
@@ -107,9 +107,9 @@ const (
 )
 
 func newScriptEnv(t testing.TB) *scriptEnv {
-	clk := NewFakeClock(time.Unix(1_700_000_000, 0))
+	clk := conn.NewFakeClock(time.Unix(1_700_000_000, 0))
 	e := &scriptEnv{
-		t: t, clk: clk, net: NewMemNetwork(clk, 1),
+		t: t, clk: clk, net: conn.NewMemNetwork(clk, 1),
 		hold:    [2]map[poll.RoomID]bool{{}, {}},
 		nonces:  map[poll.Nonce]string{},
 		byLabel: map[string]poll.Nonce{},
@@ -132,7 +132,7 @@ func (e *scriptEnv) start(s scriptSide) {
 	dp := &scriptDP{e: e, side: s, fenced: map[poll.Key]bool{}}
 	e.dps[s] = dp
 	if s == sidePrefill {
-		n, err := NewPrefillNode(PrefillConfig{Config: cfg, ListenAddr: prefillAddr, DataPlane: dp})
+		n, err := NewPrefillOwner(PrefillConfig{Config: cfg, ListenAddr: prefillAddr, DataPlane: dp})
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -142,7 +142,7 @@ func (e *scriptEnv) start(s scriptSide) {
 		}
 		e.pre, e.subs[s] = n, n.Subscribe(4096)
 	} else {
-		n, err := NewDecodeNode(DecodeConfig{Config: cfg, DataEndpoint: dataAddr, DataPlane: dp,
+		n, err := NewDecodeOwner(DecodeConfig{Config: cfg, DataEndpoint: dataAddr, DataPlane: dp,
 			Layouts: []*pdlinkv1.RegionLayout{{Rank: &pdlinkv1.Rank{TpSize: 1}, Buffers: []*pdlinkv1.BufferSpec{{Length: 4096, ItemLen: 64}}}}})
 		if err != nil {
 			e.t.Fatal(err)
@@ -161,11 +161,7 @@ func (e *scriptEnv) start(s scriptSide) {
 // range. The outbox draws jitter for the frames due in a tick in map
 // order, so with two frames pending the draws (and the ticks they are
 // retransmitted in) would change from run to run.
-func fixJitter(c *core) {
-	c.out.mu.Lock()
-	defer c.out.mu.Unlock()
-	c.out.rng = rand.New(midpointSource{})
-}
+func fixJitter(c *core) { c.lk.SetJitterSource(midpointSource{}) }
 
 // midpointSource always returns 2^63+1: Int64N(n) is then n/2 (n not a
 // power of two: the product's low half is at least n, so no redraw) or 1.
@@ -341,8 +337,9 @@ func (e *scriptEnv) takeOutput() []string {
 }
 
 // quiet reports whether nothing is in progress: every scheduler call has
-// returned or is parked until its room's fence is done, and every receive
-// queue is empty with its receiver back in Recv.
+// returned or is parked until its room's fence is done, neither owner has
+// an input queued or running, and every receive queue is empty with its
+// receiver back in Recv.
 func (e *scriptEnv) quiet() bool {
 	e.mu.Lock()
 	pending := e.pending
@@ -352,20 +349,10 @@ func (e *scriptEnv) quiet() bool {
 			return false
 		}
 	}
-	n := e.net
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for _, l := range n.listeners {
-		if !l.q.idle() {
-			return false
-		}
+	if (e.alive[sidePrefill] && !e.pre.ownerIdle()) || (e.alive[sideDecode] && !e.dec.ownerIdle()) {
+		return false
 	}
-	for _, c := range n.conns {
-		if !c.q.idle() {
-			return false
-		}
-	}
-	return true
+	return e.net.Idle()
 }
 
 // parkedCalls counts a side's calls parked until a fence is done (its
@@ -485,14 +472,14 @@ type scriptDP struct {
 	fenced map[poll.Key]bool
 }
 
-func (d *scriptDP) Bind(p PeerInfo, md Metadata) {
+func (d *scriptDP) Bind(p conn.PeerInfo, md Metadata) {
 	d.e.logf("%s dp: bind %s to %s pages=%s aux=%d", d.side, d.e.key(md.Key), p.Instance, formatPages(md.DstPages), md.AuxIndex)
 }
 
 func (d *scriptDP) Expect(md Metadata) error {
 	if d.isFenced(md.Key) {
 		d.e.logf("%s dp: expect %s refused: fenced", d.side, d.e.key(md.Key))
-		return ErrBadArgument
+		return conn.ErrBadArgument
 	}
 	d.e.logf("%s dp: expect %s pages=%s aux=%d", d.side, d.e.key(md.Key), formatPages(md.DstPages), md.AuxIndex)
 	return nil

@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -173,7 +174,7 @@ func (e *scriptEnv) cmdDataPlane(verb string, a scriptArgs) error {
 		e.call(s, desc, func() string {
 			e.dec.OnProgress(key)
 			e.dec.OnRankDone(key, rank)
-			return "ok"
+			return e.taken(s)
 		})
 	case "progress":
 		e.call(s, desc, func() string {
@@ -182,7 +183,7 @@ func (e *scriptEnv) cmdDataPlane(verb string, a scriptArgs) error {
 			} else {
 				e.dec.OnProgress(key)
 			}
-			return "ok"
+			return e.taken(s)
 		})
 	case "fail":
 		if len(a.pos) < 2 {
@@ -195,10 +196,23 @@ func (e *scriptEnv) cmdDataPlane(verb string, a scriptArgs) error {
 			} else {
 				e.dec.OnFailed(key, reason)
 			}
-			return "ok"
+			return e.taken(s)
 		})
 	}
 	return nil
+}
+
+// taken answers a data-plane callback once the owner of side s took it:
+// the callbacks are events nobody waits for, so an input queued behind
+// them (the owner runs its inputs in order) marks where their effects end
+// and the script traces them before the callback's "ok".
+func (e *scriptEnv) taken(s scriptSide) string {
+	c, err := e.node(s)
+	if err != nil {
+		return "ok"
+	}
+	c.exec(func() {})
+	return "ok"
 }
 
 func (e *scriptEnv) cmdRoom(verb string, a scriptArgs) error {
@@ -267,7 +281,7 @@ func (e *scriptEnv) cmdStatus() {
 			line += fmt.Sprintf(" deadline=+%v", time.Duration(in.Deadline-now))
 			e.logf("%s", line)
 		}
-		var peers []PeerInfo
+		var peers []conn.PeerInfo
 		if s == sidePrefill {
 			peers = e.pre.Peers()
 		} else {
@@ -296,7 +310,7 @@ func popcount(x uint64) int {
 
 func (e *scriptEnv) cmdCounters() {
 	for _, s := range []scriptSide{sidePrefill, sideDecode} {
-		var c Counters
+		var c conn.Counters
 		switch {
 		case !e.alive[s]:
 			e.logf("%s: not running", e.instance(s))
@@ -307,7 +321,7 @@ func (e *scriptEnv) cmdCounters() {
 			c = e.dec.Counters()
 		}
 		var parts []string
-		for _, r := range AllRejectReasons() {
+		for _, r := range conn.AllRejectReasons() {
 			if n := c.Rejected(r); n > 0 {
 				parts = append(parts, fmt.Sprintf("rejected_%s=%d", r, n))
 			}

@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -65,7 +66,7 @@ func (m linkMode) String() string { return [...]string{"auto", "hold", "cut"}[m]
 // heldFrame is one frame a node sent, waiting in the harness.
 type heldFrame struct {
 	frame []byte
-	ft    FrameType
+	ft    conn.FrameType
 	typed bool // ft is meaningful (the frame decoded and has a body)
 	seq   uint64
 	// injected frames are the script's own: always listed in the trace.
@@ -76,13 +77,13 @@ type heldFrame struct {
 	receiverGone func() bool
 }
 
-func (f *heldFrame) heartbeat() bool { return f.typed && f.ft == FrameHeartbeat && !f.injected }
+func (f *heldFrame) heartbeat() bool { return f.typed && f.ft == conn.FrameHeartbeat && !f.injected }
 
 // armedDrop loses the next n frames of a type (any type if !typed) in
 // one direction, whenever they are released.
 type armedDrop struct {
 	n     int
-	ft    FrameType
+	ft    conn.FrameType
 	typed bool
 }
 
@@ -92,7 +93,7 @@ func (a *armedDrop) matches(f *heldFrame) bool { return !a.typed || (f.typed && 
 func (e *scriptEnv) enqueue(d linkDir, f *heldFrame) {
 	env := &pdlinkv1.Envelope{}
 	if proto.Unmarshal(f.frame, env) == nil {
-		f.ft, f.typed = FrameTypeOf(env)
+		f.ft, f.typed = conn.FrameTypeOf(env)
 		f.seq = env.GetSeq()
 	}
 	e.mu.Lock()
@@ -227,7 +228,7 @@ func (e *scriptEnv) describe(d linkDir, b []byte) string {
 		}
 		e.seen[id] = true
 	}
-	if env.GetProtocolVersion() != ProtocolVersion {
+	if env.GetProtocolVersion() != conn.ProtocolVersion {
 		s += fmt.Sprintf(" version=%d", env.GetProtocolVersion())
 	}
 	if inst := env.GetSenderInstance(); inst != e.instance(d.sender()) {
@@ -253,11 +254,11 @@ func formatPages(p *pdlinkv1.PageList) string {
 // heldTransport queues every frame its node sends (see scriptEnv).
 type heldTransport struct {
 	e     *scriptEnv
-	inner Transport
+	inner conn.Transport
 	side  scriptSide
 }
 
-func (t heldTransport) Listen(ctx context.Context, addr string) (Listener, error) {
+func (t heldTransport) Listen(ctx context.Context, addr string) (conn.Listener, error) {
 	l, err := t.inner.Listen(ctx, addr)
 	if err != nil {
 		return nil, err
@@ -269,7 +270,7 @@ func (t heldTransport) Listen(ctx context.Context, addr string) (Listener, error
 	return hl, nil
 }
 
-func (t heldTransport) Dial(ctx context.Context, addr string) (Conn, error) {
+func (t heldTransport) Dial(ctx context.Context, addr string) (conn.Conn, error) {
 	c, err := t.inner.Dial(ctx, addr)
 	if err != nil {
 		return nil, err
@@ -283,34 +284,32 @@ func (t heldTransport) Dial(ctx context.Context, addr string) (Conn, error) {
 
 type heldListener struct {
 	e     *scriptEnv
-	inner Listener
+	inner conn.Listener
 }
 
-func (l *heldListener) Recv(ctx context.Context) (Route, []byte, error) { return l.inner.Recv(ctx) }
+func (l *heldListener) Recv(ctx context.Context) (conn.Route, []byte, error) {
+	return l.inner.Recv(ctx)
+}
 
 func (l *heldListener) Addr() string { return l.inner.Addr() }
 
 func (l *heldListener) Close() error { return l.inner.Close() }
 
-func (l *heldListener) Send(ctx context.Context, route Route, frame []byte) error {
+func (l *heldListener) Send(ctx context.Context, route conn.Route, frame []byte) error {
 	l.e.enqueue(dirPD, l.frame(route, append([]byte(nil), frame...)))
 	return nil
 }
 
-func (l *heldListener) frame(route Route, b []byte) *heldFrame {
+func (l *heldListener) frame(route conn.Route, b []byte) *heldFrame {
 	n := l.e.net
 	return &heldFrame{frame: b,
-		send: func() error { return l.inner.Send(context.Background(), route, b) },
-		receiverGone: func() bool {
-			n.mu.Lock()
-			defer n.mu.Unlock()
-			return n.conns[route] == nil
-		}}
+		send:         func() error { return l.inner.Send(context.Background(), route, b) },
+		receiverGone: func() bool { return !n.Connected(route) }}
 }
 
 type heldConn struct {
 	e     *scriptEnv
-	inner Conn
+	inner conn.Conn
 }
 
 func (c *heldConn) Recv(ctx context.Context) ([]byte, error) { return c.inner.Recv(ctx) }
@@ -325,11 +324,11 @@ func (c *heldConn) Send(ctx context.Context, frame []byte) error {
 func (c *heldConn) frame(b []byte) *heldFrame {
 	return &heldFrame{frame: b,
 		send:         func() error { return c.inner.Send(context.Background(), b) },
-		receiverGone: func() bool { return !c.e.net.bound(prefillAddr) }}
+		receiverGone: func() bool { return !c.e.net.Bound(prefillAddr) }}
 }
 
 // route is the decode socket's route as prefill's listener sees it.
-func (c *heldConn) route() Route { return c.inner.(*memConn).route }
+func (c *heldConn) route() conn.Route { return c.e.net.RouteOf(c.inner) }
 
 // queued returns how many frames wait in each direction.
 func (e *scriptEnv) queued() [2]int {

@@ -1,10 +1,11 @@
-package conn
+package room
 
 import (
 	"context"
 
 	"go.uber.org/zap"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -58,7 +59,7 @@ func (c *core) fenceRoom(k poll.Key) []poll.Effect {
 func (c *core) callFence(k poll.Key) (done, ok bool) {
 	defer func() {
 		if p := recover(); p != nil {
-			c.ctr.restarts.Add(1)
+			c.lk.CountWorkerRestart()
 			c.log.Error("data plane fence panicked, will retry", zap.Uint64("room", uint64(k.Room)), zap.Any("panic", p))
 			done, ok = false, false
 		}
@@ -77,10 +78,11 @@ func (c *core) finishFence(k poll.Key) []poll.Effect {
 	if f == nil {
 		return nil
 	}
-	c.mu.Lock()
-	_ = c.t.Step(c.now(), poll.Event{Kind: poll.EvFenced, Key: k})
-	effs := c.takeLocked()
-	c.mu.Unlock()
+	var effs []poll.Effect
+	c.withTable(func() {
+		_ = c.t.Step(c.now(), poll.Event{Kind: poll.EvFenced, Key: k})
+		effs = c.takeLocked()
+	})
 	for _, fn := range f.then {
 		fn()
 	}
@@ -92,10 +94,11 @@ func (c *core) finishFence(k poll.Key) []poll.Effect {
 // more. The room's Failed state becomes visible and is published, and the
 // calls waiting for it return. Safe from any goroutine and idempotent; a
 // key with no fence in progress (unknown, already fenced, or gone) is
-// ignored.
-func (c *core) Fenced(key poll.Key) { c.perform(c.finishFence(key)) }
+// ignored. It never waits: the report is an event for the owner.
+func (c *core) Fenced(key poll.Key) { c.post(func() { c.perform(c.finishFence(key)) }) }
 
-// retryFences calls Fence again for the rooms whose fence panicked.
+// retryFences calls Fence again for the rooms whose fence panicked (an
+// input of the owner: the tick).
 func (c *core) retryFences() {
 	c.fenceMu.Lock()
 	var keys []poll.Key
@@ -133,7 +136,7 @@ func (c *core) afterFence(k poll.Key, fn func()) {
 
 // parkedCall is a call (Abort, AwaitFailedVisible) waiting for its room's
 // Failed to become visible.
-// Its fields are guarded by the table lock.
+// Its fields are the owner's (guarded by withTable).
 type parkedCall struct {
 	woken   chan struct{}
 	done    bool // woken closed
@@ -146,30 +149,33 @@ type parkedCall struct {
 // Failed shows once fenced). A call that finds the room already Failed
 // returns at once with poll.ErrTerminal, whatever the scheduler sees.
 func (c *core) abort(ctx context.Context, room poll.RoomID, reason poll.Reason) error {
-	c.mu.Lock()
-	err := c.t.Step(c.now(), poll.Event{Kind: poll.EvAbortLocal, Key: poll.Key{Room: room}, Reason: reason})
+	var err error
 	var p *parkedCall
 	var key poll.Key
-	if err == nil {
-		if in, gerr := c.t.Get(room); gerr == nil && in.State == poll.Failed && !in.Fenced {
-			// Parked before the effects run: the fence may be done
-			// (and Failed published) before perform returns.
-			p, key = &parkedCall{woken: make(chan struct{})}, in.Key
-			c.parked[key] = append(c.parked[key], p)
+	c.exec(func() {
+		c.applyOwned(func() {
+			err = c.t.Step(c.now(), poll.Event{Kind: poll.EvAbortLocal, Key: poll.Key{Room: room}, Reason: reason})
+			if err == nil {
+				if in, gerr := c.t.Get(room); gerr == nil && in.State == poll.Failed && !in.Fenced {
+					// Parked before the effects run: the fence may be done
+					// (and Failed published) before perform returns.
+					p, key = &parkedCall{woken: make(chan struct{})}, in.Key
+					c.parked[key] = append(c.parked[key], p)
+				}
+			}
+		})
+		if p != nil {
+			c.withTable(func() {
+				if !p.done {
+					p.counted = true
+					c.parkedCalls.Add(1)
+				}
+			})
 		}
-	}
-	effs := c.takeLocked()
-	c.mu.Unlock()
-	c.perform(effs)
+	})
 	if p == nil {
 		return err
 	}
-	c.mu.Lock()
-	if !p.done {
-		p.counted = true
-		c.parkedCalls.Add(1)
-	}
-	c.mu.Unlock()
 	return c.waitParked(ctx, key, p)
 }
 
@@ -180,17 +186,23 @@ func (c *core) abort(ctx context.Context, room poll.RoomID, reason poll.Reason) 
 // Send whose transfer the fence refused) answers with the state the
 // scheduler will read, not the hidden one.
 func (c *core) AwaitFailedVisible(ctx context.Context, room poll.RoomID) error {
-	c.mu.Lock()
-	in, err := c.t.Get(room)
-	if err != nil || in.State != poll.Failed || in.Fenced {
-		c.mu.Unlock()
+	var p *parkedCall
+	var key poll.Key
+	c.exec(func() {
+		c.withTable(func() {
+			in, err := c.t.Get(room)
+			if err != nil || in.State != poll.Failed || in.Fenced {
+				return
+			}
+			p, key = &parkedCall{woken: make(chan struct{}), counted: true}, in.Key
+			c.parked[key] = append(c.parked[key], p)
+			c.parkedCalls.Add(1)
+		})
+	})
+	if p == nil {
 		return nil
 	}
-	p := &parkedCall{woken: make(chan struct{}), counted: true}
-	c.parked[in.Key] = append(c.parked[in.Key], p)
-	c.parkedCalls.Add(1)
-	c.mu.Unlock()
-	return c.waitParked(ctx, in.Key, p)
+	return c.waitParked(ctx, key, p)
 }
 
 // waitParked waits for a parked call to be woken, its ctx to end or the
@@ -204,7 +216,7 @@ func (c *core) waitParked(ctx context.Context, key poll.Key, p *parkedCall) erro
 		return ctx.Err()
 	case <-c.halted:
 		c.unpark(key, p)
-		return ErrClosedNode
+		return conn.ErrClosedNode
 	}
 }
 
@@ -224,8 +236,10 @@ func (c *core) unparkLocked(k poll.Key) {
 // unpark removes a parked call that stopped waiting (ctx ended, node
 // stopped) unless it was woken meanwhile.
 func (c *core) unpark(k poll.Key, p *parkedCall) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.exec(func() { c.withTable(func() { c.unparkOwned(k, p) }) })
+}
+
+func (c *core) unparkOwned(k poll.Key, p *parkedCall) {
 	if p.done {
 		return
 	}

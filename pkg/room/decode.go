@@ -1,18 +1,21 @@
-package conn
+package room
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 
 	"go.uber.org/zap"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
-// DecodeConfig configures a DecodeNode.
+// DecodeConfig configures a DecodeOwner.
 type DecodeConfig struct {
-	Config
+	conn.Config
 	// DataEndpoint is the host:port of this daemon's data listener, sent
 	// in REGISTER; Layouts are its region layouts.
 	DataEndpoint string
@@ -26,50 +29,58 @@ type DecodeConfig struct {
 	openHook func() // tests: runs in Open between reading the prefill instance and opening the room
 	// roomFrameHook, if set (tests), runs as the link delivers a room frame
 	// to the node, on the session's receive worker.
-	roomFrameHook func(from poll.PeerID, seq uint64, ft FrameType)
+	roomFrameHook func(from poll.PeerID, seq uint64, ft conn.FrameType)
+	// performHook (tests) runs on the owner goroutine after a batch's
+	// transitions are published, before its effects are performed.
+	performHook func([]poll.Effect)
+	// publishHook (tests) runs as each transition is published to Watch,
+	// on the goroutine that publishes it.
+	publishHook func(Transition)
 }
 
-// DecodeNode is decoded's room owner: it keeps one Conn per prefill
+// DecodeOwner is decoded's room owner: it keeps one Conn per prefill
 // daemon (dialed on the first Open for that address, registered first,
 // registered again after the prefill restarts), draws room nonces, sends
 // METADATA reliably and drives the decode room table. Methods are safe for
 // concurrent use.
-type DecodeNode struct {
+type DecodeOwner struct {
 	*core
 	dcfg DecodeConfig
 	dp   DecodeDataPlane
-	// link is the transport side (link_decode.go): sessions, REGISTER,
-	// heartbeats, goodbyes. The node reaches peers only through it.
-	link *decodeLink
+	// link is the transport side (pkg/conn's DecodeLink): sessions,
+	// REGISTER, heartbeats, goodbyes. The node reaches peers only through
+	// it.
+	link *conn.DecodeLink
 }
 
-func (n *DecodeNode) layouts() []*pdlinkv1.RegionLayout {
+func (n *DecodeOwner) layouts() []*pdlinkv1.RegionLayout {
 	if n.dcfg.LayoutsFunc != nil {
 		return n.dcfg.LayoutsFunc()
 	}
 	return n.dcfg.Layouts
 }
 
-// NewDecodeNode returns a node; Start starts its workers.
-func NewDecodeNode(cfg DecodeConfig) (*DecodeNode, error) {
+// NewDecodeOwner returns a node; Start starts its workers.
+func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
 	if cfg.DataPlane == nil {
-		return nil, fmt.Errorf("%w: DecodeConfig needs a DataPlane", ErrBadArgument)
+		return nil, fmt.Errorf("%w: DecodeConfig needs a DataPlane", conn.ErrBadArgument)
 	}
-	if err := validateEndpoint(cfg.DataEndpoint, cfg.Limits.withDefaults()); err != nil {
-		return nil, fmt.Errorf("%w: DataEndpoint: %v", ErrBadArgument, err)
-	}
-	c, err := newCore(cfg.Config, poll.Decode)
+	n := &DecodeOwner{dcfg: cfg, dp: cfg.DataPlane}
+	link, err := conn.NewDecodeLink(cfg.Config, cfg.DataEndpoint, n.layouts, decodeSide{n})
 	if err != nil {
 		return nil, err
 	}
-	n := &DecodeNode{core: c, dcfg: cfg, dp: cfg.DataPlane}
-	n.link = newDecodeLink(c, cfg.DataEndpoint, n.layouts, n)
+	c, err := newCore(link.Link, cfg.performHook, cfg.publishHook)
+	if err != nil {
+		return nil, err
+	}
+	n.core, n.link = c, link
 	c.hooks = n
 	return n, nil
 }
 
 // Start starts the tick worker; connections are made on demand.
-func (n *DecodeNode) Start(context.Context) error {
+func (n *DecodeOwner) Start(context.Context) error {
 	n.startWorkers()
 	n.log.Info("decode node started", zap.String("data_endpoint", n.dcfg.DataEndpoint))
 	return nil
@@ -78,45 +89,45 @@ func (n *DecodeNode) Start(context.Context) error {
 // Close fails every live room with reason shutdown, tells the prefill
 // daemons (one attempt each) and says goodbye (one attempt, unless
 // Shutdown did), and stops the workers and connections.
-func (n *DecodeNode) Close() error {
-	if !n.closed.CompareAndSwap(false, true) {
+func (n *DecodeOwner) Close() error {
+	if !n.lk.MarkClosed() {
 		return nil
 	}
-	if n.started.Load() {
+	if n.lk.Started() {
 		_ = n.step(poll.Event{Kind: poll.EvShutdown})
-		n.sayGoodbye(doneContext())
+		n.lk.SayGoodbye(doneContext())
 	}
 	n.stop()
 	return nil
 }
 
 // kill stops the node without telling anyone (tests).
-func (n *DecodeNode) kill() {
-	n.closed.Store(true)
+func (n *DecodeOwner) kill() {
+	n.lk.MarkClosed()
 	n.stop()
 }
 
-func (n *DecodeNode) stop() {
+func (n *DecodeOwner) stop() {
 	n.stopWorkers()
-	n.link.closeSessions()
+	n.link.CloseSessions()
 }
 
 // Open creates a room for the scheduler (OpenReceiver), bound to the
 // prefill daemon at prefillAddr, expecting ranks distinct prefill ranks
 // (0 means 1). It returns the nonce drawn for the room (crypto-random,
 // non-zero).
-func (n *DecodeNode) Open(room poll.RoomID, prefillAddr string, ranks int) (poll.Nonce, error) {
-	if n.closed.Load() {
-		return 0, ErrClosedNode
+func (n *DecodeOwner) Open(room poll.RoomID, prefillAddr string, ranks int) (poll.Nonce, error) {
+	if n.lk.Closed() {
+		return 0, conn.ErrClosedNode
 	}
 	if prefillAddr == "" || ranks < 0 || ranks > poll.MaxRanks {
-		return 0, fmt.Errorf("%w: address %q ranks %d", ErrBadArgument, prefillAddr, ranks)
+		return 0, fmt.Errorf("%w: address %q ranks %d", conn.ErrBadArgument, prefillAddr, ranks)
 	}
-	s, err := n.link.session(prefillAddr)
+	s, err := n.link.Session(prefillAddr)
 	if err != nil {
 		return 0, err
 	}
-	id := n.link.currentPeer(s)
+	id := n.link.CurrentPeer(s)
 	nonce := poll.Nonce(randomUint64())
 	if n.dcfg.openHook != nil {
 		n.dcfg.openHook()
@@ -124,12 +135,23 @@ func (n *DecodeNode) Open(room poll.RoomID, prefillAddr string, ranks int) (poll
 	if err := n.step(poll.Event{Kind: poll.EvOpen, Key: poll.Key{Room: room, Nonce: nonce}, Peer: id, Ranks: uint8(max(ranks, 1))}); err != nil {
 		return 0, err
 	}
-	if current := n.link.currentPeer(s); current != id {
+	if current := n.link.CurrentPeer(s); current != id {
 		// The prefill restarted between reading its id and the open, and
 		// its rooms were moved before this one existed: move it too.
 		_ = n.step(poll.Event{Kind: poll.EvPeerReplaced, Peer: id, NewPeer: current})
 	}
 	return nonce, nil
+}
+
+// randomUint64 draws a non-zero random number (crypto/rand).
+func randomUint64() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if v := binary.LittleEndian.Uint64(b[:]); v != 0 {
+			return v
+		}
+	}
 }
 
 // MetadataRequest is one rank's destination for SendMetadata.

@@ -1,10 +1,11 @@
-package conn
+package room
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -106,7 +107,7 @@ func TestForgottenPeerRegistersAgain(t *testing.T) {
 	forget()
 	h.runToEnd(h.open(2, 1), 1)
 	h.expect(2, poll.Success, poll.Success)
-	rejected := h.pre.Counters().Rejected(RejectUnknownPeer)
+	rejected := h.pre.Counters().Rejected(conn.RejectUnknownPeer)
 	if rejected == 0 {
 		t.Fatal("METADATA was not refused as unknown_peer first")
 	}
@@ -124,7 +125,7 @@ func TestForgottenPeerRegistersAgain(t *testing.T) {
 	if _, ok := h.until(time.Second, func() bool { return h.preState(3) == poll.Failed }); !ok {
 		t.Fatalf("ABORT from a forgotten peer never applied: prefill %v", h.preState(3))
 	}
-	if h.pre.Counters().Rejected(RejectUnknownPeer) == rejected {
+	if h.pre.Counters().Rejected(conn.RejectUnknownPeer) == rejected {
 		t.Fatal("ABORT was not refused as unknown_peer first")
 	}
 }

@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -35,7 +36,7 @@ func TestRandomFaultSchedulesNeverPinAndAgreeOnSuccess(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		h := newHarness(t, rapid.Uint64().Draw(rt, "seed"))
 		defer h.close()
-		lf := LinkFaults{
+		lf := conn.LinkFaults{
 			Drop:      rapid.Float64Range(0, 0.3).Draw(rt, "drop"),
 			Duplicate: rapid.Float64Range(0, 0.3).Draw(rt, "dup"),
 			Reorder:   rapid.Float64Range(0, 0.5).Draw(rt, "reorder"),

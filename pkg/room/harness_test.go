@@ -1,7 +1,10 @@
-package conn
+package room
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"errors"
 	"runtime"
 	"sync"
 	"testing"
@@ -10,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -41,14 +45,14 @@ type fakeDP struct {
 	expects   map[poll.Key][]Metadata
 	fenced    map[poll.Key]bool
 	forgotten map[poll.Key]bool
-	peers     map[poll.Key]PeerInfo
+	peers     map[poll.Key]conn.PeerInfo
 }
 
 func newFakeDP() *fakeDP {
-	return &fakeDP{binds: map[poll.Key][]Metadata{}, expects: map[poll.Key][]Metadata{}, fenced: map[poll.Key]bool{}, forgotten: map[poll.Key]bool{}, peers: map[poll.Key]PeerInfo{}}
+	return &fakeDP{binds: map[poll.Key][]Metadata{}, expects: map[poll.Key][]Metadata{}, fenced: map[poll.Key]bool{}, forgotten: map[poll.Key]bool{}, peers: map[poll.Key]conn.PeerInfo{}}
 }
 
-func (d *fakeDP) Bind(p PeerInfo, md Metadata) {
+func (d *fakeDP) Bind(p conn.PeerInfo, md Metadata) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.fenced[md.Key] {
@@ -61,7 +65,7 @@ func (d *fakeDP) Expect(md Metadata) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.fenced[md.Key] {
-		return ErrBadArgument
+		return conn.ErrBadArgument
 	}
 	d.expects[md.Key] = append(d.expects[md.Key], md)
 	return nil
@@ -96,10 +100,10 @@ func (d *fakeDP) bound(k poll.Key) bool {
 // FakeClock.
 type harness struct {
 	t     testing.TB
-	clk   *FakeClock
-	net   *MemNetwork
-	pre   *PrefillNode
-	dec   *DecodeNode
+	clk   *conn.FakeClock
+	net   *conn.MemNetwork
+	pre   *PrefillOwner
+	dec   *DecodeOwner
 	preDP *fakeDP
 	decDP *fakeDP
 	gen   int
@@ -112,11 +116,11 @@ type options struct {
 	dec func(*DecodeConfig)
 }
 
-func testConfig(clk Clock, tr Transport, inst string, seed uint64, side poll.Side) Config {
+func testConfig(clk conn.Clock, tr conn.Transport, inst string, seed uint64, side poll.Side) conn.Config {
 	tab := poll.DefaultConfig(side)
 	tab.BootstrapTimeout, tab.WaitingTimeout, tab.TransferIdleTimeout = tBoot, tWait, tIdle
 	tab.ClearLinger, tab.TombstoneTTL = tLinger, tLinger
-	return Config{
+	return conn.Config{
 		Instance: inst, Transport: tr, Clock: clk, Table: tab, Seed: seed,
 		TickInterval: tTick, HeartbeatInterval: tHeartbeat, HeartbeatMisses: tMisses,
 		RetryBase: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, NotifyHorizon: 5 * time.Second,
@@ -128,8 +132,8 @@ func newHarness(t testing.TB, seed uint64) *harness { return newHarnessWith(t, s
 
 func newHarnessWith(t testing.TB, seed uint64, o options) *harness {
 	t.Helper()
-	clk := NewFakeClock(time.Unix(1_700_000_000, 0))
-	h := &harness{t: t, clk: clk, net: NewMemNetwork(clk, seed), opts: o}
+	clk := conn.NewFakeClock(time.Unix(1_700_000_000, 0))
+	h := &harness{t: t, clk: clk, net: conn.NewMemNetwork(clk, seed), opts: o}
 	h.startPrefill()
 	h.startDecode()
 	t.Cleanup(h.close)
@@ -145,7 +149,7 @@ func (h *harness) startPrefill() {
 	if h.opts.pre != nil {
 		h.opts.pre(&pc)
 	}
-	n, err := NewPrefillNode(pc)
+	n, err := NewPrefillOwner(pc)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -165,7 +169,7 @@ func (h *harness) startDecode() {
 	if h.opts.dec != nil {
 		h.opts.dec(&dc)
 	}
-	n, err := NewDecodeNode(dc)
+	n, err := NewDecodeOwner(dc)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -187,7 +191,7 @@ func (h *harness) close() {
 // rogue dials prefill from a host that is no peer of it; send delivers
 // one raw frame and lets the nodes settle. The connection closes when the
 // test ends, if the test did not close it first.
-func (h *harness) rogue() (evil Conn, send func(b []byte)) {
+func (h *harness) rogue() (evil conn.Conn, send func(b []byte)) {
 	h.t.Helper()
 	evil, err := h.net.Host("evil").Dial(context.Background(), prefillAddr)
 	if err != nil {
@@ -204,13 +208,20 @@ func (h *harness) rogue() (evil Conn, send func(b []byte)) {
 }
 
 // settle waits (in real time, briefly) until no frame is queued or being
-// handled. A receiver that died mid-frame (panic) is let go after a while.
+// handled and neither owner has an input queued or running (data-plane
+// callbacks are events nobody waits for). A receiver that died mid-frame
+// (panic) is let go after a while.
 func (h *harness) settle() {
 	deadline := time.Now().Add(200 * time.Millisecond)
-	for !h.net.Idle() && time.Now().Before(deadline) {
+	for !(h.net.Idle() && h.ownersIdle()) && time.Now().Before(deadline) {
 		runtime.Gosched()
 		time.Sleep(20 * time.Microsecond)
 	}
+}
+
+// ownersIdle reports whether neither owner has an input queued or running.
+func (h *harness) ownersIdle() bool {
+	return (h.pre == nil || h.pre.ownerIdle()) && (h.dec == nil || h.dec.ownerIdle())
 }
 
 // advance moves virtual time by d, one tick at a time, settling the
@@ -250,13 +261,6 @@ func (h *harness) waitReal(limit time.Duration, cond func() bool) bool {
 		time.Sleep(100 * time.Microsecond)
 	}
 	return true
-}
-
-// bound reports whether a listener is bound to addr.
-func (n *MemNetwork) bound(addr string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.listeners[addr] != nil
 }
 
 func visible(n interface {
@@ -340,13 +344,13 @@ func (h *harness) reason(n interface {
 }
 
 // isFrame returns a predicate matching frames of type ft (for DropNext).
-func isFrame(ft FrameType) func([]byte) bool {
+func isFrame(ft conn.FrameType) func([]byte) bool {
 	return func(b []byte) bool {
 		env := &pdlinkv1.Envelope{}
 		if proto.Unmarshal(b, env) != nil {
 			return false
 		}
-		got, ok := FrameTypeOf(env)
+		got, ok := conn.FrameTypeOf(env)
 		return ok && got == ft
 	}
 }
@@ -364,4 +368,21 @@ func (h *harness) checkInvariants() {
 // pagesOf returns a small destination page list for room i.
 func pagesOf(i int) *pdlinkv1.PageList {
 	return &pdlinkv1.PageList{Runs: []*pdlinkv1.PageRun{{Start: int32(i * 8), Count: 8}}}
+}
+
+// sumAuth is a toy Authenticator: the MAC is a keyed SHA-256 (as in
+// pkg/conn's codec tests).
+type sumAuth struct{ key byte }
+
+func (a sumAuth) Seal(b []byte) ([]byte, error) {
+	s := sha256.Sum256(append([]byte{a.key}, b...))
+	return s[:], nil
+}
+
+func (a sumAuth) Verify(b, mac []byte) error {
+	want, _ := a.Seal(b)
+	if !bytes.Equal(want, mac) {
+		return errors.New("bad mac")
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -57,9 +57,12 @@ func (c *core) subscribe(buf int) *Subscription {
 	return s
 }
 
-// publish is called with the table lock held (takeLocked), so it must
-// never block.
+// publish is called inside withTable (takeLocked), on the owner goroutine
+// while it runs, so it must never block.
 func (c *core) publish(tr Transition) {
+	if c.publishHook != nil {
+		c.publishHook(tr)
+	}
 	c.subMu.Lock()
 	defer c.subMu.Unlock()
 	for s := range c.subs {
@@ -67,7 +70,7 @@ func (c *core) publish(tr Transition) {
 		case s.ch <- tr:
 		default:
 			s.dropped.Add(1)
-			c.ctr.dropped.Add(1)
+			c.lk.CountWatchDropped()
 		}
 	}
 }
@@ -75,49 +78,46 @@ func (c *core) publish(tr Transition) {
 // Poll reports, for each room id, the state the scheduler may see (I9), or
 // poll.StateNone for a room not in the table; it appends to out[:0].
 func (c *core) Poll(ids []poll.RoomID, out []poll.State) []poll.State {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t.Poll(ids, out)
+	c.exec(func() { c.withTable(func() { out = c.t.Poll(ids, out) }) })
+	return out
 }
 
 // PollStatus is Poll with each room's nonce and, once Failed is visible,
 // its reasons (see poll.Table.PollStatus); it appends to out[:0].
 func (c *core) PollStatus(ids []poll.RoomID, out []poll.Status) []poll.Status {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t.PollStatus(ids, out)
+	c.exec(func() { c.withTable(func() { out = c.t.PollStatus(ids, out) }) })
+	return out
 }
 
 // Get returns a copy of the room with this id (poll.ErrNotFound if none).
 func (c *core) Get(id poll.RoomID) (poll.RoomInfo, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t.Get(id)
+	var info poll.RoomInfo
+	var err error
+	c.exec(func() { c.withTable(func() { info, err = c.t.Get(id) }) })
+	return info, err
 }
 
 // List returns a page of rooms (see poll.Table.List).
 func (c *core) List(f poll.Filter, pageToken string, limit int) ([]poll.RoomInfo, string, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t.List(c.now(), f, pageToken, limit)
+	var infos []poll.RoomInfo
+	var next string
+	var err error
+	c.exec(func() { c.withTable(func() { infos, next, err = c.t.List(c.now(), f, pageToken, limit) }) })
+	return infos, next, err
 }
 
 // Stats returns the room table's snapshot for metrics.
 func (c *core) Stats() poll.Stats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t.Stats(c.now())
+	var st poll.Stats
+	c.exec(func() { c.withTable(func() { st = c.t.Stats(c.now()) }) })
+	return st
 }
 
 // Clear removes terminal rooms; errs[i] is the result for ids[i] (errs
 // must be at least as long as ids). Cleared rooms are forgotten by the
 // data plane.
 func (c *core) Clear(ids []poll.RoomID, errs []error) {
-	c.mu.Lock()
-	c.t.ClearBatch(c.now(), ids, errs)
-	effs := c.takeLocked()
-	c.mu.Unlock()
-	c.perform(effs)
+	c.apply(func() { c.t.ClearBatch(c.now(), ids, errs) })
 }
 
 // Shutdown fails every live room with reason shutdown while the sockets
@@ -131,9 +131,9 @@ func (c *core) Clear(ids []poll.RoomID, errs []error) {
 // and ZeroMQ may drop what was queued.
 func (c *core) Shutdown(ctx context.Context) {
 	_ = c.step(poll.Event{Kind: poll.EvShutdown})
-	c.lk.awaitRoomFramesAcked(ctx)
+	c.lk.AwaitRoomFramesAcked(ctx)
 	// Even with the drain spent, one GOODBYE goes out.
-	c.sayGoodbye(ctx)
+	c.lk.SayGoodbye(ctx)
 }
 
 // WallTime converts a table time (RoomInfo.CreatedAt, Deadline, history)
@@ -145,7 +145,7 @@ func (c *core) Instance() (string, uint64) { return c.cfg.Instance, c.cfg.Epoch 
 
 // checkInvariants runs the table's invariant check (tests).
 func (c *core) checkInvariants() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t.CheckInvariants()
+	var err error
+	c.exec(func() { c.withTable(func() { err = c.t.CheckInvariants() }) })
+	return err
 }

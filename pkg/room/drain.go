@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -101,14 +101,14 @@ wait:
 
 	notices := w.settle(waitCtx, p.TerminalGrace)
 	rep.Invisible = len(w.pending)
-	rep.UnackedNotices = c.lk.unackedRoomFrames()
+	rep.UnackedNotices = c.lk.UnackedRoomFrames()
 	rep.Capped = waitCtx.Err() != nil
 	if notices {
-		c.sayGoodbye(capCtx)
+		c.lk.SayGoodbye(capCtx)
 	} else {
 		// The peers did not acknowledge the notices: they will not answer
 		// a goodbye in time either. One try, no wait.
-		c.sayGoodbye(doneContext())
+		c.lk.SayGoodbye(doneContext())
 	}
 	select {
 	case <-performed:
@@ -123,25 +123,36 @@ wait:
 }
 
 // failLive fails every live room with shutdown and returns their keys.
-// Its effects (notices, fences, publications) run on their own goroutine,
-// which closes performed when done: a fence that never completes must not
-// hold the drain past its cap.
+// Its effects (notices, fences, publications) run right after, in the same
+// input of the owner, which closes performed when done: the drain does not
+// wait for them, so a fence that never completes must not hold the drain
+// past its cap.
 func (c *core) failLive() (failed []poll.Key, performed <-chan struct{}) {
-	c.mu.Lock()
-	_ = c.t.Step(c.now(), poll.Event{Kind: poll.EvShutdown})
-	effs := c.takeLocked()
-	c.mu.Unlock()
-	for _, e := range effs {
-		if e.Kind == poll.EffTransition && e.To == poll.Failed {
-			failed = append(failed, e.Key)
-		}
-	}
 	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	keys := make(chan []poll.Key, 1)
+	c.post(func() {
+		var failed []poll.Key
+		defer func() {
+			select {
+			case keys <- failed: // unless sent below (a panic in between)
+			default:
+			}
+			close(done)
+		}()
+		var effs []poll.Effect
+		c.withTable(func() {
+			_ = c.t.Step(c.now(), poll.Event{Kind: poll.EvShutdown})
+			effs = c.takeLocked()
+		})
+		for _, e := range effs {
+			if e.Kind == poll.EffTransition && e.To == poll.Failed {
+				failed = append(failed, e.Key)
+			}
+		}
+		keys <- failed
 		c.perform(effs)
-	}()
-	return failed, done
+	})
+	return <-keys, done
 }
 
 // at returns a channel closed at t on the node's clock, and a stop.
@@ -188,13 +199,15 @@ func (w *drainWatch) await(failed []poll.Key) {
 		w.pending[k] = struct{}{}
 	}
 	// A room leaves hidden as its publication reaches the subscription,
-	// both under the table lock, so none is missed between this and the
-	// loop.
-	w.c.mu.Lock()
-	for k := range w.c.hidden {
-		w.pending[k] = struct{}{}
-	}
-	w.c.mu.Unlock()
+	// both in one input of the owner, so none is missed between this and
+	// the loop.
+	w.c.exec(func() {
+		w.c.withTable(func() {
+			for k := range w.c.hidden {
+				w.pending[k] = struct{}{}
+			}
+		})
+	})
 }
 
 // recheck asks the table about the awaited rooms once the subscription
@@ -231,8 +244,8 @@ func (w *drainWatch) settle(ctx context.Context, grace time.Duration) bool {
 	armed := time.Time{}
 	for {
 		w.recheck()
-		removed := c.lk.frameAcked()
-		acked := c.lk.unackedRoomFrames() == 0
+		removed := c.lk.FrameAcked()
+		acked := c.lk.UnackedRoomFrames() == 0
 		waiting := len(w.pending) > 0
 		if !waiting && !w.lastEnd.IsZero() && armed != w.lastEnd {
 			stopGrace()
@@ -252,7 +265,7 @@ func (w *drainWatch) settle(ctx context.Context, grace time.Duration) bool {
 		case <-removed:
 		case <-graceEnd:
 		case <-ctx.Done():
-			return c.lk.unackedRoomFrames() == 0
+			return c.lk.UnackedRoomFrames() == 0
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -35,8 +36,8 @@ func TestHappyPathReachesSuccessOnBothSides(t *testing.T) {
 		t.Fatalf("decode transitions %v, want %v", tos, want)
 	}
 	c := h.pre.Counters()
-	if c.Frames(FrameMetadata, Received) != 1 || c.Frames(FrameStatus, Received) != 1 || c.RejectedTotal() != 0 {
-		t.Fatalf("prefill counters: metadata %d status %d rejected %d", c.Frames(FrameMetadata, Received), c.Frames(FrameStatus, Received), c.RejectedTotal())
+	if c.Frames(conn.FrameMetadata, conn.Received) != 1 || c.Frames(conn.FrameStatus, conn.Received) != 1 || c.RejectedTotal() != 0 {
+		t.Fatalf("prefill counters: metadata %d status %d rejected %d", c.Frames(conn.FrameMetadata, conn.Received), c.Frames(conn.FrameStatus, conn.Received), c.RejectedTotal())
 	}
 	h.checkInvariants()
 }
@@ -60,14 +61,14 @@ func TestEachFrameTypeDroppedOnceStillEndsCorrectly(t *testing.T) {
 	success := []struct {
 		name     string
 		from, to string
-		ft       FrameType
+		ft       conn.FrameType
 	}{
-		{"register", decodeHost, prefillHost, FrameRegister},
-		{"metadata", decodeHost, prefillHost, FrameMetadata},
-		{"ack_to_decode", prefillHost, decodeHost, FrameAck},
-		{"status", decodeHost, prefillHost, FrameStatus},
-		{"heartbeat_to_prefill", decodeHost, prefillHost, FrameHeartbeat},
-		{"heartbeat_to_decode", prefillHost, decodeHost, FrameHeartbeat},
+		{"register", decodeHost, prefillHost, conn.FrameRegister},
+		{"metadata", decodeHost, prefillHost, conn.FrameMetadata},
+		{"ack_to_decode", prefillHost, decodeHost, conn.FrameAck},
+		{"status", decodeHost, prefillHost, conn.FrameStatus},
+		{"heartbeat_to_prefill", decodeHost, prefillHost, conn.FrameHeartbeat},
+		{"heartbeat_to_decode", prefillHost, decodeHost, conn.FrameHeartbeat},
 	}
 	for _, tc := range success {
 		t.Run(tc.name, func(t *testing.T) {
@@ -89,12 +90,12 @@ func TestEachFrameTypeDroppedOnceStillEndsCorrectly(t *testing.T) {
 	aborts := []struct {
 		name     string
 		from, to string
-		ft       FrameType
+		ft       conn.FrameType
 	}{
-		{"abort_to_prefill", decodeHost, prefillHost, FrameAbort},
-		{"abort_to_decode", prefillHost, decodeHost, FrameAbort},
-		{"ack_to_prefill", decodeHost, prefillHost, FrameAck},
-		{"abort_ack", prefillHost, decodeHost, FrameAbortAck},
+		{"abort_to_prefill", decodeHost, prefillHost, conn.FrameAbort},
+		{"abort_to_decode", prefillHost, decodeHost, conn.FrameAbort},
+		{"ack_to_prefill", decodeHost, prefillHost, conn.FrameAck},
+		{"abort_ack", prefillHost, decodeHost, conn.FrameAbortAck},
 	}
 	for _, tc := range aborts {
 		t.Run(tc.name, func(t *testing.T) {
@@ -105,7 +106,7 @@ func TestEachFrameTypeDroppedOnceStillEndsCorrectly(t *testing.T) {
 			}
 			h.net.DropNext(tc.from, tc.to, 1, isFrame(tc.ft))
 			var err error
-			if tc.from == decodeHost && tc.ft == FrameAbort || tc.ft == FrameAbortAck {
+			if tc.from == decodeHost && tc.ft == conn.FrameAbort || tc.ft == conn.FrameAbortAck {
 				err = h.dec.Abort(context.Background(), 1, "")
 			} else {
 				err = h.pre.Abort(context.Background(), 1, "")
@@ -122,7 +123,7 @@ func TestEachFrameTypeDroppedOnceStillEndsCorrectly(t *testing.T) {
 				t.Fatalf("no %s frame was dropped", tc.ft)
 			}
 			h.advance(time.Second) // the ABORT_ACK retry completes
-			if n := h.pre.out.len() + h.dec.out.len(); n != 0 {
+			if n := h.pre.lk.UnackedFrames() + h.dec.lk.UnackedFrames(); n != 0 {
 				t.Fatalf("%d frames still unacknowledged", n)
 			}
 		})
@@ -141,14 +142,14 @@ func TestDuplicateAfterLostAckIsReackedNotReapplied(t *testing.T) {
 	logs, seen := observer.New(zap.InfoLevel)
 	h := newHarnessWith(t, 4, options{pre: func(c *PrefillConfig) { c.Logger = zap.New(logs) }})
 	h.runToEnd(h.open(9, 1), 1) // the session is up and registered
-	h.net.DropNext(prefillHost, decodeHost, 1, isFrame(FrameAck))
+	h.net.DropNext(prefillHost, decodeHost, 1, isFrame(conn.FrameAck))
 	key := h.open(1, 1)
 	if _, ok := h.until(time.Second, func() bool { return h.decState(1) == poll.WaitingForInput }); !ok || h.net.Dropped() != 1 {
 		t.Fatalf("metadata never acknowledged: decode %v", h.decState(1))
 	}
 	h.runToEnd(key, 1)
 	h.expect(1, poll.Success, poll.Success)
-	if n := h.pre.Counters().Rejected(RejectDuplicate); n == 0 {
+	if n := h.pre.Counters().Rejected(conn.RejectDuplicate); n == 0 {
 		t.Fatal("retransmitted METADATA was not seen as a duplicate")
 	}
 	for _, e := range seen.FilterMessage("frame rejected").All() {
@@ -162,7 +163,7 @@ func TestDuplicateAfterLostAckIsReackedNotReapplied(t *testing.T) {
 // Duplication and reordering of every frame in both directions.
 func TestDuplicationAndReorderingOfEverything(t *testing.T) {
 	h := newHarness(t, 5)
-	f := LinkFaults{Duplicate: 0.5, Reorder: 0.5, MaxHold: 60 * time.Millisecond}
+	f := conn.LinkFaults{Duplicate: 0.5, Reorder: 0.5, MaxHold: 60 * time.Millisecond}
 	h.net.SetFaults(decodeHost, prefillHost, f)
 	h.net.SetFaults(prefillHost, decodeHost, f)
 	const rooms = 20
@@ -179,7 +180,7 @@ func TestDuplicationAndReorderingOfEverything(t *testing.T) {
 			t.Fatalf("room %d bound %d times", k.Room, n)
 		}
 	}
-	if h.pre.Counters().Rejected(RejectDuplicate) == 0 {
+	if h.pre.Counters().Rejected(conn.RejectDuplicate) == 0 {
 		t.Fatal("no duplicate was detected under 50% duplication")
 	}
 	h.checkInvariants()

@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -17,10 +18,10 @@ import (
 // the room's own deadline passes. A prefill that already ended the room
 // answers ENDED and the room fails at once with its reason (R3). It
 // returns without waiting for the ACK.
-func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
+func (n *DecodeOwner) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 	rank := Rank{TP: req.Rank.TP, Size: max(req.Rank.Size, 1)}
-	if err := validateRank(rank.proto()); err != nil {
-		return fmt.Errorf("%w: %v", ErrBadArgument, err)
+	if err := conn.ValidateRank(rank.proto()); err != nil {
+		return fmt.Errorf("%w: %v", conn.ErrBadArgument, err)
 	}
 	info, err := n.Get(room)
 	if err != nil {
@@ -29,11 +30,11 @@ func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 	if info.State != poll.Bootstrapping && info.State != poll.WaitingForInput {
 		// Name the visible state: a room failed but not yet fenced must not
 		// read as Failed to the scheduler (I9).
-		return fmt.Errorf("%w: %v", ErrNotBootstrapping, info.Visible)
+		return fmt.Errorf("%w: %v", conn.ErrNotBootstrapping, info.Visible)
 	}
-	s, ok := n.link.sessionOf(info.Peer)
+	s, ok := n.link.SessionOf(info.Peer)
 	if !ok {
-		return fmt.Errorf("%w: no session for peer %d", ErrClosedNode, info.Peer)
+		return fmt.Errorf("%w: no session for peer %d", conn.ErrClosedNode, info.Peer)
 	}
 	md := Metadata{Key: info.Key, Rank: rank, DstPages: req.DstPages, AuxIndex: req.AuxIndex, PrefixLen: req.PrefixLen, ExpectedRanks: max(info.Ranks, 1)}
 	if err := n.dp.Expect(md); err != nil {
@@ -47,7 +48,7 @@ func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 		_, st, ok := n.roomDeadline(key.Room)
 		return ok && st == poll.Bootstrapping
 	}
-	n.link.sendFollowing(s, env, key, info.Deadline, want, func(from poll.PeerID, a ackResult) bool {
+	n.link.SendFollowing(s, env, key, info.Deadline, want, func(from poll.PeerID, a conn.AckResult) bool {
 		return n.metadataAcked(from, key, a)
 	})
 	return nil
@@ -56,24 +57,24 @@ func (n *DecodeNode) SendMetadata(room poll.RoomID, req MetadataRequest) error {
 // metadataAcked applies the answer of prefill instance from to a
 // METADATA; false retries it. The link answered unknown_peer itself
 // (register, then retry).
-func (n *DecodeNode) metadataAcked(from poll.PeerID, key poll.Key, a ackResult) bool {
-	switch a.result {
+func (n *DecodeOwner) metadataAcked(from poll.PeerID, key poll.Key, a conn.AckResult) bool {
+	switch a.Result {
 	case pdlinkv1.AckResult_ACK_RESULT_APPLIED:
 		_ = n.step(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: from})
 	case pdlinkv1.AckResult_ACK_RESULT_NOT_OPEN:
 		_, st, ok := n.roomDeadline(key.Room)
 		return !(ok && st == poll.Bootstrapping)
 	case pdlinkv1.AckResult_ACK_RESULT_ENDED:
-		if a.reason != "" {
-			r, _ := poll.ParseReason(a.reason)
+		if a.Reason != "" {
+			r, _ := poll.ParseReason(a.Reason)
 			_ = n.step(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from, Reason: r})
 		}
 	case pdlinkv1.AckResult_ACK_RESULT_REJECTED:
 		reason := poll.ReasonInvalid
-		if a.reason == RejectForeignRoom.String() {
+		if a.Reason == conn.RejectForeignRoom.String() {
 			reason = poll.ReasonCollision
 		}
-		n.log.Warn("prefill rejected metadata", zap.Uint64("room", uint64(key.Room)), zap.String("reason", a.reason))
+		n.log.Warn("prefill rejected metadata", zap.Uint64("room", uint64(key.Room)), zap.String("reason", a.Reason))
 		_ = n.step(poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
 	}
 	return true
@@ -82,38 +83,38 @@ func (n *DecodeNode) metadataAcked(from poll.PeerID, key poll.Key, a ackResult) 
 // OnProgress is the data plane's callback: a chunk of the room was
 // written. Bytes arriving prove prefill applied our METADATA, so a lost
 // ACK does not hold the room in Bootstrapping.
-func (n *DecodeNode) OnProgress(key poll.Key) { n.advance(key, false, 0) }
+func (n *DecodeOwner) OnProgress(key poll.Key) { n.advance(key, false, 0) }
 
 // OnRankDone is the data plane's callback: every page and the aux row
 // that prefill rank rank sends are written and verified (I8). When every
 // expected rank is done the room is Success and prefill is told.
-func (n *DecodeNode) OnRankDone(key poll.Key, rank int) {
+func (n *DecodeOwner) OnRankDone(key poll.Key, rank int) {
 	if rank < 0 || rank >= poll.MaxRanks {
 		return
 	}
 	n.advance(key, true, uint8(rank))
 }
 
-func (n *DecodeNode) advance(key poll.Key, done bool, rank uint8) {
-	n.mu.Lock()
-	now := n.now()
-	if info, err := n.t.Get(key.Room); err == nil && info.Key.Nonce == key.Nonce {
-		if info.State == poll.Bootstrapping {
-			_ = n.t.Step(now, poll.Event{Kind: poll.EvMetadata, Key: key, Peer: info.Peer})
-		}
-		_ = n.t.Step(now, poll.Event{Kind: poll.EvFirstChunk, Key: key}) // or progress in Transferring
-		if done {
-			_ = n.t.Step(now, poll.Event{Kind: poll.EvDone, Key: key, Rank: rank})
-		}
-	}
-	effs := n.takeLocked()
-	n.mu.Unlock()
-	n.perform(effs)
+func (n *DecodeOwner) advance(key poll.Key, done bool, rank uint8) {
+	n.post(func() {
+		n.applyOwned(func() {
+			now := n.now()
+			if info, err := n.t.Get(key.Room); err == nil && info.Key.Nonce == key.Nonce {
+				if info.State == poll.Bootstrapping {
+					_ = n.t.Step(now, poll.Event{Kind: poll.EvMetadata, Key: key, Peer: info.Peer})
+				}
+				_ = n.t.Step(now, poll.Event{Kind: poll.EvFirstChunk, Key: key}) // or progress in Transferring
+				if done {
+					_ = n.t.Step(now, poll.Event{Kind: poll.EvDone, Key: key, Rank: rank})
+				}
+			}
+		})
+	})
 }
 
 // OnFailed is the data plane's callback: the room's transfer failed
 // (transfer_error, checksum...). Prefill is told.
-func (n *DecodeNode) OnFailed(key poll.Key, reason poll.Reason) {
+func (n *DecodeOwner) OnFailed(key poll.Key, reason poll.Reason) {
 	_ = n.step(poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
 }
 
@@ -121,21 +122,21 @@ func (n *DecodeNode) OnFailed(key poll.Key, reason poll.Reason) {
 // writes and tells prefill (even before prefill opened it, R4). It
 // returns once the room's Failed is visible, bounded by ctx; see the
 // package doc, Aborting.
-func (n *DecodeNode) Abort(ctx context.Context, room poll.RoomID, reason poll.Reason) error {
+func (n *DecodeOwner) Abort(ctx context.Context, room poll.RoomID, reason poll.Reason) error {
 	return n.abort(ctx, room, reason)
 }
 
 // Subscribe returns a subscription to visible transitions.
-func (n *DecodeNode) Subscribe(buf int) *Subscription { return n.subscribe(buf) }
+func (n *DecodeOwner) Subscribe(buf int) *Subscription { return n.subscribe(buf) }
 
 // Peers returns the prefill daemons this node talks to.
-func (n *DecodeNode) Peers() []PeerInfo { return n.link.peerInfos() }
+func (n *DecodeOwner) Peers() []conn.PeerInfo { return n.link.Peers() }
 
 // Counters returns the frame and peer counters.
-func (n *DecodeNode) Counters() Counters { return n.link.counters() }
+func (n *DecodeOwner) Counters() conn.Counters { return n.link.Counters() }
 
-func (n *DecodeNode) notify(e poll.Effect) {
-	dest, ok := n.link.target(e.Peer)
+func (n *DecodeOwner) notify(e poll.Effect) {
+	dest, ok := n.link.Target(e.Peer)
 	if !ok {
 		return // that prefill instance restarted: its rooms are gone
 	}
@@ -163,50 +164,70 @@ func (c *core) roomsBoundTo(id poll.PeerID) []poll.Key {
 	}
 }
 
-func (n *DecodeNode) unknownToPeer(t target)   { n.link.unknownToPeer(t) }
-func (n *DecodeNode) maintain(now int64)       { n.link.maintain(now) }
-func (n *DecodeNode) goodbyeTargets() []target { return n.link.goodbyeTargets() }
-func (n *DecodeNode) farewell(t target)        { n.link.farewell(t) }
+// peerDeparted forgets the peer behind id, which said goodbye: rooms still
+// bound to it fail as if its shutdown ABORT had arrived (aborted:remote,
+// peer reason shutdown), frames queued for it are dropped, and it is
+// counted as a goodbye, not as lost.
+func (c *core) peerDeparted(id poll.PeerID, fields ...zap.Field) {
+	dropped := c.lk.Departed(id)
+	rooms := c.roomsBoundTo(id)
+	c.log.Info("peer said goodbye", append(fields, zap.Uint32("peer", uint32(id)),
+		zap.Int("rooms_failed", len(rooms)), zap.Int("frames_dropped", dropped))...)
+	for _, k := range rooms {
+		_ = c.step(poll.Event{Kind: poll.EvAbortRemote, Key: k, Peer: id, Reason: poll.ReasonShutdown})
+	}
+}
 
-func (n *DecodeNode) fence(k poll.Key) bool { return n.dp.Fence(k) }
-func (n *DecodeNode) forget(k poll.Key)     { n.dp.Forget(k) }
+func (n *DecodeOwner) fence(k poll.Key) bool { return n.dp.Fence(k) }
+func (n *DecodeOwner) forget(k poll.Key)     { n.dp.Forget(k) }
 
-// The room side of the decode link (roomSide, link.go).
+// The room side of the decode link (conn.RoomSide, through decodeSide).
 
-func (n *DecodeNode) peerLost(id poll.PeerID) {
+func (n *DecodeOwner) peerLost(id poll.PeerID) {
 	_ = n.step(poll.Event{Kind: poll.EvPeerLost, Peer: id})
 }
 
-func (n *DecodeNode) peerRestarted(old, id poll.PeerID) {
+func (n *DecodeOwner) peerRestarted(old, id poll.PeerID) {
 	_ = n.step(poll.Event{Kind: poll.EvPeerReplaced, Peer: old, NewPeer: id})
 }
 
-func (n *DecodeNode) peerGone(id poll.PeerID, fields ...zap.Field) { n.peerDeparted(id, fields...) }
+func (n *DecodeOwner) peerGone(id poll.PeerID, fields ...zap.Field) { n.peerDeparted(id, fields...) }
 
-func (n *DecodeNode) liveRooms() uint32 { return uint32(n.Stats().Inflight) }
+func (n *DecodeOwner) liveRooms() uint32 { return uint32(n.Stats().Inflight) }
+
+// decodeSide is the node as its link's conn.RoomSide (see prefillSide).
+type decodeSide struct{ n *DecodeOwner }
+
+func (s decodeSide) FrameIn(from conn.Target, ft conn.FrameType, env *pdlinkv1.Envelope) conn.AckResult {
+	return s.n.frameIn(from, ft, env)
+}
+func (s decodeSide) PeerLost(id poll.PeerID)                      { s.n.peerLost(id) }
+func (s decodeSide) PeerRestarted(old, id poll.PeerID)            { s.n.peerRestarted(old, id) }
+func (s decodeSide) PeerGone(id poll.PeerID, fields ...zap.Field) { s.n.peerGone(id, fields...) }
+func (s decodeSide) LiveRooms() uint32                            { return s.n.liveRooms() }
 
 // frameIn applies a room frame from the prefill instance behind from.
-func (n *DecodeNode) frameIn(from target, ft FrameType, env *pdlinkv1.Envelope) ackResult {
+func (n *DecodeOwner) frameIn(from conn.Target, ft conn.FrameType, env *pdlinkv1.Envelope) conn.AckResult {
 	if n.dcfg.roomFrameHook != nil {
-		n.dcfg.roomFrameHook(from.peerID(), env.GetSeq(), ft)
+		n.dcfg.roomFrameHook(from.PeerID(), env.GetSeq(), ft)
 	}
 	switch ft {
-	case FrameAbort:
+	case conn.FrameAbort:
 		ab := env.GetAbort()
 		return n.handleAbort(from, poll.Key{Room: poll.RoomID(ab.GetRoomId()), Nonce: poll.Nonce(ab.GetNonce())}, ab.GetReason())
-	case FrameStatus:
+	case conn.FrameStatus:
 		st := env.GetStatus()
 		if st.GetState() != pdlinkv1.RoomState_ROOM_STATE_FAILED {
-			return ackRejected(RejectInvalid) // prefill never reports Success
+			return conn.AckRejected(conn.RejectInvalid) // prefill never reports Success
 		}
 		r, _ := poll.ParseReason(st.GetReason())
 		key := poll.Key{Room: poll.RoomID(st.GetRoomId()), Nonce: poll.Nonce(st.GetNonce())}
-		a, _ := n.stepFrame(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from.peerID(), Reason: r})
+		a, _ := n.stepFrame(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from.PeerID(), Reason: r})
 		return a
-	case FrameAbortAck:
-		n.log.Debug("abort acknowledged", zap.Uint64("room", env.GetAbortAck().GetRoomId()), zap.Uint32("peer", uint32(from.peerID())))
-		return ackApplied
+	case conn.FrameAbortAck:
+		n.log.Debug("abort acknowledged", zap.Uint64("room", env.GetAbortAck().GetRoomId()), zap.Uint32("peer", uint32(from.PeerID())))
+		return conn.AckApplied
 	default: // REGISTER, METADATA: decode never receives them
-		return ackRejected(RejectInvalid)
+		return conn.AckRejected(conn.RejectInvalid)
 	}
 }

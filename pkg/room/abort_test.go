@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -33,7 +34,7 @@ func TestAbortBeforeOpenFailsLaterOpenAtOnce_R4(t *testing.T) {
 		t.Fatalf("reasons %q/%q", info.Reason, info.PeerReason)
 	}
 	h.expect(1, poll.Failed, poll.Failed)
-	if n := h.pre.Counters().Frames(FrameMetadata, Received); n == 0 {
+	if n := h.pre.Counters().Frames(conn.FrameMetadata, conn.Received); n == 0 {
 		t.Fatal("metadata never reached prefill")
 	}
 }
@@ -197,7 +198,7 @@ func TestDecodeSideFailuresReachPrefill(t *testing.T) {
 func TestMultiRankLostFrameOrPart_R11(t *testing.T) {
 	t.Run("lost_status", func(t *testing.T) {
 		h := newHarness(t, 25)
-		h.net.DropNext(decodeHost, prefillHost, 1, isFrame(FrameStatus))
+		h.net.DropNext(decodeHost, prefillHost, 1, isFrame(conn.FrameStatus))
 		key := h.open(1, 2)
 		h.runToEnd(key, 2)
 		h.expect(1, poll.Success, poll.Success)
@@ -234,7 +235,7 @@ func TestShutdownRetriesTheNoticeUntilDecodeHasIt_R8(t *testing.T) {
 	key := h.open(1, 1)
 	h.waitBound(key, time.Second)
 	h.advance(5 * tTick)
-	abortOrStatus := func(f []byte) bool { return isFrame(FrameAbort)(f) || isFrame(FrameStatus)(f) }
+	abortOrStatus := func(f []byte) bool { return isFrame(conn.FrameAbort)(f) || isFrame(conn.FrameStatus)(f) }
 	h.net.DropNext(prefillHost, decodeHost, 1, abortOrStatus)
 	done := make(chan struct{})
 	go func() {
@@ -246,7 +247,7 @@ func TestShutdownRetriesTheNoticeUntilDecodeHasIt_R8(t *testing.T) {
 	// runs past while nothing was sent yet.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if h.pre.out.roomFrames() > 0 { // the notice is sent and awaits its ACK
+		if h.pre.lk.UnackedRoomFrames() > 0 { // the notice is sent and awaits its ACK
 			break
 		}
 		if time.Now().After(deadline) {

@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -46,7 +47,7 @@ func (h *harness) waitShutdown(done <-chan struct{}) {
 }
 
 // tap records every frame of type ft from -> to (the frame still goes).
-func tap(net *MemNetwork, from, to string, ft FrameType) func() [][]byte {
+func tap(net *conn.MemNetwork, from, to string, ft conn.FrameType) func() [][]byte {
 	var mu sync.Mutex
 	var seen [][]byte
 	match := isFrame(ft)
@@ -66,7 +67,7 @@ func tap(net *MemNetwork, from, to string, ft FrameType) func() [][]byte {
 }
 
 func goodbyeFrom(instance string, epoch, seq uint64) *pdlinkv1.Envelope {
-	return &pdlinkv1.Envelope{ProtocolVersion: ProtocolVersion, SenderInstance: instance, Epoch: epoch, Seq: seq,
+	return &pdlinkv1.Envelope{ProtocolVersion: conn.ProtocolVersion, SenderInstance: instance, Epoch: epoch, Seq: seq,
 		Body: &pdlinkv1.Envelope_Goodbye{Goodbye: &pdlinkv1.Goodbye{}}}
 }
 
@@ -147,7 +148,7 @@ func TestGoodbyeFailsRoomsStillBoundToTheSender(t *testing.T) {
 	h := newHarnessWith(t, 42, options{pre: func(c *PrefillConfig) { c.Table.WaitingTimeout = 10 * tWait }})
 	key := h.open(1, 1)
 	h.waitBound(key, time.Second)
-	h.net.DropNext(decodeHost, prefillHost, 1000, isFrame(FrameAbort)) // every shutdown notice
+	h.net.DropNext(decodeHost, prefillHost, 1000, isFrame(conn.FrameAbort)) // every shutdown notice
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	h.waitShutdown(shutdownAsync(ctx, h.dec))
@@ -175,17 +176,17 @@ func TestGoodbyeIsRetriedUntilAcknowledgedAndIdempotent(t *testing.T) {
 	cases := []struct {
 		name    string
 		leaver  string // the host that shuts down
-		drop    FrameType
+		drop    conn.FrameType
 		drops   int
 		wantDup uint64 // duplicates the receiver must answer
 	}{
 		// Eight copies at 20ms doubling to 200ms, jittered down to half: past lostBound.
-		{"decode_goodbye_dropped", decodeHost, FrameGoodbye, 8, 0},
+		{"decode_goodbye_dropped", decodeHost, conn.FrameGoodbye, 8, 0},
 		// Two ACKs: the second copy comes well after the receiver's next
 		// tick, so a receiver that stopped listening at once is caught.
-		{"decode_goodbye_ack_dropped", decodeHost, FrameAck, 2, 2},
-		{"prefill_goodbye_dropped", prefillHost, FrameGoodbye, 8, 0},
-		{"prefill_goodbye_ack_dropped", prefillHost, FrameAck, 2, 2},
+		{"decode_goodbye_ack_dropped", decodeHost, conn.FrameAck, 2, 2},
+		{"prefill_goodbye_dropped", prefillHost, conn.FrameGoodbye, 8, 0},
+		{"prefill_goodbye_ack_dropped", prefillHost, conn.FrameAck, 2, 2},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -198,7 +199,7 @@ func TestGoodbyeIsRetriedUntilAcknowledgedAndIdempotent(t *testing.T) {
 				leaver, stayer, other = h.pre, h.dec.Counters, decodeHost
 			}
 			from, to := tc.leaver, other
-			if tc.drop == FrameAck {
+			if tc.drop == conn.FrameAck {
 				from, to = other, tc.leaver
 			}
 			h.net.DropNext(from, to, tc.drops, isFrame(tc.drop))
@@ -208,7 +209,7 @@ func TestGoodbyeIsRetriedUntilAcknowledgedAndIdempotent(t *testing.T) {
 			if got := h.net.Dropped(); got != uint64(tc.drops) {
 				t.Fatalf("%d frames dropped, want %d %s", got, tc.drops, tc.drop)
 			}
-			if took := h.clk.Now().Sub(start); tc.drop == FrameGoodbye && took < lostBound {
+			if took := h.clk.Now().Sub(start); tc.drop == conn.FrameGoodbye && took < lostBound {
 				t.Fatalf("the retries took %v, under the heartbeat bound %v: the test proves nothing", took, lostBound)
 			}
 			c := stayer()
@@ -216,7 +217,7 @@ func TestGoodbyeIsRetriedUntilAcknowledgedAndIdempotent(t *testing.T) {
 				t.Fatalf("goodbyes %d lost %d up %d, want the peer forgotten once", c.PeerGoodbyes, c.PeersLost, c.PeersUp)
 			}
 			// A retransmit may also cross a slow ACK: at least wantDup.
-			dup := c.Rejected(RejectDuplicate) - before.Rejected(RejectDuplicate)
+			dup := c.Rejected(conn.RejectDuplicate) - before.Rejected(conn.RejectDuplicate)
 			if dup < tc.wantDup || c.RejectedTotal()-before.RejectedTotal() != dup {
 				t.Fatalf("receiver rejected %d frames (%d duplicates), want only duplicates, at least %d",
 					c.RejectedTotal()-before.RejectedTotal(), dup, tc.wantDup)
@@ -230,7 +231,7 @@ func TestGoodbyeIsRetriedUntilAcknowledgedAndIdempotent(t *testing.T) {
 func TestGoodbyeLostOnTheWireFallsBackToLost(t *testing.T) {
 	h := newHarness(t, 44)
 	h.runToEnd(h.open(1, 1), 1)
-	h.net.DropNext(decodeHost, prefillHost, 1000, isFrame(FrameGoodbye))
+	h.net.DropNext(decodeHost, prefillHost, 1000, isFrame(conn.FrameGoodbye))
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	h.waitShutdown(shutdownAsync(ctx, h.dec))
@@ -281,7 +282,7 @@ func TestForgedOrReplayedGoodbyeDoesNotForgetALivePeer(t *testing.T) {
 		dec: func(c *DecodeConfig) { c.Auth = sumAuth{1} },
 	}
 	h := newHarnessWith(t, 47, o)
-	goodbyes := tap(h.net, decodeHost, prefillHost, FrameGoodbye)
+	goodbyes := tap(h.net, decodeHost, prefillHost, conn.FrameGoodbye)
 	h.runToEnd(h.open(1, 1), 1)
 	h.waitShutdown(shutdownAsync(context.Background(), h.dec))
 	_ = h.dec.Close()
@@ -296,12 +297,12 @@ func TestForgedOrReplayedGoodbyeDoesNotForgetALivePeer(t *testing.T) {
 	inst, epoch := h.dec.Instance()
 
 	evil, send := h.rogue()
-	otherKey := &Codec{Auth: sumAuth{2}}
+	otherKey := &conn.Codec{Auth: sumAuth{2}}
 	forged, err := otherKey.Encode(goodbyeFrom(inst, epoch, 1<<40))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sealed, err := (&Codec{Auth: sumAuth{1}}).Encode(&pdlinkv1.Envelope{ProtocolVersion: ProtocolVersion, SenderInstance: inst, Epoch: epoch,
+	sealed, err := (&conn.Codec{Auth: sumAuth{1}}).Encode(&pdlinkv1.Envelope{ProtocolVersion: conn.ProtocolVersion, SenderInstance: inst, Epoch: epoch,
 		Body: &pdlinkv1.Envelope_Heartbeat{Heartbeat: &pdlinkv1.Heartbeat{}}})
 	if err != nil {
 		t.Fatal(err)
@@ -313,7 +314,7 @@ func TestForgedOrReplayedGoodbyeDoesNotForgetALivePeer(t *testing.T) {
 	lifted := goodbyeFrom(inst, epoch, 1<<40+1)
 	lifted.Mac = hb.GetMac()
 
-	authBefore := h.pre.Counters().Rejected(RejectAuth)
+	authBefore := h.pre.Counters().Rejected(conn.RejectAuth)
 	send(forged)
 	send(mustMarshal(t, lifted))
 	send(replay[0])
@@ -333,7 +334,7 @@ func TestForgedOrReplayedGoodbyeDoesNotForgetALivePeer(t *testing.T) {
 	h.advance(2 * tHeartbeat)
 
 	c := h.pre.Counters()
-	if got := c.Rejected(RejectAuth) - authBefore; got != 2 {
+	if got := c.Rejected(conn.RejectAuth) - authBefore; got != 2 {
 		t.Errorf("auth rejections %d, want 2 (wrong key, lifted MAC)", got)
 	}
 	if c.PeerGoodbyes != 1 || c.PeersUp != 1 || len(h.pre.Peers()) != 1 {
@@ -354,7 +355,7 @@ func TestForgedOrReplayedGoodbyeDoesNotForgetALivePeer(t *testing.T) {
 // that then goes silent and is counted lost.
 func TestLateRegisterOfADepartedDecodeIsRefused(t *testing.T) {
 	h := newHarness(t, 48)
-	registers := tap(h.net, decodeHost, prefillHost, FrameRegister)
+	registers := tap(h.net, decodeHost, prefillHost, conn.FrameRegister)
 	h.runToEnd(h.open(1, 1), 1)
 	h.waitShutdown(shutdownAsync(context.Background(), h.dec))
 	h.dec.kill()
@@ -372,7 +373,7 @@ func TestLateRegisterOfADepartedDecodeIsRefused(t *testing.T) {
 	}
 	h.advance(2 * lostBound)
 	c := h.pre.Counters()
-	if len(h.pre.Peers()) != 0 || c.PeersLost != 0 || c.Rejected(RejectStaleEpoch) == 0 {
-		t.Fatalf("late REGISTER: peers %d lost %d stale_epoch %d", len(h.pre.Peers()), c.PeersLost, c.Rejected(RejectStaleEpoch))
+	if len(h.pre.Peers()) != 0 || c.PeersLost != 0 || c.Rejected(conn.RejectStaleEpoch) == 0 {
+		t.Fatalf("late REGISTER: peers %d lost %d stale_epoch %d", len(h.pre.Peers()), c.PeersLost, c.Rejected(conn.RejectStaleEpoch))
 	}
 }

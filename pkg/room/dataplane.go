@@ -1,9 +1,8 @@
-package conn
+package room
 
 import (
-	"time"
-
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -37,20 +36,6 @@ type Metadata struct {
 	ExpectedRanks int
 }
 
-// PeerInfo describes a peer daemon instance.
-type PeerInfo struct {
-	ID       poll.PeerID
-	Instance string
-	Epoch    uint64
-	// Addr is the prefill bootstrap address (decode side) or the decode
-	// data endpoint (prefill side).
-	Addr string
-	// Layouts are the decode region layouts sent in REGISTER (prefill side).
-	Layouts   []*pdlinkv1.RegionLayout
-	Up        bool
-	LastHeard time.Time
-}
-
 // PrefillDataPlane is what the prefill node needs from the data plane
 // (package transfer, adapted by the daemon). Calls come from node
 // goroutines outside the room lock (a socket reader among them) and must
@@ -69,7 +54,7 @@ type PrefillDataPlane interface {
 	// METADATA: the decode peer (its data endpoint and layouts) and that
 	// rank's metadata. It is called once per applied METADATA (a rank may
 	// be bound again after a retransmit: Bind must be idempotent).
-	Bind(peer PeerInfo, md Metadata)
+	Bind(peer conn.PeerInfo, md Metadata)
 	Fence(key poll.Key) (done bool)
 	Forget(key poll.Key)
 }

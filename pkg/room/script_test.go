@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"flag"
@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -246,8 +247,8 @@ func parsePages(s string) (*pdlinkv1.PageList, error) {
 	return p, nil
 }
 
-func frameTypeArg(s string) (FrameType, error) {
-	for _, ft := range AllFrameTypes() {
+func frameTypeArg(s string) (conn.FrameType, error) {
+	for _, ft := range conn.AllFrameTypes() {
 		if ft.String() == s {
 			return ft, nil
 		}

@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -21,34 +22,24 @@ type sideHooks interface {
 	// fence asks the data plane to fence the room; false: Fenced follows.
 	fence(k poll.Key) (done bool)
 	forget(k poll.Key)
-	// maintain sends heartbeats and declares peers lost (tick loop).
-	maintain(now int64)
-	// unknownToPeer: the peer behind dest answered unknown_peer (it forgot
-	// us): register again (decode); nothing to do on prefill.
-	unknownToPeer(dest target)
-	// goodbyeTargets are the peers to tell that this node is leaving.
-	goodbyeTargets() []target
-	// farewell: the peer behind dest acknowledged our GOODBYE; no more
-	// heartbeats to it, and it is not declared lost.
-	farewell(dest target)
 }
 
 // core is what both nodes share: the room table behind one mutex, the
-// effect driver, the reliable outbox, subscribers and counters.
+// effect driver, subscribers and parked calls. The reliable outbox,
+// counters and workers are its link's (lk).
 type core struct {
-	cfg   Config
+	cfg   conn.Config
 	log   *zap.Logger
-	clock Clock
-	start time.Time
-	codec *Codec
-	ctr   counters
-	out   *outbox
+	clock conn.Clock
 	hooks sideHooks
-	// lk is the room code's way into the link machinery (link.go).
-	lk linkBase
+	// lk is the room code's way into the link machinery (pkg/conn).
+	lk conn.Link
 
-	// mu guards t, hidden and parked. Transitions are published while it
-	// is held (takeLocked), so every subscriber sees them in table order.
+	// mu guards t, hidden and parked (withTable). While the owner runs
+	// only its inputs take it, so it is never contended; once the owner
+	// stopped, inputs run on their callers under it. Transitions are
+	// published inside withTable (takeLocked), on the owner goroutine, so
+	// every subscriber sees them in table order.
 	mu     sync.Mutex
 	t      *poll.Table
 	hidden map[poll.Key]poll.State // Failed rooms not yet visible: their visible "from"
@@ -69,64 +60,48 @@ type core struct {
 	halted   chan struct{}
 	haltOnce sync.Once
 
-	sup     *supervisor
-	ctx     context.Context // the workers' context, set by Start
-	cancel  context.CancelFunc
-	started atomic.Bool
-	closed  atomic.Bool
-	// saidGoodbye: GOODBYE went to the peers (goodbye.go); the node is
-	// leaving and keeps quiet.
-	saidGoodbye atomic.Bool
+	// own is the owner goroutine's input queue (owner.go).
+	own *owner
 
-	limiter logLimiter
-
-	// frameHook, if set (tests, from Config.frameHook), runs before each
-	// received frame is handled.
-	frameHook func(FrameType)
-	// performHook, if set (tests, from Config.performHook), runs before a
-	// batch's effects are performed, outside the table lock.
+	// performHook, if set (tests, from the node config's performHook),
+	// runs before a batch's effects are performed.
 	performHook func([]poll.Effect)
+	// publishHook, if set (tests), runs as each transition is published.
+	publishHook func(Transition)
 }
 
-func newCore(cfg Config, side poll.Side) (*core, error) {
-	cfg, err := cfg.withDefaults(side)
-	if err != nil {
-		return nil, err
-	}
+func newCore(lk conn.Link, performHook func([]poll.Effect), publishHook func(Transition)) (*core, error) {
+	cfg := lk.Config()
 	t, err := poll.New(cfg.Table)
 	if err != nil {
 		return nil, err
 	}
 	c := &core{
 		cfg:         cfg,
-		log:         cfg.Logger.With(zap.String("side", side.String()), zap.String("instance", cfg.Instance)),
-		clock:       cfg.Clock,
-		start:       cfg.Clock.Now(),
-		codec:       &Codec{Limits: cfg.Limits, Auth: cfg.Auth},
-		out:         newOutbox(cfg.RetryBase, cfg.RetryMax, cfg.Seed),
+		log:         lk.Logger(),
+		clock:       lk.Clock(),
+		lk:          lk,
 		t:           t,
 		subs:        make(map[*Subscription]struct{}),
 		hidden:      make(map[poll.Key]poll.State),
 		parked:      make(map[poll.Key][]*parkedCall),
 		fences:      make(map[poll.Key]*fenceState),
 		halted:      make(chan struct{}),
-		frameHook:   cfg.frameHook,
-		performHook: cfg.performHook,
+		performHook: performHook,
+		publishHook: publishHook,
+		own:         newOwner(),
 	}
-	c.limiter.clock = c.clock
-	c.lk = linkBase{c}
+	go c.runOwner()
 	return c, nil
 }
 
 // startWorkers starts the supervisor and the tick loop.
 func (c *core) startWorkers() {
-	ctx, cancel := context.WithCancel(context.Background())
-	c.ctx, c.cancel = ctx, cancel
-	c.sup = &supervisor{ctx: ctx, clock: c.clock, log: c.log, restarts: &c.ctr.restarts}
+	c.lk.StartWorkers()
 	// The first ticker is made here, not in the worker, so no tick of a
 	// FakeClock advanced right after Start is missed.
 	first := c.clock.NewTicker(c.cfg.TickInterval)
-	c.sup.Go("tick", func(ctx context.Context) error {
+	c.lk.Go("tick", func(ctx context.Context) error {
 		t := first
 		if t == nil {
 			t = c.clock.NewTicker(c.cfg.TickInterval) // a restart
@@ -134,24 +109,21 @@ func (c *core) startWorkers() {
 		first = nil
 		return c.tickLoop(ctx, t)
 	})
-	c.started.Store(true)
 }
 
 // stopWorkers cancels every worker and waits for them; parked calls
 // return.
 func (c *core) stopWorkers() {
 	c.haltOnce.Do(func() { close(c.halted) })
-	if c.cancel != nil {
-		c.cancel()
-		c.sup.Wait()
-	}
+	c.lk.StopWorkers()
+	c.stopOwner()
 }
 
 // now is the node's monotonic time in nanoseconds (the table's time).
-func (c *core) now() int64 { return int64(c.clock.Now().Sub(c.start)) }
+func (c *core) now() int64 { return c.lk.Now() }
 
 // wall converts node time to wall time.
-func (c *core) wall(ns int64) time.Time { return c.start.Add(time.Duration(ns)) }
+func (c *core) wall(ns int64) time.Time { return c.lk.Wall(ns) }
 
 // takeLocked copies and acknowledges the table's pending effects and
 // publishes the visible transitions among them before the lock is
@@ -194,22 +166,26 @@ func (c *core) publishLocked(effs []poll.Effect) {
 	}
 }
 
-// step applies one event and performs its effects outside the lock.
+// step applies one event and performs its effects, as one input of the
+// owner.
 func (c *core) step(ev poll.Event) error {
-	c.mu.Lock()
-	err := c.t.Step(c.now(), ev)
-	effs := c.takeLocked()
-	c.mu.Unlock()
-	c.perform(effs)
+	var err error
+	c.apply(func() { err = c.t.Step(c.now(), ev) })
 	return err
 }
 
-// tick expires deadlines and performs the effects.
-func (c *core) tick() {
-	c.mu.Lock()
-	c.t.Tick(c.now())
-	effs := c.takeLocked()
-	c.mu.Unlock()
+// apply runs change on the table and performs the effects it made, as one
+// input of the owner.
+func (c *core) apply(change func()) { c.exec(func() { c.applyOwned(change) }) }
+
+// applyOwned is apply inside an input: change and the publication under
+// withTable, then the effects in table order.
+func (c *core) applyOwned(change func()) {
+	var effs []poll.Effect
+	c.withTable(func() {
+		change()
+		effs = c.takeLocked()
+	})
 	c.perform(effs)
 }
 
@@ -235,7 +211,7 @@ func (c *core) perform(effs []poll.Effect) {
 			// The room's METADATA, unanswered or refused by the instance
 			// that restarted, goes to the new one once it registered us.
 			c.log.Debug("room moved to the restarted peer's new instance", zap.Uint64("room", uint64(e.Key.Room)), zap.Uint32("peer", uint32(e.Peer)))
-			c.lk.rebound(e.Key)
+			c.lk.Rebound(e.Key)
 		case poll.EffReaped, poll.EffRemoved:
 			if e.Kind == poll.EffReaped {
 				c.log.Info("uncleared room reaped", zap.Uint64("room", uint64(e.Key.Room)), zap.Stringer("state", e.Status))
@@ -248,7 +224,7 @@ func (c *core) perform(effs []poll.Effect) {
 
 // tickLoop is the supervised worker that drives time: table deadlines,
 // retransmits, heartbeats and peer liveness.
-func (c *core) tickLoop(ctx context.Context, t Ticker) error {
+func (c *core) tickLoop(ctx context.Context, t conn.Ticker) error {
 	defer t.Stop()
 	for {
 		select {
@@ -261,18 +237,22 @@ func (c *core) tickLoop(ctx context.Context, t Ticker) error {
 	}
 }
 
+// onTick expires deadlines and retries fences (one input of the owner),
+// then lets the link retransmit, send heartbeats and find lost peers on
+// the tick worker: what the link delivers from it goes to the owner as
+// inputs of their own.
 func (c *core) onTick() {
-	c.tick()
-	c.retryFences()
-	now := c.now()
-	c.retransmit(now)
-	c.hooks.maintain(now)
+	c.exec(func() {
+		c.applyOwned(func() { c.t.Tick(c.now()) })
+		c.retryFences()
+	})
+	c.lk.Tick(c.now())
 }
 
 // answer turns the outcome of stepping a peer's frame into its ACK. echo
 // reports whether NotifyPeer effects to that peer about that room are
 // answered by the ACK (and must not be sent again).
-func answer(err error, effs []poll.Effect, ev poll.Event) (a ackResult, echo bool) {
+func answer(err error, effs []poll.Effect, ev poll.Event) (a conn.AckResult, echo bool) {
 	findEcho := func() (poll.Effect, bool) {
 		for _, e := range effs {
 			if (e.Kind == poll.EffNotifyPeer || e.Kind == poll.EffReplyUnknown) && e.Peer == ev.Peer && e.Key.Room == ev.Key.Room {
@@ -281,43 +261,52 @@ func answer(err error, effs []poll.Effect, ev poll.Event) (a ackResult, echo boo
 		}
 		return poll.Effect{}, false
 	}
-	ended := func(e poll.Effect) ackResult {
-		a := ackResult{result: pdlinkv1.AckResult_ACK_RESULT_ENDED}
+	ended := func(e poll.Effect) conn.AckResult {
+		a := conn.AckResult{Result: pdlinkv1.AckResult_ACK_RESULT_ENDED}
 		if e.Status != poll.Success {
-			a.reason = string(e.Reason)
-			if a.reason == "" {
-				a.reason = string(poll.ReasonAbortedRemote)
+			a.Reason = string(e.Reason)
+			if a.Reason == "" {
+				a.Reason = string(poll.ReasonAbortedRemote)
 			}
 		}
 		return a
 	}
 	switch {
 	case err == nil:
-		return ackApplied, false
+		return conn.AckApplied, false
 	case errors.Is(err, poll.ErrRoomEnded), errors.Is(err, poll.ErrTerminal), errors.Is(err, poll.ErrNonceMismatch):
 		if e, ok := findEcho(); ok && (e.Kind == poll.EffNotifyPeer || e.Reply == poll.ReplyEnded) {
 			return ended(e), true
 		}
 		if errors.Is(err, poll.ErrNonceMismatch) {
-			return ackRejected(RejectForeignRoom), false
+			return conn.AckRejected(conn.RejectForeignRoom), false
 		}
-		return ackApplied, false // a failure for a room that already ended: moot
+		return conn.AckApplied, false // a failure for a room that already ended: moot
 	case errors.Is(err, poll.ErrNotFound):
-		return ackNotOpen, true
+		return conn.AckNotOpen, true
 	case errors.Is(err, poll.ErrPeerMismatch):
-		return ackRejected(RejectForeignRoom), false
+		return conn.AckRejected(conn.RejectForeignRoom), false
 	case errors.Is(err, poll.ErrIllegalTransition):
-		return ackApplied, false // already past this step: idempotent
+		return conn.AckApplied, false // already past this step: idempotent
 	}
-	return ackRejected(RejectInvalid), false
+	return conn.AckRejected(conn.RejectInvalid), false
 }
 
-// stepFrame steps a peer's frame event and returns the ACK answer.
-func (c *core) stepFrame(ev poll.Event) (ackResult, error) {
-	c.mu.Lock()
-	err := c.t.Step(c.now(), ev)
-	effs := c.takeLocked()
-	c.mu.Unlock()
+// stepFrame steps a peer's frame event and returns the ACK answer, as
+// one input of the owner: the reader that delivered the frame waits for
+// the owner's CPU, never for a fence.
+func (c *core) stepFrame(ev poll.Event) (a conn.AckResult, err error) {
+	c.exec(func() { a, err = c.stepFrameOwned(ev) })
+	return a, err
+}
+
+func (c *core) stepFrameOwned(ev poll.Event) (conn.AckResult, error) {
+	var err error
+	var effs []poll.Effect
+	c.withTable(func() {
+		err = c.t.Step(c.now(), ev)
+		effs = c.takeLocked()
+	})
 	a, echo := answer(err, effs, ev)
 	if echo {
 		kept := effs[:0]
@@ -335,11 +324,17 @@ func (c *core) stepFrame(ev poll.Event) (ackResult, error) {
 
 // roomDeadline returns the room's current deadline (node time), or false.
 func (c *core) roomDeadline(id poll.RoomID) (int64, poll.State, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	info, err := c.t.Get(id)
+	info, err := c.Get(id)
 	if err != nil {
 		return 0, poll.StateNone, false
 	}
 	return info.Deadline, info.State, true
+}
+
+// doneContext is an already cancelled context: Close says goodbye once
+// without waiting.
+func doneContext() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
 }

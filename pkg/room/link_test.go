@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -13,10 +14,10 @@ import (
 type delivery struct {
 	peer poll.PeerID
 	seq  uint64
-	ft   FrameType
+	ft   conn.FrameType
 }
 
-type roomFrameHook = func(peer poll.PeerID, seq uint64, ft FrameType)
+type roomFrameHook = func(peer poll.PeerID, seq uint64, ft conn.FrameType)
 
 // hookOn installs hook on one side's room seam.
 func hookOn(side poll.Side, hook roomFrameHook) options {
@@ -36,13 +37,13 @@ func TestLinkDeliversFramesInOrderPerPeer(t *testing.T) {
 		t.Run(side.String(), func(t *testing.T) {
 			var mu sync.Mutex
 			var got []delivery
-			h := newHarnessWith(t, 41, hookOn(side, func(peer poll.PeerID, seq uint64, ft FrameType) {
+			h := newHarnessWith(t, 41, hookOn(side, func(peer poll.PeerID, seq uint64, ft conn.FrameType) {
 				mu.Lock()
 				got = append(got, delivery{peer, seq, ft})
 				mu.Unlock()
 			}))
 			const rooms = 64
-			want := FrameMetadata
+			want := conn.FrameMetadata
 			for r := poll.RoomID(1); r <= rooms; r++ {
 				h.open(r, 1)
 			}
@@ -57,7 +58,7 @@ func TestLinkDeliversFramesInOrderPerPeer(t *testing.T) {
 				t.Fatal("rooms not bound on prefill")
 			}
 			if side == poll.Decode {
-				want = FrameAbort
+				want = conn.FrameAbort
 				for r := poll.RoomID(1); r <= rooms; r++ {
 					if err := h.pre.Abort(context.Background(), r, ""); err != nil {
 						t.Fatalf("abort %d: %v", r, err)
@@ -97,13 +98,13 @@ func TestLinkDeliversFramesInOrderPerPeer(t *testing.T) {
 func TestLinkKeepsPeersUpWhileTheRoomSideBlocks(t *testing.T) {
 	for _, side := range []poll.Side{poll.Decode, poll.Prefill} {
 		t.Run(side.String(), func(t *testing.T) {
-			block := FrameAbort
+			block := conn.FrameAbort
 			if side == poll.Prefill {
-				block = FrameMetadata
+				block = conn.FrameMetadata
 			}
 			release := make(chan struct{})
 			entered := make(chan struct{}, 1)
-			h := newHarnessWith(t, 43, hookOn(side, func(_ poll.PeerID, _ uint64, ft FrameType) {
+			h := newHarnessWith(t, 43, hookOn(side, func(_ poll.PeerID, _ uint64, ft conn.FrameType) {
 				if ft == block {
 					select {
 					case entered <- struct{}{}:
@@ -130,14 +131,14 @@ func TestLinkKeepsPeersUpWhileTheRoomSideBlocks(t *testing.T) {
 				t.Fatalf("no %v reached %v's room side", block, side)
 			}
 			type observer interface {
-				Counters() Counters
-				Peers() []PeerInfo
+				Counters() conn.Counters
+				Peers() []conn.PeerInfo
 			}
 			var other observer = h.pre
 			if side == poll.Prefill {
 				other = h.dec
 			}
-			beats := func() uint64 { return other.Counters().Frames(FrameHeartbeat, Received) }
+			beats := func() uint64 { return other.Counters().Frames(conn.FrameHeartbeat, conn.Received) }
 			bound := time.Duration(tMisses) * tHeartbeat
 			for el := time.Duration(0); el < 10*bound; el += tHeartbeat {
 				before := beats()

@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -22,7 +23,7 @@ func mustMarshal(t testing.TB, env *pdlinkv1.Envelope) []byte {
 }
 
 func rogueEnv(seq uint64) *pdlinkv1.Envelope {
-	return &pdlinkv1.Envelope{ProtocolVersion: ProtocolVersion, SenderInstance: "evil-1", Epoch: 99, Seq: seq}
+	return &pdlinkv1.Envelope{ProtocolVersion: conn.ProtocolVersion, SenderInstance: "evil-1", Epoch: 99, Seq: seq}
 }
 
 // R12: undecodable, wrong-version, bodiless, oversized and over-limit
@@ -62,8 +63,8 @@ func TestHostileFramesRejectedAndCountedListenerSurvives_R12(t *testing.T) {
 	send(mustMarshal(t, ab)) // foreign_room again: an abort of someone else's room
 
 	c := h.pre.Counters()
-	for r, want := range map[RejectReason]uint64{
-		RejectDecode: 1, RejectTooLarge: 2, RejectVersion: 1, RejectInvalid: 2, RejectUnknownPeer: 1, RejectForeignRoom: 2,
+	for r, want := range map[conn.RejectReason]uint64{
+		conn.RejectDecode: 1, conn.RejectTooLarge: 2, conn.RejectVersion: 1, conn.RejectInvalid: 2, conn.RejectUnknownPeer: 1, conn.RejectForeignRoom: 2,
 	} {
 		if got := c.Rejected(r); got != want {
 			t.Errorf("rejected %s: %d, want %d", r, got, want)
@@ -103,8 +104,8 @@ func TestHandlerPanicIsRecoveredAndRoomsStillEnd_R6(t *testing.T) {
 	var armed atomic.Bool
 	armed.Store(true)
 	h := newHarnessWith(t, 31, options{pre: func(c *PrefillConfig) {
-		c.frameHook = func(ft FrameType) {
-			if ft == FrameMetadata && armed.CompareAndSwap(true, false) {
+		c.FrameHook = func(ft conn.FrameType) {
+			if ft == conn.FrameMetadata && armed.CompareAndSwap(true, false) {
 				panic("injected handler fault")
 			}
 		}
@@ -134,9 +135,9 @@ func TestDeadListenerIsReboundBySupervisor_R6(t *testing.T) {
 	// time then runs the rooms into their deadlines before the supervisor
 	// was even scheduled.
 	if !h.waitReal(5*time.Second, func() bool {
-		return h.pre.Counters().WorkerRestarts == 1 && h.net.bound(prefillAddr)
+		return h.pre.Counters().WorkerRestarts == 1 && h.net.Bound(prefillAddr)
 	}) {
-		t.Fatalf("listener not bound again: restarts %d, bound %v", h.pre.Counters().WorkerRestarts, h.net.bound(prefillAddr))
+		t.Fatalf("listener not bound again: restarts %d, bound %v", h.pre.Counters().WorkerRestarts, h.net.Bound(prefillAddr))
 	}
 	h.advance(5 * tTick)
 	h.transfer(key, 1)

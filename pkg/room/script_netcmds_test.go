@@ -1,4 +1,4 @@
-package conn
+package room
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -33,7 +34,7 @@ func (e *scriptEnv) cmdRelease(verb string, a scriptArgs) error {
 			return err
 		}
 	}
-	var ft FrameType
+	var ft conn.FrameType
 	typed := false
 	if t, ok := a.kv["type"]; ok {
 		if ft, err = frameTypeArg(t); err != nil {
@@ -222,7 +223,7 @@ func (e *scriptEnv) cmdInject(a scriptArgs) error {
 	if v, ok := a.kv["from"]; ok {
 		inst, epoch = v, 99
 	}
-	env := &pdlinkv1.Envelope{ProtocolVersion: ProtocolVersion, SenderInstance: inst, Epoch: epoch}
+	env := &pdlinkv1.Envelope{ProtocolVersion: conn.ProtocolVersion, SenderInstance: inst, Epoch: epoch}
 	if v, ok := a.kv["version"]; ok {
 		n, err := strconv.ParseUint(v, 10, 32)
 		if err != nil {

@@ -1,0 +1,181 @@
+package room
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+)
+
+// The owner goroutine (PLAN section 1, etcd raft's node.run): one per
+// node, from construction until the node stops, the only goroutine that
+// touches the table and the per-room state beside it while it runs. Every
+// input reaches it through one FIFO queue: scheduler calls and link
+// deliveries are requests whose caller waits for the reply (at most for
+// the owner's CPU: the owner never waits, a fence included), data-plane
+// callbacks are events nobody waits for (a transfer goroutine that calls
+// back while it holds a lock of its own must not wait for an owner that
+// may be asking that data plane to fence). Each input steps the table,
+// publishes the visible transitions to Watch and performs the effects in
+// table order, all on the owner goroutine; so a room's transitions reach
+// every subscriber in the order the table made them.
+//
+// Once the owner stopped (Close), the inputs still run, on their callers'
+// goroutines with the table behind c.mu, as before the owner: a closed
+// node still answers Poll and Get.
+
+// ownerState is where the owner goroutine is in its life.
+type ownerState int32
+
+const (
+	ownerRunning  ownerState = iota // inputs are queued to the owner goroutine
+	ownerStopping                   // stop asked: the queue is drained, then the owner exits
+	ownerStopped                    // the owner exited: inputs run on their callers
+)
+
+// input is one queued input: fn runs on the owner goroutine; done, if
+// set, is closed after it (the caller waits on it).
+type input struct {
+	fn   func()
+	done chan struct{}
+	// panicked is what fn panicked with, re-raised on the caller.
+	panicked any
+}
+
+// owner is the queue and the life of the owner goroutine.
+type owner struct {
+	mu    sync.Mutex // guards queue, state changes and busy
+	queue []*input
+	busy  bool // the owner is running an input now
+	state atomic.Int32
+	wake  chan struct{} // 1-buffered: the queue is not empty
+	// exited is closed when the owner goroutine returned.
+	exited chan struct{}
+}
+
+func newOwner() *owner {
+	return &owner{wake: make(chan struct{}, 1), exited: make(chan struct{})}
+}
+
+// withTable runs fn with the table to itself. While the owner runs, only
+// its inputs reach the table, so c.mu is never contended; it makes the
+// table safe once the owner stopped and inputs run on their callers.
+func (c *core) withTable(fn func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fn()
+}
+
+// enqueue queues fn for the owner; false: the owner stopped, the caller
+// runs it.
+func (c *core) enqueue(in *input) bool {
+	o := c.own
+	o.mu.Lock()
+	if ownerState(o.state.Load()) == ownerStopped {
+		o.mu.Unlock()
+		return false
+	}
+	o.queue = append(o.queue, in)
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// exec runs fn on the owner goroutine and returns once it ran (fn writes
+// its results into the caller's variables). A panic in fn is re-raised
+// here, on the caller, as it was before the owner.
+func (c *core) exec(fn func()) {
+	in := &input{fn: fn, done: make(chan struct{})}
+	if !c.enqueue(in) {
+		fn()
+		return
+	}
+	<-in.done
+	if in.panicked != nil {
+		panic(in.panicked)
+	}
+}
+
+// post queues fn for the owner without waiting (data-plane callbacks).
+func (c *core) post(fn func()) {
+	if !c.enqueue(&input{fn: fn}) {
+		fn()
+	}
+}
+
+// runOwner is the owner goroutine: it runs the queued inputs in order
+// until stop is asked and the queue is empty.
+func (c *core) runOwner() {
+	o := c.own
+	defer close(o.exited)
+	for {
+		o.mu.Lock()
+		batch := o.queue
+		o.queue = nil
+		if len(batch) == 0 && ownerState(o.state.Load()) == ownerStopping {
+			o.state.Store(int32(ownerStopped))
+			o.mu.Unlock()
+			return
+		}
+		o.busy = len(batch) > 0
+		o.mu.Unlock()
+		for _, in := range batch {
+			c.runInput(in)
+		}
+		if len(batch) > 0 {
+			o.mu.Lock()
+			o.busy = false
+			o.mu.Unlock()
+			continue
+		}
+		<-o.wake
+	}
+}
+
+// runInput runs one input; a panic is handed to the waiting caller, or
+// logged and counted for an event nobody waits for.
+func (c *core) runInput(in *input) {
+	defer func() {
+		if p := recover(); p != nil {
+			if in.done != nil {
+				in.panicked = p
+			} else {
+				c.lk.CountWorkerRestart()
+				c.log.Error("data-plane event panicked on the room owner", zap.String("panic", fmt.Sprint(p)))
+			}
+		}
+		if in.done != nil {
+			close(in.done)
+		}
+	}()
+	in.fn()
+}
+
+// stopOwner lets the owner run what is queued, then stop; later inputs
+// run on their callers.
+func (c *core) stopOwner() {
+	o := c.own
+	o.mu.Lock()
+	if ownerState(o.state.Load()) == ownerRunning {
+		o.state.Store(int32(ownerStopping))
+	}
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+	<-o.exited
+}
+
+// ownerIdle reports whether nothing is queued for the owner and it runs
+// nothing (tests: the script harness waits for it before tracing).
+func (c *core) ownerIdle() bool {
+	o := c.own
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.queue) == 0 && !o.busy
+}
