@@ -152,8 +152,15 @@ func (c *core) at(t time.Time) (<-chan struct{}, func()) {
 
 // atDo runs f at t on the node's clock (at once if t has passed: a
 // FakeClock runs a zero timer only at its next Advance) and returns a
-// stop.
+// stop. A clock that arms at an absolute time (FakeClock) is asked to:
+// time it moves between our Now and AfterFunc would make the timer late.
 func (c *core) atDo(t time.Time, f func()) (stop func()) {
+	if ac, ok := c.clock.(interface {
+		AfterFuncAt(time.Time, func()) Timer
+	}); ok {
+		timer := ac.AfterFuncAt(t, f)
+		return func() { timer.Stop() }
+	}
 	d := t.Sub(c.clock.Now())
 	if d <= 0 {
 		f()
@@ -178,7 +185,12 @@ func (w *drainWatch) saw(tr Transition) {
 		return
 	}
 	delete(w.pending, tr.Key)
-	w.lastEnd = w.c.clock.Now()
+	// The grace runs from when the room turned visible (published), not
+	// from when this goroutine got to read it: a reader behind on a loaded
+	// machine, or on a backlog of rooms, would push the grace to the cap.
+	if tr.At.After(w.lastEnd) {
+		w.lastEnd = tr.At
+	}
 }
 
 // await adds the rooms failed at the deadline, and those failed earlier
