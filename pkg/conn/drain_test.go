@@ -2,6 +2,7 @@ package conn
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -212,5 +213,62 @@ func TestDrainReturnsByItsCapWhenAFenceNeverCompletes(t *testing.T) {
 	}
 	if st := h.preState(1); st == poll.Failed {
 		t.Errorf("room 1 visible Failed with its fence unfinished (I9)")
+	}
+}
+
+// BenchmarkDrainDeadlineFailsLiveRooms measures the drain's deadline step on
+// prefill with n live rooms bound to decode: failLive's shutdown step, then
+// each room's notice to decode and its fence, until every room is visible
+// Failed (visible-ms, what the drain cap has to cover) and until decode
+// acknowledged every notice (acked-ms, decode's work included: it runs in
+// this process on the same cores). The fake data plane fences at once, so
+// this is the node's own cost per room.
+func BenchmarkDrainDeadlineFailsLiveRooms(b *testing.B) {
+	for _, n := range []int{10_000, 100_000} {
+		b.Run(fmt.Sprintf("rooms=%d", n), func(b *testing.B) {
+			var visible, acked time.Duration
+			for range b.N {
+				b.StopTimer()
+				h := newHarness(b, 60)
+				ids := make([]poll.RoomID, n)
+				for i := range ids {
+					ids[i] = poll.RoomID(i + 1)
+					h.open(ids[i], 1)
+					if i%1000 == 999 {
+						h.settle() // under the in-memory queue's bound
+					}
+				}
+				h.settle()
+				for i, st := range h.pre.Poll(ids, nil) {
+					if st != poll.WaitingForInput {
+						b.Fatalf("room %d is %v before the drain, want WaitingForInput", ids[i], st)
+					}
+				}
+				b.StartTimer()
+				start := time.Now()
+				failed, performed := h.pre.failLive()
+				<-performed
+				visible += time.Since(start)
+				b.StopTimer()
+				if len(failed) != n {
+					b.Fatalf("%d rooms failed, want %d", len(failed), n)
+				}
+				for i, st := range h.pre.Poll(ids, nil) {
+					if st != poll.Failed {
+						b.Fatalf("room %d is %v after the fences, want visible Failed", ids[i], st)
+					}
+				}
+				// Retransmits (of notices the in-memory queue dropped) need
+				// virtual time.
+				if _, ok := h.until(tBound, func() bool { return h.pre.lk.unackedRoomFrames() == 0 }); !ok {
+					b.Fatalf("decode did not acknowledge every notice: %d unacknowledged", h.pre.lk.unackedRoomFrames())
+				}
+				acked += time.Since(start)
+				h.close()
+			}
+			b.ReportMetric(float64(visible.Milliseconds())/float64(b.N), "visible-ms")
+			b.ReportMetric(float64(acked.Milliseconds())/float64(b.N), "acked-ms")
+			b.ReportMetric(float64(visible.Nanoseconds())/float64(b.N)/float64(n), "visible-ns/room")
+		})
 	}
 }
