@@ -139,9 +139,94 @@ func (c *core) failLive() (failed []poll.Key, performed <-chan struct{}) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.perform(effs)
+		c.performFencesFirst(effs)
 	}()
 	return failed, done
+}
+
+// performFencesFirst performs a batch that fails many rooms at once (the
+// drain deadline's, 100k rooms) with their fences first: the rooms whose
+// fence is done at once are stepped EvFenced under one table lock, so they
+// turn visible together instead of each behind the notices of the rooms
+// before it (a notice may wait on the link's send queue), and the notices
+// and the rest follow in order.
+func (c *core) performFencesFirst(effs []poll.Effect) {
+	rest := make([]poll.Effect, 0, len(effs))
+	fenced := make([]*fenceState, 0, fenceBatch)
+	keys := make([]poll.Key, 0, fenceBatch)
+	for _, e := range effs {
+		if e.Kind != poll.EffFence {
+			rest = append(rest, e)
+			continue
+		}
+		f := c.startFence(e.Key)
+		if done, ok := c.callFence(e.Key); ok && done {
+			fenced, keys = append(fenced, f), append(keys, e.Key)
+		} else if !ok {
+			c.fenceMu.Lock()
+			if c.fences[e.Key] == f {
+				f.retry = true
+			}
+			c.fenceMu.Unlock()
+		}
+		if len(keys) == fenceBatch {
+			c.perform(c.finishFences(keys, fenced))
+			fenced, keys = fenced[:0], keys[:0]
+		}
+	}
+	c.perform(c.finishFences(keys, fenced))
+	c.perform(rest)
+}
+
+// fenceBatch is how many fenced rooms performFencesFirst makes visible
+// per table lock: few locks, and rooms turning visible from the first
+// milliseconds on rather than all at once at the end.
+const fenceBatch = 1024
+
+// startFence registers a fence in progress for k before the data plane is
+// asked (it may report Fenced from another goroutine before Fence returns).
+func (c *core) startFence(k poll.Key) *fenceState {
+	c.fenceMu.Lock()
+	defer c.fenceMu.Unlock()
+	f := c.fences[k]
+	if f == nil {
+		f = &fenceState{}
+		c.fences[k] = f
+	}
+	f.retry = false
+	return f
+}
+
+// finishFences is finishFence for many rooms under one lock of each kind:
+// a room whose fence was reported or dropped meanwhile is skipped.
+func (c *core) finishFences(keys []poll.Key, started []*fenceState) []poll.Effect {
+	if len(keys) == 0 {
+		return nil
+	}
+	c.fenceMu.Lock()
+	n := 0
+	for i, k := range keys {
+		if c.fences[k] == started[i] {
+			delete(c.fences, k)
+			keys[n], started[n] = k, started[i]
+			n++
+		}
+	}
+	keys, started = keys[:n], started[:n]
+	c.fenceMu.Unlock()
+	c.mu.Lock()
+	now := c.now()
+	for _, k := range keys {
+		_ = c.t.Step(now, poll.Event{Kind: poll.EvFenced, Key: k})
+	}
+	effs := c.takeLocked()
+	c.mu.Unlock()
+	for _, f := range started {
+		for _, fn := range f.then {
+			fn()
+		}
+	}
+	return effs
 }
 
 // at returns a channel closed at t on the node's clock, and a stop.
