@@ -22,8 +22,9 @@ import (
 // goodbyeReserve is the part of the cap kept for GOODBYE and its ACKs.
 const goodbyeReserve = 100 * time.Millisecond
 
-// drainBuffer is the drain's own subscription buffer: a dropped
-// transition only costs a Poll of the rooms still awaited.
+// drainBuffer is the drain's own subscription buffer beyond one
+// transition per live room: a dropped transition only costs a Poll of the
+// rooms still awaited.
 const drainBuffer = 4096
 
 // DrainPlan says when a drain's phases end, on the node's clock.
@@ -59,7 +60,11 @@ type DrainReport struct {
 // on in the background. Close afterwards stops the node.
 func (c *core) Drain(ctx context.Context, p DrainPlan) DrainReport {
 	start := c.clock.Now()
-	sub := c.subscribe(drainBuffer)
+	// Room for every live room's Failed on top: no new room comes in, and
+	// 100k of them published in a burst at the deadline would otherwise
+	// overflow it on every batch, and each overflow costs a Poll of every
+	// room still awaited under the table lock the fences need.
+	sub := c.subscribe(drainBuffer + c.Stats().Inflight)
 	defer sub.Close()
 	w := &drainWatch{c: c, sub: sub, pending: make(map[poll.Key]struct{})}
 
