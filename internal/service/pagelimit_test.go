@@ -3,11 +3,13 @@ package service
 import (
 	"os"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/internal/daemon"
 	"github.com/pdlink/pdlink/pkg/pagelist"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
@@ -29,6 +31,21 @@ func bigPagesRegion(t *testing.T) region {
 	return region{path, l, mem}
 }
 
+// largestListTimings gives a pair moving the largest lists the daemons' own
+// heartbeat and room deadlines past the test's bounds. The 1 MiB METADATA
+// frame is decoded on the control-plane reader, so on a loaded race build
+// the heartbeats behind it wait past the harness's 600 ms lost bound
+// (peer_lost); and prefill sees no progress until the whole stream of
+// MaxPages one-page runs is confirmed, which takes seconds there
+// (timeout:transferring at the harness's 5 s; the list's RPCs come near
+// the 5 s waiting deadline too).
+func largestListTimings(pre, dec *daemon.Config) {
+	for _, c := range []*daemon.Config{pre, dec} {
+		c.HeartbeatInterval = daemon.DefaultConfig(c.Role).HeartbeatInterval
+		c.BootstrapTimeout, c.WaitingTimeout, c.TransferIdleTimeout = time.Minute, time.Minute, time.Minute
+	}
+}
+
 // TestLargestPageListGoesEndToEndAndOneMoreIsRefusedAtTheEdge: the page-list bounds are one
 // set (package pagelist) on both daemons. A destination list at the bound (MaxPages indices
 // one page apart, so also MaxPages runs on the data plane) is accepted by decode's
@@ -36,7 +53,7 @@ func bigPagesRegion(t *testing.T) region {
 // or one run over the bound, or one whose indices would not fit a METADATA frame, is
 // InvalidArgument at decode's gRPC edge, not a room that never binds.
 func TestLargestPageListGoesEndToEndAndOneMoreIsRefusedAtTheEdge(t *testing.T) {
-	p := startPair(t)
+	p := startPairWith(t, largestListTimings)
 	pre, dec := bigPagesRegion(t), bigPagesRegion(t)
 	if _, err := p.prefill.RegisterRegion(ctxT(t), &pb.PrefillServiceRegisterRegionRequest{RegionPath: pre.path, Layout: layoutPB(pre.layout)}); err != nil {
 		t.Fatal(err)

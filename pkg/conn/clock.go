@@ -92,6 +92,22 @@ func (c *FakeClock) AfterFunc(d time.Duration, f func()) Timer {
 	return t
 }
 
+// AfterFuncAt runs f once the clock reaches t, at once (on the caller's
+// goroutine) if it already has. A caller that computes d = t - Now() for
+// AfterFunc arms late by whatever a test advanced in between.
+func (c *FakeClock) AfterFuncAt(t time.Time, f func()) Timer {
+	c.mu.Lock()
+	tm := &fakeTimer{clock: c, at: t, f: f}
+	if t.After(c.now) {
+		c.timers = append(c.timers, tm)
+		c.mu.Unlock()
+		return tm
+	}
+	c.mu.Unlock()
+	f()
+	return tm // not queued: Stop reports false
+}
+
 // Advance moves the clock forward by d (see FakeClock).
 func (c *FakeClock) Advance(d time.Duration) {
 	c.mu.Lock()

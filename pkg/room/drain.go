@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -22,8 +23,9 @@ import (
 // goodbyeReserve is the part of the cap kept for GOODBYE and its ACKs.
 const goodbyeReserve = 100 * time.Millisecond
 
-// drainBuffer is the drain's own subscription buffer: a dropped
-// transition only costs a Poll of the rooms still awaited.
+// drainBuffer is the drain's own subscription buffer beyond one
+// transition per live room: a dropped transition only costs a Poll of the
+// rooms still awaited.
 const drainBuffer = 4096
 
 // DrainPlan says when a drain's phases end, on the node's clock.
@@ -59,7 +61,11 @@ type DrainReport struct {
 // on in the background. Close afterwards stops the node.
 func (c *core) Drain(ctx context.Context, p DrainPlan) DrainReport {
 	start := c.clock.Now()
-	sub := c.subscribe(drainBuffer)
+	// Room for every live room's Failed on top: no new room comes in, and
+	// 100k of them published in a burst at the deadline would otherwise
+	// overflow it on every batch, and each overflow costs a Poll of every
+	// room still awaited under the table lock the fences need.
+	sub := c.subscribe(drainBuffer + c.Stats().Inflight)
 	defer sub.Close()
 	w := &drainWatch{c: c, sub: sub, pending: make(map[poll.Key]struct{})}
 
@@ -132,12 +138,15 @@ func (c *core) failLive() (failed []poll.Key, performed <-chan struct{}) {
 	keys := make(chan []poll.Key, 1)
 	c.post(func() {
 		var failed []poll.Key
+		handedOn := false
 		defer func() {
 			select {
 			case keys <- failed: // unless sent below (a panic in between)
 			default:
 			}
-			close(done)
+			if !handedOn {
+				close(done)
+			}
 		}()
 		var effs []poll.Effect
 		c.withTable(func() {
@@ -150,9 +159,118 @@ func (c *core) failLive() (failed []poll.Key, performed <-chan struct{}) {
 			}
 		}
 		keys <- failed
-		c.perform(effs)
+		c.performInSlices(c.performFencesFirst(effs), done)
+		handedOn = true
 	})
 	return <-keys, done
+}
+
+// performInSlices performs effs fenceBatch at a time, each slice its own
+// input of the owner, and closes done after the last: the scheduler's
+// calls (a Poll reading the Failed states just published) run between
+// the slices instead of behind 100k notices, each a link send.
+func (c *core) performInSlices(effs []poll.Effect, done chan struct{}) {
+	n := min(fenceBatch, len(effs))
+	head, tail := effs[:n], effs[n:]
+	c.post(func() {
+		handedOn := false
+		defer func() {
+			if !handedOn {
+				close(done)
+			}
+		}()
+		c.perform(head)
+		if len(tail) > 0 {
+			c.performInSlices(tail, done)
+			handedOn = true
+		}
+	})
+}
+
+// performFencesFirst performs a batch that fails many rooms at once (the
+// drain deadline's, 100k rooms) with their fences first: the rooms whose
+// fence is done at once are stepped EvFenced under one table lock, so they
+// turn visible together instead of each behind the notices of the rooms
+// before it (each notice is a link send), and it returns the notices and
+// the rest, in order, for the caller to perform.
+func (c *core) performFencesFirst(effs []poll.Effect) (rest []poll.Effect) {
+	rest = make([]poll.Effect, 0, len(effs))
+	fenced := make([]*fenceState, 0, fenceBatch)
+	keys := make([]poll.Key, 0, fenceBatch)
+	for _, e := range effs {
+		if e.Kind != poll.EffFence {
+			rest = append(rest, e)
+			continue
+		}
+		f := c.startFence(e.Key)
+		if done, ok := c.callFence(e.Key); ok && done {
+			fenced, keys = append(fenced, f), append(keys, e.Key)
+		} else if !ok {
+			c.fenceMu.Lock()
+			if c.fences[e.Key] == f {
+				f.retry = true
+			}
+			c.fenceMu.Unlock()
+		}
+		if len(keys) == fenceBatch {
+			c.perform(c.finishFences(keys, fenced))
+			fenced, keys = fenced[:0], keys[:0]
+		}
+	}
+	c.perform(c.finishFences(keys, fenced))
+	return rest
+}
+
+// fenceBatch is how many fenced rooms performFencesFirst makes visible
+// per table lock: few locks, and rooms turning visible from the first
+// milliseconds on rather than all at once at the end.
+const fenceBatch = 1024
+
+// startFence registers a fence in progress for k before the data plane is
+// asked (it may report Fenced from another goroutine before Fence returns).
+func (c *core) startFence(k poll.Key) *fenceState {
+	c.fenceMu.Lock()
+	defer c.fenceMu.Unlock()
+	f := c.fences[k]
+	if f == nil {
+		f = &fenceState{}
+		c.fences[k] = f
+	}
+	f.retry = false
+	return f
+}
+
+// finishFences is finishFence for many rooms under one lock of each kind:
+// a room whose fence was reported or dropped meanwhile is skipped.
+func (c *core) finishFences(keys []poll.Key, started []*fenceState) []poll.Effect {
+	if len(keys) == 0 {
+		return nil
+	}
+	c.fenceMu.Lock()
+	n := 0
+	for i, k := range keys {
+		if c.fences[k] == started[i] {
+			delete(c.fences, k)
+			keys[n], started[n] = k, started[i]
+			n++
+		}
+	}
+	keys, started = keys[:n], started[:n]
+	c.fenceMu.Unlock()
+	var effs []poll.Effect
+	c.withTable(func() {
+		now := c.now()
+		for _, k := range keys {
+			_ = c.t.Step(now, poll.Event{Kind: poll.EvFenced, Key: k})
+		}
+		effs = c.takeLocked()
+	})
+	for _, f := range started {
+		for _, fn := range f.then {
+			fn()
+		}
+	}
+	return effs
 }
 
 // at returns a channel closed at t on the node's clock, and a stop.
@@ -163,8 +281,15 @@ func (c *core) at(t time.Time) (<-chan struct{}, func()) {
 
 // atDo runs f at t on the node's clock (at once if t has passed: a
 // FakeClock runs a zero timer only at its next Advance) and returns a
-// stop.
+// stop. A clock that arms at an absolute time (FakeClock) is asked to:
+// time it moves between our Now and AfterFunc would make the timer late.
 func (c *core) atDo(t time.Time, f func()) (stop func()) {
+	if ac, ok := c.clock.(interface {
+		AfterFuncAt(time.Time, func()) conn.Timer
+	}); ok {
+		timer := ac.AfterFuncAt(t, f)
+		return func() { timer.Stop() }
+	}
 	d := t.Sub(c.clock.Now())
 	if d <= 0 {
 		f()
@@ -189,7 +314,12 @@ func (w *drainWatch) saw(tr Transition) {
 		return
 	}
 	delete(w.pending, tr.Key)
-	w.lastEnd = w.c.clock.Now()
+	// The grace runs from when the room turned visible (published), not
+	// from when this goroutine got to read it: a reader behind on a loaded
+	// machine, or on a backlog of rooms, would push the grace to the cap.
+	if tr.At.After(w.lastEnd) {
+		w.lastEnd = tr.At
+	}
 }
 
 // await adds the rooms failed at the deadline, and those failed earlier
