@@ -101,7 +101,7 @@ func (s *PrefillSession) transmit(frame []byte) error {
 	if c == nil {
 		return ErrClosed
 	}
-	return c.Send(context.Background(), frame)
+	return c.Send(noWait, frame)
 }
 
 // Session returns the session for addr, dialing it on first use.

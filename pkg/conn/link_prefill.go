@@ -153,7 +153,7 @@ func (l *PrefillLink) sendRoute(route Route, frame []byte) error {
 	if ln == nil || route == "" {
 		return ErrClosed
 	}
-	return ln.Send(context.Background(), route, frame)
+	return ln.Send(noWait, route, frame)
 }
 
 // listenLoop is the supervised receive worker. When the socket dies it

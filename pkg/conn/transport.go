@@ -32,7 +32,10 @@ type Listener interface {
 	// Recv blocks until a frame arrives, ctx is done, or the Listener is
 	// closed (ErrClosed).
 	Recv(ctx context.Context) (Route, []byte, error)
-	// Send queues a frame for the dialer behind route. Best effort.
+	// Send queues a frame for the dialer behind route. Best effort. It
+	// waits for room in its queue at most until ctx is done; with a ctx
+	// already done it queues the frame if there is room and otherwise
+	// returns at once (the link always sends so: see noWait).
 	Send(ctx context.Context, route Route, frame []byte) error
 	// Addr is the bound address, with the real port when 0 was asked.
 	Addr() string
@@ -44,7 +47,8 @@ type Conn interface {
 	// Recv blocks until a frame arrives, ctx is done, or the Conn is closed
 	// (ErrClosed).
 	Recv(ctx context.Context) ([]byte, error)
-	// Send queues a frame for the Listener. Best effort.
+	// Send queues a frame for the Listener. Best effort, and bounded by
+	// ctx as Listener.Send.
 	Send(ctx context.Context, frame []byte) error
 	Close() error
 }
@@ -58,3 +62,16 @@ var ErrClosed = errors.New("conn: transport closed")
 // MaxFrameSize bounds one control frame on every transport; larger frames
 // are refused by the sender and dropped (and counted) by the receiver.
 const MaxFrameSize = 1 << 20
+
+// noWait is the context of every send the link makes: already done, so a
+// transport whose queue is full refuses the frame at once instead of
+// holding the caller, which may be the room owner performing effects (one
+// stalled peer would stop every room) or a socket reader answering an
+// ACK. A refused frame is counted (Counters.SendErrors); a reliable one
+// stays in the outbox and goes again at its retransmit, a heartbeat or an
+// ACK is sent again by its own rule.
+var noWait = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()

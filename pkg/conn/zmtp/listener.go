@@ -142,6 +142,14 @@ func enqueue(ctx context.Context, quit <-chan struct{}, q chan<- zmq4.Msg, msg z
 		return conn.ErrClosed
 	default:
 	}
+	// Room in the queue first: with a ctx already done (the link's
+	// sends), the select below would pick at random between a free slot
+	// and ctx.
+	select {
+	case q <- msg:
+		return nil
+	default:
+	}
 	select {
 	case q <- msg:
 		return nil
