@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"runtime"
 	"time"
+
+	"github.com/pdlink/pdlink/pkg/poll"
 )
 
 // Script commands for planned stops and injected panics (see TestScript
@@ -189,14 +191,14 @@ func (e *scriptEnv) cmdPanic(a scriptArgs) error {
 
 // maybePanic panics if the script armed a panic for this call of the
 // side's data plane, after tracing it.
-func (e *scriptEnv) maybePanic(s scriptSide, call string, room uint64) {
+func (e *scriptEnv) maybePanic(s scriptSide, call string, key poll.Key) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, k := range []string{fmt.Sprintf("%s/%d", call, room), call + "/0"} {
-		if e.panics[s][k] > 0 {
-			e.panics[s][k]--
-			e.appendLocked(fmt.Sprintf("%v dp: %s %d panics", s, call, room))
-			panic(fmt.Sprintf("script: %s %d panics", call, room))
+	for _, armed := range []string{fmt.Sprintf("%s/%d", call, key.Room), call + "/0"} {
+		if e.panics[s][armed] > 0 {
+			e.panics[s][armed]--
+			e.appendLocked(fmt.Sprintf("%v dp: %s %s panics", s, call, e.keyLocked(key)))
+			panic(fmt.Sprintf("script: %s %d panics", call, key.Room))
 		}
 	}
 }

@@ -482,12 +482,12 @@ type scriptDP struct {
 }
 
 func (d *scriptDP) Bind(p conn.PeerInfo, md Metadata) {
-	d.e.maybePanic(d.side, "bind", uint64(md.Key.Room))
+	d.e.maybePanic(d.side, "bind", md.Key)
 	d.e.logf("%s dp: bind %s to %s pages=%s aux=%d", d.side, d.e.key(md.Key), p.Instance, formatPages(md.DstPages), md.AuxIndex)
 }
 
 func (d *scriptDP) Expect(md Metadata) error {
-	d.e.maybePanic(d.side, "expect", uint64(md.Key.Room))
+	d.e.maybePanic(d.side, "expect", md.Key)
 	if d.isFenced(md.Key) {
 		d.e.logf("%s dp: expect %s refused: fenced", d.side, d.e.key(md.Key))
 		return conn.ErrBadArgument
@@ -498,7 +498,7 @@ func (d *scriptDP) Expect(md Metadata) error {
 
 func (d *scriptDP) Fence(k poll.Key) bool {
 	e := d.e
-	e.maybePanic(d.side, "fence", uint64(k.Room))
+	e.maybePanic(d.side, "fence", k)
 	e.mu.Lock()
 	held := e.holdAll[d.side] || e.hold[d.side][k.Room]
 	if held {
@@ -522,7 +522,7 @@ func (d *scriptDP) markFenced(k poll.Key) {
 }
 
 func (d *scriptDP) Forget(k poll.Key) {
-	d.e.maybePanic(d.side, "forget", uint64(k.Room))
+	d.e.maybePanic(d.side, "forget", k)
 	d.e.logf("%s dp: forget %s", d.side, d.e.key(k))
 }
 
