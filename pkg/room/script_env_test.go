@@ -487,7 +487,6 @@ func (d *scriptDP) Bind(p conn.PeerInfo, md Metadata) {
 }
 
 func (d *scriptDP) Expect(md Metadata) error {
-	d.e.maybePanic(d.side, "expect", md.Key)
 	if d.isFenced(md.Key) {
 		d.e.logf("%s dp: expect %s refused: fenced", d.side, d.e.key(md.Key))
 		return conn.ErrBadArgument
@@ -521,10 +520,7 @@ func (d *scriptDP) markFenced(k poll.Key) {
 	d.mu.Unlock()
 }
 
-func (d *scriptDP) Forget(k poll.Key) {
-	d.e.maybePanic(d.side, "forget", k)
-	d.e.logf("%s dp: forget %s", d.side, d.e.key(k))
-}
+func (d *scriptDP) Forget(k poll.Key) { d.e.logf("%s dp: forget %s", d.side, d.e.key(k)) }
 
 func (d *scriptDP) isFenced(k poll.Key) bool {
 	d.mu.Lock()

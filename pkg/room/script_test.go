@@ -59,7 +59,7 @@ var updateScripts = flag.Bool("update", false, "rewrite the expected output of t
 //	inject <dir> garbage|empty|heartbeat|register|metadata|abort|status [room] [nonce=] [pages=] [reason=] [state=] [from=] [version=]
 //	trace heartbeats on|off
 //	drain <side> [deadline=D] [grace=G] [cap=C]     Drain (SIGTERM) on its own goroutine; traces its report when it returns
-//	panic fence|bind|expect|forget on <side> [room] [times=N]   the data plane's next such call panics
+//	panic fence|bind on <side> [room] [times=N]     the data plane's next such call panics
 func TestScript(t *testing.T) {
 	files, err := filepath.Glob("testdata/script/*.txt")
 	if err != nil || len(files) == 0 {
