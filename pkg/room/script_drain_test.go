@@ -154,8 +154,9 @@ func (e *scriptEnv) drainsParked() bool {
 
 // cmdPanic: panic fence|bind on <side> [room] [times=N] makes the side's
 // data plane panic in that call (for that room, or any) the next N times
-// (1). Only calls a node worker makes: a panic in Expect or Forget runs
-// on the scheduler's call (a harness goroutine) and would end the test binary.
+// (1). Only calls a node worker makes: a panic in Expect or Forget is
+// raised on the scheduler's call (a harness goroutine) and would end the
+// test binary.
 func (e *scriptEnv) cmdPanic(a scriptArgs) error {
 	if len(a.pos) < 1 {
 		return fmt.Errorf("panic fence|bind on <side> [room] [times=N]")
