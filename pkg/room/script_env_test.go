@@ -95,6 +95,8 @@ type scriptEnv struct {
 	hbLost  [2]int
 	traceHB bool
 	injects uint64
+	drains  [2]*scriptDrain
+	panics  [2]map[string]int // armed data-plane panics by "call/room"
 }
 
 const (
@@ -198,6 +200,7 @@ func (e *scriptEnv) kill(s scriptSide) {
 }
 
 func (e *scriptEnv) close() {
+	e.stopDrains()
 	if e.alive[sideDecode] {
 		_ = e.dec.Close()
 	}
@@ -341,6 +344,12 @@ func (e *scriptEnv) takeOutput() []string {
 // an input queued or running, and every receive queue is empty with its
 // receiver back in Recv.
 func (e *scriptEnv) quiet() bool {
+	// A drain is woken by the nodes and wakes them: the nodes idle on
+	// both sides of a parked drain means it did not act in between.
+	return e.nodesQuiet() && e.drainsParked() && e.nodesQuiet() && e.drainsParked()
+}
+
+func (e *scriptEnv) nodesQuiet() bool {
 	e.mu.Lock()
 	pending := e.pending
 	e.mu.Unlock()
@@ -473,6 +482,7 @@ type scriptDP struct {
 }
 
 func (d *scriptDP) Bind(p conn.PeerInfo, md Metadata) {
+	d.e.maybePanic(d.side, "bind", md.Key)
 	d.e.logf("%s dp: bind %s to %s pages=%s aux=%d", d.side, d.e.key(md.Key), p.Instance, formatPages(md.DstPages), md.AuxIndex)
 }
 
@@ -487,6 +497,7 @@ func (d *scriptDP) Expect(md Metadata) error {
 
 func (d *scriptDP) Fence(k poll.Key) bool {
 	e := d.e
+	e.maybePanic(d.side, "fence", k)
 	e.mu.Lock()
 	held := e.holdAll[d.side] || e.hold[d.side][k.Room]
 	if held {

@@ -58,6 +58,8 @@ var updateScripts = flag.Bool("update", false, "rewrite the expected output of t
 //	fence hold|release on <side> [room]            the data plane's Fence answers "not done" until released (then Fenced)
 //	inject <dir> garbage|empty|heartbeat|register|metadata|abort|status [room] [nonce=] [pages=] [reason=] [state=] [from=] [version=]
 //	trace heartbeats on|off
+//	drain <side> [deadline=D] [grace=G] [cap=C]     Drain (SIGTERM) on its own goroutine; traces its report when it returns
+//	panic fence|bind on <side> [room] [times=N]     the data plane's next such call panics
 func TestScript(t *testing.T) {
 	files, err := filepath.Glob("testdata/script/*.txt")
 	if err != nil || len(files) == 0 {
@@ -300,6 +302,10 @@ func (e *scriptEnv) run(cmd string) error {
 		err = e.cmdFence(a)
 	case "inject":
 		err = e.cmdInject(a)
+	case "drain":
+		err = e.cmdDrain(a)
+	case "panic":
+		err = e.cmdPanic(a)
 	case "trace":
 		if len(a.pos) != 2 || a.pos[0] != "heartbeats" {
 			return fmt.Errorf("trace heartbeats on|off")
