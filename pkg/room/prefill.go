@@ -10,6 +10,7 @@ import (
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // PrefillConfig configures a PrefillOwner.
@@ -17,7 +18,12 @@ type PrefillConfig struct {
 	conn.Config
 	// ListenAddr is the bootstrap address to bind.
 	ListenAddr string
-	// DataPlane moves the pages (required).
+	// Transport is the data plane's kind (--data-transport) and Sender
+	// its configuration: the owner builds it when the region is registered.
+	Transport transfer.Kind
+	Sender    transfer.SenderConfig
+	// DataPlane, if set (tests), replaces the data plane built from
+	// Transport: the owner then takes no Send.
 	DataPlane PrefillDataPlane
 	// AcceptRegister, if set, vets a decode peer's REGISTER (for example
 	// its region layouts against ours); an error rejects it as invalid.
@@ -41,6 +47,9 @@ type PrefillOwner struct {
 	*core
 	pcfg PrefillConfig
 	dp   PrefillDataPlane
+	// data is the data plane built from Transport (nil with a DataPlane
+	// of the tests').
+	data *PrefillData
 
 	// link is the transport side (pkg/conn's PrefillLink): the bootstrap
 	// socket, the decode peers, heartbeats, goodbyes. The node reaches
@@ -50,8 +59,8 @@ type PrefillOwner struct {
 
 // NewPrefillOwner returns a node; Start binds its socket.
 func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
-	if cfg.DataPlane == nil || cfg.ListenAddr == "" {
-		return nil, fmt.Errorf("%w: PrefillConfig needs ListenAddr and DataPlane", conn.ErrBadArgument)
+	if cfg.ListenAddr == "" {
+		return nil, fmt.Errorf("%w: PrefillConfig needs ListenAddr", conn.ErrBadArgument)
 	}
 	n := &PrefillOwner{pcfg: cfg, dp: cfg.DataPlane}
 	link, err := conn.NewPrefillLink(cfg.Config, cfg.ListenAddr, cfg.AcceptRegister, prefillSide{n})
@@ -64,6 +73,10 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 	}
 	n.core, n.link = c, link
 	c.hooks = n
+	if n.dp == nil {
+		n.data = newPrefillData(cfg.Transport, cfg.Sender, c.log, n)
+		n.dp = n.data
+	}
 	return n, nil
 }
 
@@ -106,6 +119,9 @@ func (n *PrefillOwner) kill() {
 func (n *PrefillOwner) stop() {
 	n.stopWorkers()
 	n.link.CloseSocket()
+	if n.data != nil {
+		n.data.Close()
+	}
 }
 
 // Peers returns the registered decode peers.
