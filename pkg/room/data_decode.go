@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
@@ -43,7 +44,7 @@ type DecodeData struct {
 
 	// metadata holds each room's SendMetadata until the room is forgotten,
 	// so a retry is answered as the same request and another one refused.
-	mdMu     sync.Mutex
+	// It is the owner's: touched only in owner inputs, under no lock.
 	metadata map[poll.Key]*sentMetadata
 }
 
@@ -76,8 +77,6 @@ func (m *sentMetadata) conflict(o *sentMetadata) string {
 // claimMetadata records md as key's metadata unless some is recorded
 // already: then it returns that one and false.
 func (d *DecodeData) claimMetadata(key poll.Key, md *sentMetadata) (*sentMetadata, bool) {
-	d.mdMu.Lock()
-	defer d.mdMu.Unlock()
 	if prev := d.metadata[key]; prev != nil {
 		return prev, false
 	}
@@ -88,12 +87,10 @@ func (d *DecodeData) claimMetadata(key poll.Key, md *sentMetadata) (*sentMetadat
 // settleMetadata ends the first call for key: a failed one is forgotten so
 // the scheduler may try again.
 func (d *DecodeData) settleMetadata(key poll.Key, md *sentMetadata, err error) {
-	d.mdMu.Lock()
 	if err != nil && d.metadata[key] == md {
 		delete(d.metadata, key)
 	}
 	md.err = err
-	d.mdMu.Unlock()
 	close(md.done)
 }
 
@@ -195,9 +192,7 @@ func (d *DecodeData) Fence(key poll.Key) bool {
 // Forget implements DecodeDataPlane.
 func (d *DecodeData) Forget(key poll.Key) {
 	d.Fence(key) // a room reaped unfenced: stop its writes all the same
-	d.mdMu.Lock()
 	delete(d.metadata, key)
-	d.mdMu.Unlock()
 }
 
 type decodeEvents struct{ d *DecodeData }
@@ -245,15 +240,26 @@ func (n *DecodeOwner) SubmitMetadata(ctx context.Context, req *pdlinkv1.SendMeta
 	rank := transferRank(req.Rank)
 	mr := MetadataRequest{DstPages: req.DstPages, AuxIndex: req.AuxIndex, PrefixLen: req.PrefixLen, Rank: Rank(rank)}
 	id := poll.RoomID(req.RoomId)
-	in, err := n.Get(id)
+	want := &sentMetadata{rank: rank, dst: dst, auxIndex: req.AuxIndex, prefixLen: req.PrefixLen, done: make(chan struct{})}
+	var in poll.RoomInfo
+	var md *sentMetadata
+	var first bool
+	// The room's state and its recorded metadata in one owner input: a
+	// claim is only ever made for a key in the table, so Forget drops it.
+	if !n.execOwned(func() {
+		n.withTable(func() { in, err = n.t.Get(id) })
+		if err == nil && in.State != poll.Failed {
+			md, first = d.claimMetadata(in.Key, want)
+		}
+	}) {
+		return conn.ErrClosedNode
+	}
 	if err != nil {
 		return err
 	}
 	if in.State == poll.Failed {
 		return &EndedError{Info: in} // also for a retry: the room takes nothing now
 	}
-	want := &sentMetadata{rank: rank, dst: dst, auxIndex: req.AuxIndex, prefixLen: req.PrefixLen, done: make(chan struct{})}
-	md, first := d.claimMetadata(in.Key, want)
 	if !first {
 		if field := md.conflict(want); field != "" {
 			return errorf(ErrMetadataConflict, "room %d already has metadata with another %s: a retry must repeat the first request", id, field)
@@ -265,14 +271,8 @@ func (n *DecodeOwner) SubmitMetadata(ctx context.Context, req *pdlinkv1.SendMeta
 		}
 		return md.err
 	}
-	// The room may have been cleared (and its id reopened) since Get; a
-	// claim for a key no longer in the table would never be forgotten.
-	if now, err := n.Get(id); err != nil || now.Key != in.Key {
-		d.settleMetadata(in.Key, want, poll.ErrNotFound)
-		return errorf(poll.ErrNotFound, "room %d ended while its metadata was sent", id)
-	}
 	err = n.SendMetadata(id, mr)
-	d.settleMetadata(in.Key, want, err)
+	n.exec(func() { d.settleMetadata(in.Key, want, err) })
 	return err
 }
 

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -17,35 +16,36 @@ import (
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
-// prefillNode is what PrefillData needs of its owner.
-type prefillNode interface {
-	Get(id poll.RoomID) (poll.RoomInfo, error)
-	FirstSend(room poll.RoomID) error
-	AwaitFailedVisible(ctx context.Context, room poll.RoomID) error
-	OnProgress(key poll.Key)
-	OnFailed(key poll.Key, reason poll.Reason)
-	Fenced(key poll.Key)
-}
-
-// PrefillData adapts the --data-transport's transfer.Transport to the
-// prefill node's data plane. Each room is one stream: its first Send opens
-// it, every Send appends its pages at once, the last carries the aux row
-// and closes it.
+// PrefillData is the prefill owner's data plane over the
+// --data-transport's transfer.Transport. Each room is one stream: its
+// first Send opens it, every Send appends its pages at once, the last
+// carries the aux row and closes it.
+//
+// The per-room state (rooms, fenced) is the owner's: it is touched only
+// in owner inputs (Bind with the METADATA that binds the room, a Send's
+// checks and append, Fence and Forget as effects), never under a lock of
+// its own. A Send's wait for admission is parked on the room (section 5
+// of PLAN.md): it ends when the pages are admitted or, at the latest,
+// when the room's Failed is visible or the room is gone.
 type PrefillData struct {
 	log  *zap.Logger
 	kind transfer.Kind
 	scfg transfer.SenderConfig
-	node prefillNode
+	node *PrefillOwner
+	// newTransport builds the transport once the region is registered
+	// (transfer.NewTransport of kind; a fake in tests).
+	newTransport func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error)
 
-	slot   regionSlot
-	mu     sync.Mutex
-	sender transfer.Transport
-	rooms  map[poll.RoomID]*prefillRoom
-	fenced map[poll.Key]bool // sticky until Forget (a late Bind is ignored)
-	// boundCh is closed (and replaced) at every Bind, waking Sends that
-	// wait for their room's binding.
-	boundCh chan struct{}
-	bytes   atomic.Uint64
+	slot regionSlot
+	// senderMu guards sender, set once the region is registered (a gRPC
+	// goroutine) and read by the owner and the Sends waiting for
+	// admission.
+	senderMu sync.Mutex
+	sender   transfer.Transport
+
+	rooms  map[poll.RoomID]*prefillRoom // the owner's
+	fenced map[poll.Key]bool            // the owner's; sticky until Forget (a late Bind is ignored)
+	bytes  atomic.Uint64
 }
 
 type prefillRoom struct {
@@ -181,17 +181,20 @@ var _ PrefillDataPlane = (*PrefillData)(nil)
 
 // newPrefillData returns the owner's data plane of the given kind, built
 // when the region is registered, reporting to node.
-func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logger, node prefillNode) *PrefillData {
-	d := &PrefillData{log: log, kind: kind, scfg: cfg, node: node, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}, boundCh: make(chan struct{})}
+func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logger, node *PrefillOwner) *PrefillData {
+	d := &PrefillData{log: log, kind: kind, scfg: cfg, node: node, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}}
+	d.newTransport = func(r *transfer.Region, cfg transfer.SenderConfig) (transfer.Transport, error) {
+		return transfer.NewTransport(d.kind, r, cfg)
+	}
 	d.scfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
 	d.slot.onSet = func(r *transfer.Region) error {
-		s, err := transfer.NewTransport(d.kind, r, d.scfg)
+		s, err := d.newTransport(r, d.scfg)
 		if err != nil {
 			return err
 		}
-		d.mu.Lock()
+		d.senderMu.Lock()
 		d.sender = s
-		d.mu.Unlock()
+		d.senderMu.Unlock()
 		d.log.Info("data plane ready", zap.String("transport", string(d.kind)), zap.String("region", r.Path()))
 		return nil
 	}
@@ -201,23 +204,26 @@ func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logg
 // Bytes is the KV bytes this side sent and decode confirmed.
 func (d *PrefillData) Bytes() uint64 { return d.bytes.Load() }
 
+func (d *PrefillData) transport() transfer.Transport {
+	d.senderMu.Lock()
+	defer d.senderMu.Unlock()
+	return d.sender
+}
+
 // Close stops the sender (unfinished transfers fail) and unmaps the region.
 func (d *PrefillData) Close() {
-	d.mu.Lock()
-	s := d.sender
-	d.mu.Unlock()
-	if s != nil {
+	if s := d.transport(); s != nil {
 		s.Close()
 	}
 	d.slot.close()
 }
 
-// Bind implements PrefillDataPlane.
+// Bind implements PrefillDataPlane, on the owner in the input that
+// applied the METADATA: a Send that sees the room WaitingForInput finds it
+// bound.
 func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
-	region := d.slot.get()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.fenced[md.Key] || region == nil || d.sender == nil {
+	region, sender := d.slot.get(), d.transport()
+	if d.fenced[md.Key] || region == nil || sender == nil {
 		if region == nil {
 			d.log.Warn("metadata before any region is registered", zap.Uint64("room", uint64(md.Key.Room)))
 		}
@@ -234,10 +240,11 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 	}
 	pl, err := layoutFromProto("layout", layout)
 	if err == nil {
-		err = d.sender.AddPeer(peer.Addr, pl)
+		err = sender.AddPeer(peer.Addr, pl)
 	}
 	if err != nil {
 		d.log.Warn("cannot bind room to decode peer", zap.Uint64("room", uint64(md.Key.Room)), zap.String("peer", peer.Addr), zap.Error(err))
+		// Its own input, later: this one is stepping the METADATA.
 		go d.node.OnFailed(md.Key, poll.ReasonInvalid)
 		return
 	}
@@ -247,70 +254,34 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 	prefix := min(int64(md.PrefixLen), transfer.CountPages(dst)) // the frame check bounds it; min keeps the slicing safe
 	d.rooms[md.Key.Room] = &prefillRoom{key: md.Key, peerAddr: peer.Addr, dst: dst, dstPages: transfer.CountPages(dst),
 		prefix: prefix}
-	close(d.boundCh)
-	d.boundCh = make(chan struct{})
 }
 
-// bindWait bounds how long Send waits for a room's binding: the node makes
-// WaitingForInput visible a moment before it hands the metadata over.
-const bindWait = 2 * time.Second
-
-// waitBound returns the room's binding, waiting (bounded) when the node
-// applied decode's METADATA but has not called Bind yet. d.mu is held on
-// entry and on return.
-func (d *PrefillData) waitBound(ctx context.Context, id poll.RoomID) *prefillRoom {
-	deadline := time.NewTimer(bindWait)
-	defer deadline.Stop()
-	for {
-		if r := d.rooms[id]; r != nil {
-			return r
-		}
-		if in, err := d.node.Get(id); err != nil || in.State != poll.WaitingForInput && in.State != poll.Transferring {
-			return nil // not bound because metadata has not arrived: no point waiting
-		}
-		ch := d.boundCh
-		d.mu.Unlock()
-		select {
-		case <-ch:
-		case <-deadline.C:
-			d.mu.Lock()
-			return d.rooms[id]
-		case <-ctx.Done():
-			d.mu.Lock()
-			return d.rooms[id]
-		}
-		d.mu.Lock()
-	}
-}
-
-// Fence implements PrefillDataPlane without waiting: the sender
-// stops the room at once and answers done when no worker reads its source
-// pages; otherwise its OnFenced tells the node Fenced once the worker let
-// go (within FenceGrace plus one chunk write).
+// Fence implements PrefillDataPlane without waiting, on the owner: the
+// sender stops the room at once and answers done when no worker reads its
+// source pages; otherwise its OnFenced tells the node Fenced once the
+// worker let go (within FenceGrace plus one chunk write).
 func (d *PrefillData) Fence(key poll.Key) bool {
-	d.mu.Lock()
 	d.fenced[key] = true
-	s := d.sender
-	d.mu.Unlock()
+	s := d.transport()
 	if s == nil {
 		return true
 	}
 	return s.Fence(d.slot.key(key))
 }
 
-// Forget implements PrefillDataPlane.
+// Forget implements PrefillDataPlane, on the owner.
 func (d *PrefillData) Forget(key poll.Key) {
 	d.Fence(key) // a room reaped unfenced: stop its transfer all the same
-	d.mu.Lock()
 	delete(d.fenced, key)
 	if r := d.rooms[key.Room]; r != nil && (r.key == key || key.Nonce == 0) {
 		delete(d.rooms, key.Room)
 	}
-	d.mu.Unlock()
 }
 
-// send checks one chunk of source pages and appends it to the room's
-// stream at once; the last one closes the stream.
+// send checks one chunk of source pages against the region (on the
+// caller), then against its room and appends it (one owner input); the
+// last one closes the stream and waits, parked on the room, for its
+// admission.
 func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error {
 	region := d.slot.get()
 	if region == nil {
@@ -331,7 +302,23 @@ func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error
 			return err
 		}
 	}
-	return d.take(ctx, sendOf{req, src, buffers}, region, false)
+	// wake ends the wait for admission when the room ends first; it is
+	// armed in the input that appends, so no end in between is missed.
+	waitCtx, wake := context.WithCancel(ctx)
+	defer wake()
+	var out sendOutcome
+	if !d.node.execOwned(func() { out = d.take(sendOf{req, src, buffers}, region, wake) }) {
+		return conn.ErrClosedNode
+	}
+	switch {
+	case out.err != nil:
+		return out.err
+	case out.ended:
+		return d.answerEnded(ctx, out.key)
+	case out.parked == nil:
+		return nil
+	}
+	return d.awaitAdmission(ctx, waitCtx, out)
 }
 
 // sendOf is a Send checked at the edge: its source pages as runs and the
@@ -342,65 +329,70 @@ type sendOf struct {
 	buffers []int
 }
 
-// take checks a Send against its room and appends its pages; stepped says
-// the room's FirstSend was already stepped for this Send.
-func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Region, stepped bool) error {
-	d.mu.Lock()
-	r := d.waitBound(ctx, poll.RoomID(req.RoomId))
+// sendOutcome is what a Send's owner input decided.
+type sendOutcome struct {
+	err error
+	// ended: the data plane refused the pages because the room ended;
+	// answer with its state once that is visible.
+	ended bool
+	key   poll.Key
+	tk    transfer.Key
+	// parked, when set, is the last Send's wait for admission, parked on
+	// the room.
+	parked *parkedCall
+	sender transfer.Transport
+}
+
+// take checks a Send against its room and appends its pages, as one
+// owner input: the room moves to Transferring (a later Send's refreshes
+// its idle deadline) before its pages may go, as a transfer completing
+// first would leave decode's Success no state to land on.
+func (d *PrefillData) take(req sendOf, region *transfer.Region, wake func()) sendOutcome {
+	n := d.node
+	r := d.rooms[poll.RoomID(req.RoomId)]
 	if r == nil {
-		d.mu.Unlock()
-		return d.notSendable(poll.RoomID(req.RoomId), nil)
+		return sendOutcome{err: d.notSendable(poll.RoomID(req.RoomId), nil)}
 	}
 	if d.fenced[r.key] {
 		// Failed: say so before judging the chunk against a room that
 		// will take no more.
-		d.mu.Unlock()
-		return d.notSendable(r.key.Room, poll.ErrTerminal)
+		return sendOutcome{err: d.notSendable(r.key.Room, poll.ErrTerminal)}
 	}
+	sender := d.transport()
 	nbuf := len(region.Layout().Buffers)
 	start, src := int64(req.StartPosition), req.src
+	key, tk := r.key, d.slot.key(r.key)
 	behind := false // start is a position some named buffer already has
 	named(req.buffers, nbuf, func(b int) bool { behind = start < r.nextPosition(b); return !behind })
 	if (r.started || behind) && r.repeats(start, src, req.buffers, req.Last, req.AuxIndex) {
-		key, tk, sender := r.key, d.slot.key(r.key), d.sender
-		d.mu.Unlock()
 		if !req.Last {
-			return nil
+			return sendOutcome{}
 		}
 		// A retried last Send answers as the first call does: once the
 		// room's pages are admitted, or with the failure that ended them.
-		return d.awaitAdmission(ctx, sender, key, tk)
+		return d.park(key, tk, sender, wake)
 	}
 	if r.started {
-		d.mu.Unlock()
-		return errorf(ErrNotSendable, "room already sent its last chunk")
+		return sendOutcome{err: errorf(ErrNotSendable, "room already sent its last chunk")}
 	}
-	n := transfer.CountPages(src)
-	if err := r.checkPositions(start, n, req.buffers, nbuf, req.Last); err != nil {
-		d.mu.Unlock()
-		return err
+	pages := transfer.CountPages(src)
+	if err := r.checkPositions(start, pages, req.buffers, nbuf, req.Last); err != nil {
+		return sendOutcome{err: err}
 	}
 	var aux []byte
 	if req.Last && region.Layout().Aux.Rows > 0 {
 		if int64(req.AuxIndex) >= region.Layout().Aux.Rows {
-			d.mu.Unlock()
-			return invalid("aux_index", "row %d of %d", req.AuxIndex, region.Layout().Aux.Rows)
+			return sendOutcome{err: invalid("aux_index", "row %d of %d", req.AuxIndex, region.Layout().Aux.Rows)}
 		}
 		aux = region.AuxRow(int64(req.AuxIndex))
 	}
-	if !stepped {
-		// The room moves to Transferring (a later Send's refreshes its
-		// idle deadline) before its pages may go: a transfer completing
-		// first would leave decode's Success no state to land on. All is
-		// checked again after, as another Send may have come in between.
-		key := r.key
-		d.mu.Unlock()
-		if err := d.node.FirstSend(key.Room); err != nil {
-			return d.notSendable(key.Room, err)
-		}
-		return d.take(ctx, req, region, true)
+	if err := n.firstSendOwned(key.Room); err != nil {
+		return sendOutcome{err: d.notSendable(key.Room, err)}
 	}
-	key, tk := r.key, d.slot.key(r.key)
+	if d.fenced[key] || d.rooms[key.Room] != r {
+		// The step's effects fenced or forgot the room.
+		return sendOutcome{err: d.notSendable(key.Room, poll.ErrTerminal)}
+	}
 	if !r.opened {
 		// The stream opens with the room's first Send: its pages go on the
 		// wire at once, each later Send's continue it, the last closes it.
@@ -410,73 +402,109 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 		for _, b := range region.Layout().Buffers {
 			bytes += (r.dstPages - r.prefix) * b.ItemLen
 		}
-		err := d.sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
+		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
 			Done: func(err error) { d.done(key, bytes, err) }})
 		if err != nil {
-			d.mu.Unlock()
-			return d.refused(ctx, key, err)
+			return d.refused(key, err)
 		}
 		r.opened = true
 	}
 	moved := r.moved(start, src)
 	piece := transfer.Piece{Src: make([][]transfer.Run, nbuf), Last: req.Last, Aux: aux}
 	named(req.buffers, nbuf, func(b int) bool { piece.Src[b] = moved; return true })
-	// Appended under d.mu, so concurrent Sends of a room reach the stream
-	// in the order their start positions were checked.
-	if err := d.sender.Append(tk, piece); err != nil {
-		d.mu.Unlock()
-		return d.refused(ctx, key, err)
+	// Appended on the owner, so concurrent Sends of a room reach the
+	// stream in the order their start positions were checked.
+	if err := sender.Append(tk, piece); err != nil {
+		return d.refused(key, err)
 	}
 	r.chunks = append(r.chunks, sentChunk{start: start, at: len(r.src), runs: len(src), buffers: req.buffers, last: req.Last, auxIndex: req.AuxIndex})
 	r.src = append(r.src, src...)
-	r.advance(req.buffers, nbuf, start+n)
+	r.advance(req.buffers, nbuf, start+pages)
 	r.started = req.Last
-	sender := d.sender
-	d.mu.Unlock()
 	if !req.Last {
-		return nil
+		return sendOutcome{}
 	}
-	return d.awaitAdmission(ctx, sender, key, tk)
+	return d.park(key, tk, sender, wake)
+}
+
+// park parks a last Send's wait for admission on its room: wake runs when
+// the room's Failed becomes visible or the room goes, whatever the data
+// plane does with the wait.
+func (d *PrefillData) park(key poll.Key, tk transfer.Key, sender transfer.Transport, wake func()) sendOutcome {
+	p := &parkedCall{woken: make(chan struct{}), onWake: wake}
+	c := d.node.core
+	c.withTable(func() { c.parked[key] = append(c.parked[key], p) })
+	return sendOutcome{key: key, tk: tk, parked: p, sender: sender}
 }
 
 // awaitAdmission waits for a room's pages to be admitted into the peer's
-// in-flight budget: the last Send's backpressure. A ctx that ends first
-// answers DeadlineExceeded (or Canceled) and leaves the room going: its
-// pages stay queued, go when admitted, and Poll shows the outcome; a retry
-// of the same Send waits for the same admission.
-func (d *PrefillData) awaitAdmission(ctx context.Context, sender transfer.Transport, key poll.Key, tk transfer.Key) error {
-	if err := sender.WaitAdmitted(ctx, tk); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return d.refused(ctx, key, err)
+// in-flight budget: the last Send's backpressure. The owner ends the wait
+// (waitCtx) when the room's Failed is visible or the room went, and the
+// Send answers with that state. A ctx that ends first answers its error
+// and leaves the room going: its pages stay queued, go when admitted, and
+// Poll shows the outcome; a retry of the same Send waits for the same
+// admission.
+func (d *PrefillData) awaitAdmission(ctx, waitCtx context.Context, out sendOutcome) error {
+	err := out.sender.WaitAdmitted(waitCtx, out.tk)
+	d.node.unpark(out.key, out.parked)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case waitCtx.Err() != nil:
+		// The owner woke the wait: the room's end is visible.
+		return d.notSendableNow(out.key.Room)
+	case errors.Is(err, transfer.ErrFenced), errors.Is(err, transfer.ErrStreamEnded):
+		return d.answerEnded(ctx, out.key)
 	}
-	return nil
+	var res error
+	if !d.node.execOwned(func() { res = d.refused(out.key, err).err }) {
+		return conn.ErrClosedNode
+	}
+	return res
 }
 
-// refused answers a Send whose pages the data plane did not take, and
-// fails the room if the data plane gave a failure reason.
-func (d *PrefillData) refused(ctx context.Context, key poll.Key, err error) error {
+// answerEnded answers a Send whose room ended (fenced, or its stream
+// failed and Done said why) with the room's state, as any Send to an
+// ended room is, once the scheduler can see it (the fence or failure may
+// not have been stepped yet).
+func (d *PrefillData) answerEnded(ctx context.Context, key poll.Key) error {
+	_ = d.node.AwaitFailedVisible(ctx, key.Room)
+	return d.notSendableNow(key.Room)
+}
+
+// notSendableNow is notSendable as its own owner input.
+func (d *PrefillData) notSendableNow(id poll.RoomID) error {
+	var err error
+	d.node.exec(func() { err = d.notSendable(id, poll.ErrTerminal) })
+	return err
+}
+
+// refused answers, on the owner, a Send whose pages the data plane did
+// not take, and fails the room if the data plane gave a failure reason.
+func (d *PrefillData) refused(key poll.Key, err error) sendOutcome {
 	if errors.Is(err, transfer.ErrFenced) || errors.Is(err, transfer.ErrStreamEnded) {
-		// The room ended (fenced, or its stream failed and Done said why):
-		// answer with the room's state, as any Send to an ended room is,
-		// once the scheduler can see it (the fence or failure may not have
-		// been stepped yet).
-		_ = d.node.AwaitFailedVisible(ctx, key.Room)
-		return d.notSendable(key.Room, poll.ErrTerminal)
+		return sendOutcome{ended: true, key: key}
 	}
 	d.log.Warn("transfer refused", zap.Uint64("room", uint64(key.Room)), zap.Error(err))
 	if reason, fails := roomFailure(d.log, transfer.ReasonOf(err)); fails {
-		d.node.OnFailed(key, reason)
+		d.node.applyOwned(func() {
+			_ = d.node.t.Step(d.node.now(), poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
+		})
 	}
-	return errorf(ErrTransferRefused, "transfer refused: %v", err)
+	return sendOutcome{err: errorf(ErrTransferRefused, "transfer refused: %v", err)}
 }
 
-// notSendable says why a room takes no Send, from its state now: NotFound
-// when it is not open here, FailedPrecondition naming the state (and for
-// Failed the reasons) otherwise. err is the owner's refusal, if any.
+// notSendable says, on the owner, why a room takes no Send, from its
+// state now: poll.ErrNotFound when it is not open here, an EndedError for
+// a Failed room, ErrNotSendable naming the state otherwise. err is the
+// table's refusal, if any.
 func (d *PrefillData) notSendable(id poll.RoomID, err error) error {
-	in, gerr := d.node.Get(id)
+	var in poll.RoomInfo
+	var gerr error
+	c := d.node.core
+	c.withTable(func() { in, gerr = c.t.Get(id) })
 	switch {
 	case gerr != nil:
 		return errorf(poll.ErrNotFound, "room %d is not open here (never opened, or cleared): OpenSender first", id)

@@ -22,7 +22,7 @@ import (
 // every subscriber in the order the table made them.
 //
 // Once the owner stopped (Close), the inputs still run, on their callers'
-// goroutines with the table behind c.mu, as before the owner: a closed
+// goroutines one at a time (owner.inline), as before the owner: a closed
 // node still answers Poll and Get.
 
 // ownerState is where the owner goroutine is in its life.
@@ -52,6 +52,10 @@ type owner struct {
 	wake  chan struct{} // 1-buffered: the queue is not empty
 	// exited is closed when the owner goroutine returned.
 	exited chan struct{}
+	// inline serialises the inputs that run on their callers once the
+	// owner stopped, so the per-room state beside the table (the data
+	// plane's bindings and metadata) still has one writer at a time.
+	inline sync.Mutex
 }
 
 func newOwner() *owner {
@@ -91,6 +95,8 @@ func (c *core) enqueue(in *input) bool {
 func (c *core) exec(fn func()) {
 	in := &input{fn: fn, done: make(chan struct{})}
 	if !c.enqueue(in) {
+		c.own.inline.Lock()
+		defer c.own.inline.Unlock()
 		fn()
 		return
 	}
@@ -100,9 +106,26 @@ func (c *core) exec(fn func()) {
 	}
 }
 
+// execOwned runs fn on the owner goroutine and returns true once it ran;
+// false, without running fn, once the owner stopped (a Send to a closed
+// node takes nothing).
+func (c *core) execOwned(fn func()) bool {
+	in := &input{fn: fn, done: make(chan struct{})}
+	if !c.enqueue(in) {
+		return false
+	}
+	<-in.done
+	if in.panicked != nil {
+		panic(in.panicked)
+	}
+	return true
+}
+
 // post queues fn for the owner without waiting (data-plane callbacks).
 func (c *core) post(fn func()) {
 	if !c.enqueue(&input{fn: fn}) {
+		c.own.inline.Lock()
+		defer c.own.inline.Unlock()
 		fn()
 	}
 }

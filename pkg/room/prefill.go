@@ -29,6 +29,9 @@ type PrefillConfig struct {
 	// its region layouts against ours); an error rejects it as invalid.
 	AcceptRegister func(conn.PeerInfo) error
 
+	// newTransport, if set (tests), builds the data plane's transport
+	// instead of transfer.NewTransport of Transport.
+	newTransport func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error)
 	// roomFrameHook, if set (tests), runs as the link delivers a room frame
 	// to the node, on the listener worker.
 	roomFrameHook func(from poll.PeerID, seq uint64, ft conn.FrameType)
@@ -75,6 +78,9 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 	c.hooks = n
 	if n.dp == nil {
 		n.data = newPrefillData(cfg.Transport, cfg.Sender, c.log, n)
+		if cfg.newTransport != nil {
+			n.data.newTransport = cfg.newTransport
+		}
 		n.dp = n.data
 	}
 	return n, nil
@@ -150,13 +156,24 @@ func (n *PrefillOwner) Open(room poll.RoomID, nonce poll.Nonce, ranks int) (poll
 // FirstSend records the scheduler's Send of a chunk: the first one moves
 // the room to Transferring, later ones count as progress.
 func (n *PrefillOwner) FirstSend(room poll.RoomID) error {
-	err := n.step(poll.Event{Kind: poll.EvFirstChunk, Key: poll.Key{Room: room}})
-	if errors.Is(err, poll.ErrTerminal) {
+	var err error
+	n.exec(func() { err = n.firstSendOwned(room) })
+	return err
+}
+
+// firstSendOwned is FirstSend inside an owner input.
+func (n *PrefillOwner) firstSendOwned(room poll.RoomID) error {
+	var err error
+	var in poll.RoomInfo
+	var gerr error
+	n.applyOwned(func() {
+		err = n.t.Step(n.now(), poll.Event{Kind: poll.EvFirstChunk, Key: poll.Key{Room: room}})
+		in, gerr = n.t.Get(room)
+	})
+	if errors.Is(err, poll.ErrTerminal) && gerr == nil && !in.Visible.Terminal() {
 		// A room failed but not yet fenced is refused without reading as
 		// terminal: the scheduler may free pages once it sees one (I9).
-		if in, gerr := n.Get(room); gerr == nil && !in.Visible.Terminal() {
-			return fmt.Errorf("%w: room %d is %v", poll.ErrIllegalTransition, room, in.Visible)
-		}
+		return fmt.Errorf("%w: room %d is %v", poll.ErrIllegalTransition, room, in.Visible)
 	}
 	return err
 }

@@ -1,0 +1,107 @@
+package room
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
+)
+
+// stuckTransport is a transfer.Transport that takes every stream and
+// never admits a piece: WaitAdmitted returns only when its ctx ends, a
+// fence included (the owner, not the data plane, must answer the wait).
+type stuckTransport struct {
+	mu      sync.Mutex
+	fenced  map[transfer.Key]bool
+	waiting chan transfer.Key // one send per WaitAdmitted entered
+}
+
+func newStuckTransport() *stuckTransport {
+	return &stuckTransport{fenced: map[transfer.Key]bool{}, waiting: make(chan transfer.Key, 16)}
+}
+
+func (s *stuckTransport) AddPeer(string, transfer.Layout) error     { return nil }
+func (s *stuckTransport) RemovePeer(string)                         {}
+func (s *stuckTransport) Open(transfer.Stream) error                { return nil }
+func (s *stuckTransport) Append(transfer.Key, transfer.Piece) error { return nil }
+func (s *stuckTransport) WaitAdmitted(ctx context.Context, k transfer.Key) error {
+	s.waiting <- k
+	<-ctx.Done()
+	return ctx.Err()
+}
+func (s *stuckTransport) Send(context.Context, transfer.SendRequest) error {
+	return errors.New("stuckTransport: Send is not used by the owner")
+}
+func (s *stuckTransport) Fence(k transfer.Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fenced[k] = true
+	return true
+}
+func (s *stuckTransport) FenceWait(k transfer.Key) { s.Fence(k) }
+func (s *stuckTransport) Close() error             { return nil }
+
+// PLAN section 5: a last Send waiting for admission into the peer's
+// in-flight budget is parked on its room in the owner, and answered at the
+// latest when the room's Failed is visible, whatever the data plane does
+// with the wait. Here the transport never admits and its fence wakes
+// nobody; the room fails at its transfer-idle deadline (FakeClock), and the
+// Send must come back Failed then, not at its own deadline.
+func TestSendWaitingForAdmissionReturnsFailedWhenItsRoomFails(t *testing.T) {
+	reg := newRegion(t)
+	tr := newStuckTransport()
+	h := newHarnessWith(t, 1, options{
+		pre: func(c *PrefillConfig) {
+			c.DataPlane = nil
+			c.newTransport = func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
+		},
+		dec: func(c *DecodeConfig) { c.Layouts = []*pdlinkv1.RegionLayout{layoutPB(reg.layout)} },
+	})
+	if _, err := h.pre.RegisterRegion(reg.path, layoutPB(reg.layout)); err != nil {
+		t.Fatal(err)
+	}
+	const room = 7
+	key := h.open(room, 1)
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
+		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
+	}
+
+	// The caller's own deadline is far beyond the test's bound: only the
+	// owner can end this wait in time.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	answered := make(chan error, 1)
+	go func() {
+		answered <- h.pre.Send(ctx, &pdlinkv1.SendRequest{RoomId: room, Pages: &pdlinkv1.PageList{Indices: []int32{0, 1, 2}}, Last: true, AuxIndex: 1})
+	}()
+	select {
+	case <-tr.waiting:
+	case err := <-answered:
+		t.Fatalf("the last Send returned %v before waiting for admission", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the last Send never waited for admission")
+	}
+	select {
+	case err := <-answered:
+		t.Fatalf("the last Send returned %v with its pages not admitted and its room going", err)
+	default:
+	}
+
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.Failed }); !ok {
+		t.Fatalf("prefill room %d is %v, want Failed at its transfer-idle deadline", room, h.preState(room))
+	}
+	select {
+	case err := <-answered:
+		var ended *EndedError
+		if !errors.As(err, &ended) || ended.Info.Key != key || ended.Info.Visible != poll.Failed {
+			t.Fatalf("the last Send returned %v, want the room's Failed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the last Send still waits for admission after its room's Failed became visible")
+	}
+}
