@@ -1,7 +1,6 @@
 package service
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -135,5 +134,3 @@ func failedRoom(in poll.RoomInfo) error {
 	}
 	return st.Err()
 }
-
-func isClosed(err error) bool { return errors.Is(err, net.ErrClosed) }
