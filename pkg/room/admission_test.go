@@ -105,3 +105,49 @@ func TestSendWaitingForAdmissionReturnsFailedWhenItsRoomFails(t *testing.T) {
 		t.Fatal("the last Send still waits for admission after its room's Failed became visible")
 	}
 }
+
+// The data-plane callback queue is bounded by the rooms, not by the
+// pieces that land: while the owner is busy, a room's progress events
+// coalesce into the one already queued (counted), and the caller, a
+// transfer goroutine, never waits. Its state still moves once the owner
+// runs the one that was kept.
+func TestProgressEventsOfARoomCoalesceWhileTheOwnerIsBusy(t *testing.T) {
+	h := newHarness(t, 1)
+	const room = 3
+	key := h.open(room, 1)
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
+		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
+	}
+	_ = h.pre.FirstSend(room)
+	if s := h.decState(room); s != poll.WaitingForInput {
+		t.Fatalf("decode room %d is %v before any progress, want WaitingForInput", room, s)
+	}
+
+	release, busy := make(chan struct{}), make(chan struct{})
+	go h.dec.exec(func() { close(busy); <-release })
+	<-busy
+	const pieces = 10000
+	before := h.dec.ProgressDropped()
+	start := time.Now()
+	for range pieces {
+		h.dec.OnProgress(key)
+	}
+	took := time.Since(start)
+	h.dec.own.mu.Lock()
+	queued := len(h.dec.own.queue)
+	h.dec.own.mu.Unlock()
+	close(release)
+	if queued != 1 {
+		t.Errorf("%d progress events of one room queued behind a busy owner, want 1", queued)
+	}
+	if d := h.dec.ProgressDropped() - before; d != pieces-1 {
+		t.Errorf("%d progress events counted as coalesced, want %d", d, pieces-1)
+	}
+	if took > 5*time.Second {
+		t.Errorf("%d progress events took %v with the owner busy: the callbacks waited", pieces, took)
+	}
+	h.settle()
+	if s := h.decState(room); s != poll.Transferring {
+		t.Fatalf("decode room %d is %v after its progress ran, want Transferring", room, s)
+	}
+}
