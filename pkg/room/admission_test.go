@@ -151,3 +151,47 @@ func TestProgressEventsOfARoomCoalesceWhileTheOwnerIsBusy(t *testing.T) {
 		t.Fatalf("decode room %d is %v after its progress ran, want Transferring", room, s)
 	}
 }
+
+// A transfer goroutine that reports a failure (OnFailed, on either side)
+// never waits for the owner: the owner may be busy, or asking that data
+// plane to fence. The failure is stepped once the owner runs it.
+func TestOnFailedReturnsWhileTheOwnerIsBusy(t *testing.T) {
+	h := newHarness(t, 1)
+	const room = 5
+	h.open(room, 1)
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
+		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
+	}
+	info, err := h.pre.Get(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, side := range []struct {
+		name   string
+		core   *core
+		failed func()
+	}{
+		{"prefill", h.pre.core, func() { h.pre.OnFailed(info.Key, poll.ReasonTransferError) }},
+		{"decode", h.dec.core, func() { h.dec.OnFailed(info.Key, poll.ReasonChecksum) }},
+	} {
+		release, busy := make(chan struct{}), make(chan struct{})
+		go side.core.exec(func() { close(busy); <-release })
+		<-busy
+		returned := make(chan struct{})
+		go func() { side.failed(); close(returned) }()
+		select {
+		case <-returned:
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s OnFailed waited for a busy owner", side.name)
+		}
+		close(release)
+		<-returned
+	}
+	h.settle()
+	if s := h.preState(room); s != poll.Failed {
+		t.Fatalf("prefill room %d is %v after OnFailed ran, want Failed", room, s)
+	}
+	if r, _ := h.reason(h.pre, room); r != poll.ReasonTransferError {
+		t.Fatalf("prefill room %d failed with %v, want %v", room, r, poll.ReasonTransferError)
+	}
+}

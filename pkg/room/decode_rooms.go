@@ -120,9 +120,13 @@ func (n *DecodeOwner) advanceOwned(key poll.Key, done bool, rank uint8) func() {
 }
 
 // OnFailed is the data plane's callback: the room's transfer failed
-// (transfer_error, checksum...). Prefill is told.
+// (transfer_error, checksum...). Prefill is told. It is an event
+// nobody waits for: a transfer goroutine that reports a failure never
+// waits for an owner that may be fencing it.
 func (n *DecodeOwner) OnFailed(key poll.Key, reason poll.Reason) {
-	_ = n.step(poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
+	n.post(func() {
+		n.applyOwned(func() { _ = n.t.Step(n.now(), poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason}) })
+	})
 }
 
 // Abort fails a room locally (reason "" = aborted:local), fences its

@@ -184,9 +184,13 @@ func (n *PrefillOwner) OnProgress(key poll.Key) {
 }
 
 // OnFailed is the data plane's callback: the room's transfer failed
-// (reason transfer_error, checksum...). Decode is told (R8).
+// (reason transfer_error, checksum...). Decode is told (R8). It is an event
+// nobody waits for: a transfer goroutine that reports a failure never
+// waits for an owner that may be fencing it.
 func (n *PrefillOwner) OnFailed(key poll.Key, reason poll.Reason) {
-	_ = n.step(poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
+	n.post(func() {
+		n.applyOwned(func() { _ = n.t.Step(n.now(), poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason}) })
+	})
 }
 
 // Abort fails a room locally (reason "" = aborted:local) and tells decode.
