@@ -153,9 +153,10 @@ func TestProgressEventsOfARoomCoalesceWhileTheOwnerIsBusy(t *testing.T) {
 }
 
 // A transfer goroutine that reports a failure (OnFailed, on either side)
-// never waits for the owner: the owner may be busy, or asking that data
-// plane to fence. The failure is stepped once the owner runs it.
-func TestOnFailedReturnsWhileTheOwnerIsBusy(t *testing.T) {
+// or prefill's progress never waits for the owner: the owner may be busy,
+// or asking that data plane to fence. The failure is stepped once the
+// owner runs it.
+func TestDataPlaneCallbacksReturnWhileTheOwnerIsBusy(t *testing.T) {
 	h := newHarness(t, 1)
 	const room = 5
 	h.open(room, 1)
@@ -171,6 +172,7 @@ func TestOnFailedReturnsWhileTheOwnerIsBusy(t *testing.T) {
 		core   *core
 		failed func()
 	}{
+		{"prefill progress", h.pre.core, func() { h.pre.OnProgress(info.Key) }},
 		{"prefill", h.pre.core, func() { h.pre.OnFailed(info.Key, poll.ReasonTransferError) }},
 		{"decode", h.dec.core, func() { h.dec.OnFailed(info.Key, poll.ReasonChecksum) }},
 	} {
@@ -182,7 +184,7 @@ func TestOnFailedReturnsWhileTheOwnerIsBusy(t *testing.T) {
 		select {
 		case <-returned:
 		case <-time.After(5 * time.Second):
-			t.Errorf("%s OnFailed waited for a busy owner", side.name)
+			t.Errorf("%s callback waited for a busy owner", side.name)
 		}
 		close(release)
 		<-returned

@@ -178,9 +178,12 @@ func (n *PrefillOwner) firstSendOwned(room poll.RoomID) error {
 	return err
 }
 
-// OnProgress is the data plane's callback: bytes of the room moved.
+// OnProgress is the data plane's callback: bytes of the room moved. An
+// event nobody waits for, coalesced per room (postProgress).
 func (n *PrefillOwner) OnProgress(key poll.Key) {
-	_ = n.step(poll.Event{Kind: poll.EvProgress, Key: key})
+	n.postProgress(key, func() {
+		n.applyOwned(func() { _ = n.t.Step(n.now(), poll.Event{Kind: poll.EvProgress, Key: key}) })
+	})
 }
 
 // OnFailed is the data plane's callback: the room's transfer failed
