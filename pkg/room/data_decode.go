@@ -26,17 +26,17 @@ type decodeNode interface {
 	Fenced(key poll.Key)
 }
 
-// DecodeData adapts the --data-transport's transfer.Sink to the decode
-// node's data plane.
-// The data listener is bound at start; connections that arrive before a
-// region is registered are closed (a sender redials).
+// DecodeData is the decode owner's data plane over the --data-transport's
+// transfer.Sink. The data listener is bound at start; connections that
+// arrive before a region is registered are closed (a sender redials).
 type DecodeData struct {
 	log  *zap.Logger
 	kind transfer.Kind
 	rcfg transfer.ReceiverConfig
 	node decodeNode
 
-	slot     regionSlot
+	slot regionSlot
+	// mu guards receiver, set once the region is registered.
 	mu       sync.Mutex
 	receiver transfer.Sink
 	bytes    atomic.Uint64
