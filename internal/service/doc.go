@@ -9,6 +9,8 @@
 // # Goroutines
 //
 // gRPC owns the handler goroutines; each Watch stream owns one goroutine
-// (the handler) that drains its subscription. Room state belongs to the
-// room owner in package conn; handlers only call it.
+// (the handler) that drains its subscription. Room state, the data plane
+// included, belongs to the room owner (package room); handlers only call
+// it, and the service holds no map, mutex or goroutine per room and does
+// not import package transfer (TestServiceDoesNotImportTransfer).
 package service

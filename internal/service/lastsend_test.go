@@ -14,6 +14,7 @@ import (
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/internal/daemon"
+	"github.com/pdlink/pdlink/pkg/room"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -155,9 +156,9 @@ type budgetPair struct {
 func startBudgetPair(t *testing.T) *budgetPair {
 	t.Helper()
 	g := newGateProxy(t)
-	senderHook = func(c *transfer.SenderConfig) { c.MaxInflightBytes = 1 << 20 }
+	prefillHook = func(c *room.PrefillConfig) { c.Sender.MaxInflightBytes = 1 << 20 }
 	dataListenHook = func(addr string) { g.upstream <- addr }
-	t.Cleanup(func() { senderHook, dataListenHook = nil, nil })
+	t.Cleanup(func() { prefillHook, dataListenHook = nil, nil })
 	p := startPairWith(t, func(pre, dec *daemon.Config) {
 		dec.DataAdvertise = g.addr()
 		for _, c := range []*daemon.Config{pre, dec} {

@@ -9,103 +9,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
-
-	"go.uber.org/zap/zaptest"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/poll"
-	"github.com/pdlink/pdlink/pkg/room"
-	"github.com/pdlink/pdlink/pkg/transfer"
 )
-
-// tableNode is a DecodeNode whose data-plane callbacks step a real poll
-// table the way room.DecodeOwner does; the other calls are not used here.
-type tableNode struct {
-	DecodeNode
-	t   *poll.Table
-	now int64
-}
-
-func (n *tableNode) step(ev poll.Event) {
-	n.now += int64(time.Millisecond)
-	_ = n.t.Step(n.now, ev)
-}
-
-func (n *tableNode) OnProgress(key poll.Key) { n.step(poll.Event{Kind: poll.EvFirstChunk, Key: key}) }
-
-func (n *tableNode) OnRankDone(key poll.Key, rank int) {
-	n.step(poll.Event{Kind: poll.EvFirstChunk, Key: key})
-	n.step(poll.Event{Kind: poll.EvDone, Key: key, Rank: uint8(rank)})
-}
-
-// R11 at the data-plane key: a room fed by two ranks has two keys that
-// differ only in rank. The data plane's Complete of one rank is that
-// rank's completion, not the room's: the room is Success only once the
-// other rank completes too, and a repeat of the first does not count.
-func TestCompletionOfAnotherRankDoesNotCompleteTheRoom_R11(t *testing.T) {
-	table, err := poll.New(poll.DefaultConfig(poll.Decode))
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := &tableNode{t: table}
-	d := NewDecodeData(transfer.KindTCP, transfer.ReceiverConfig{}, zaptest.NewLogger(t))
-	d.SetNode(node)
-	room := poll.Key{Room: 7, Nonce: 42}
-	node.step(poll.Event{Kind: poll.EvOpen, Key: room, Peer: 1, Ranks: 2})
-	node.step(poll.Event{Kind: poll.EvMetadata, Key: room, Peer: 1})
-	rank0, rank1 := tkey(room, transfer.Rank{TP: 0, Size: 2}), tkey(room, transfer.Rank{TP: 1, Size: 2})
-	if rank0 == rank1 {
-		t.Fatalf("the two ranks of room %v share the data-plane key %v", room, rank0)
-	}
-	state := func() poll.State {
-		in, err := table.Get(room.Room)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return in.State
-	}
-	events := decodeEvents{d}
-	events.Complete(rank1)
-	if s := state(); s != poll.Transferring {
-		t.Fatalf("after %v completed the room is %v, want Transferring (rank 0 has not)", rank1, s)
-	}
-	events.Complete(rank1)
-	if s := state(); s != poll.Transferring {
-		t.Fatalf("a repeated completion of %v moved the room to %v", rank1, s)
-	}
-	events.Complete(rank0)
-	if s := state(); s != poll.Success {
-		t.Fatalf("after both ranks completed the room is %v, want Success", s)
-	}
-}
-
-// The decode adapter expects a room under the rank of its metadata and
-// fences it under the rank of its region; they are one rank, so the fence
-// ends that expectation and the room's key may be expected again.
-func TestDecodeFenceEndsTheExpectationOfItsRank(t *testing.T) {
-	reg := newRegion(t)
-	d := NewDecodeData(transfer.KindTCP, transfer.ReceiverConfig{}, zaptest.NewLogger(t))
-	d.SetNode(&tableNode{})
-	if _, err := d.slot.register(reg.path, layoutPB(reg.layout)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Close)
-	key := poll.Key{Room: 7, Nonce: 42}
-	md := room.Metadata{Key: key, Rank: room.Rank{TP: 0, Size: 1}, DstPages: &pb.PageList{Indices: []int32{1, 2}}, ExpectedRanks: 1}
-	if err := d.Expect(md); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Expect(md); err == nil {
-		t.Fatal("a live expectation was taken twice")
-	}
-	if !d.Fence(key) {
-		t.Fatal("fence of an idle room not done")
-	}
-	if err := d.Expect(md); err != nil {
-		t.Fatalf("the fence did not end the expectation of rank %v: %v", md.Rank, err)
-	}
-}
 
 // A tp_size beyond what a room can expect is refused at the edge, before
 // it could wrap around in the data plane's 16-bit rank.

@@ -100,6 +100,14 @@ func toStatus(err error) error {
 	if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
 		return err
 	}
+	var field *room.FieldError
+	if errors.As(err, &field) {
+		return invalid(field.Field, "%s", field.Desc)
+	}
+	var ended *room.EndedError
+	if errors.As(err, &ended) {
+		return roomEnded(ended.Info)
+	}
 	code := codes.Internal
 	switch {
 	case errors.Is(err, poll.ErrNotFound):
@@ -110,8 +118,13 @@ func toStatus(err error) error {
 		code = codes.ResourceExhausted
 	case errors.Is(err, poll.ErrNotTerminal), errors.Is(err, poll.ErrTerminal),
 		errors.Is(err, poll.ErrIllegalTransition), errors.Is(err, conn.ErrNotBootstrapping),
-		errors.Is(err, poll.ErrNonceMismatch):
+		errors.Is(err, poll.ErrNonceMismatch), errors.Is(err, room.ErrNoRegion), errors.Is(err, room.ErrNotSendable),
+		errors.Is(err, room.ErrTransferRefused):
 		code = codes.FailedPrecondition
+	case errors.Is(err, room.ErrRegionTaken), errors.Is(err, room.ErrMetadataConflict):
+		code = codes.AlreadyExists
+	case errors.Is(err, room.ErrUnsupported):
+		code = codes.Unimplemented
 	case errors.Is(err, poll.ErrInvalidEvent), errors.Is(err, conn.ErrBadArgument):
 		code = codes.InvalidArgument
 	case errors.Is(err, conn.ErrClosedNode):

@@ -8,12 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
-
-	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // TestServiceHoldsOnlyTheTransferInterfaces: the daemons hold a
@@ -75,56 +69,5 @@ func TestServiceHoldsOnlyTheTransferInterfaces(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("no source file of the package was checked")
-	}
-}
-
-// TestDataPlaneReadyLogNamesTheTransport: an operator can tell which data
-// transport a daemon runs from its "data plane ready" line, logged on
-// both sides once the region is registered and the data plane built.
-func TestDataPlaneReadyLogNamesTheTransport(t *testing.T) {
-	for _, side := range []string{"prefill", "decode"} {
-		t.Run(side, func(t *testing.T) {
-			core, logs := observer.New(zapcore.InfoLevel)
-			log := zap.New(core)
-			r := newRegion(t)
-			var slot *regionSlot
-			var closeData func()
-			switch side {
-			case "prefill":
-				d := NewPrefillData(transfer.KindTCP, transfer.SenderConfig{}, log)
-				slot, closeData = &d.slot, d.Close
-			case "decode":
-				d := NewDecodeData(transfer.KindTCP, transfer.ReceiverConfig{}, log)
-				slot, closeData = &d.slot, d.Close
-			}
-			defer closeData()
-			if _, err := slot.register(r.path, layoutPB(r.layout)); err != nil {
-				t.Fatal(err)
-			}
-			ready := logs.FilterMessage("data plane ready").All()
-			if len(ready) != 1 {
-				t.Fatalf("%d \"data plane ready\" lines, want 1: %v", len(ready), logs.All())
-			}
-			fields := ready[0].ContextMap()
-			if fields["transport"] != string(transfer.KindTCP) || fields["region"] != r.path {
-				t.Fatalf("data plane ready fields %v, want transport %q and region %q", fields, transfer.KindTCP, r.path)
-			}
-		})
-	}
-}
-
-// TestAnUnknownKindRefusesTheRegionNotTheProcess: a kind that reached the
-// data plane without passing config validation fails RegisterRegion with
-// the constructor's error rather than leaving a daemon without a data plane.
-func TestAnUnknownKindRefusesTheRegionNotTheProcess(t *testing.T) {
-	d := NewDecodeData(transfer.Kind("carrier-pigeon"), transfer.ReceiverConfig{}, zap.NewNop())
-	defer d.Close()
-	r := newRegion(t)
-	_, err := d.slot.register(r.path, layoutPB(r.layout))
-	if err == nil || !strings.Contains(err.Error(), "carrier-pigeon") {
-		t.Fatalf("register with an unknown kind: %v, want an error naming it", err)
-	}
-	if d.slot.get() != nil {
-		t.Fatal("the region stayed registered without a data plane")
 	}
 }

@@ -17,18 +17,17 @@ import (
 	"github.com/pdlink/pdlink/pkg/metrics"
 	"github.com/pdlink/pdlink/pkg/poll"
 	"github.com/pdlink/pdlink/pkg/room"
-	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // bootstrapHook lets in-process tests learn the bound bootstrap address.
 var bootstrapHook func(addr string)
 
 // Hooks for in-process tests that put a proxy in front of decode's data
-// port (dataListenHook learns the bound address) or shrink prefill's
-// in-flight budget (senderHook edits the sender's config).
+// port (dataListenHook learns the bound address) or edit prefill's room
+// owner config (prefillHook: its sender's in-flight budget, say).
 var (
 	dataListenHook func(addr string)
-	senderHook     func(*transfer.SenderConfig)
+	prefillHook    func(*room.PrefillConfig)
 )
 
 func tableConfig(cfg daemon.Config, side poll.Side) poll.Config {
@@ -144,31 +143,29 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		return err
 	}
 	tr := zmtp.New(zmtp.Options{Logger: log.Named("zmtp")})
-	scfg := transfer.SenderConfig{Logger: log.Named("transfer"), IdleTimeout: cfg.TransferIdleTimeout}
-	if senderHook != nil {
-		senderHook(&scfg)
-	}
-	ncfg := nodeConfig(cfg, poll.Prefill, tr, log.Named("conn"))
-	if kr != nil {
-		scfg.Auth, ncfg.Auth = kr.Data(), kr.Control(auth.SidePrefill)
-	}
-	data := NewPrefillData(cfg.DataTransport, scfg, log)
-	node, err := room.NewPrefillOwner(room.PrefillConfig{
-		Config:     ncfg,
+	pcfg := room.PrefillConfig{
+		Config:     nodeConfig(cfg, poll.Prefill, tr, log.Named("conn")),
 		ListenAddr: cfg.BootstrapListen,
-		DataPlane:  data,
-	})
+		Transport:  cfg.DataTransport,
+	}
+	pcfg.Sender.Logger, pcfg.Sender.IdleTimeout = log.Named("transfer"), cfg.TransferIdleTimeout
+	if kr != nil {
+		pcfg.Sender.Auth, pcfg.Auth = kr.Data(), kr.Control(auth.SidePrefill)
+	}
+	if prefillHook != nil {
+		prefillHook(&pcfg)
+	}
+	node, err := room.NewPrefillOwner(pcfg)
 	if err != nil {
 		return err
 	}
-	data.SetNode(node)
 	gate := &Gate{}
 	admin := &AdminServer{Owner: node, Side: pb.Side_SIDE_PREFILL, Now: time.Now}
-	pb.RegisterPrefillServiceServer(s.GRPC, &PrefillServer{Node: node, Data: data, Gate: gate})
+	pb.RegisterPrefillServiceServer(s.GRPC, &PrefillServer{Node: node, Gate: gate})
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SidePrefill)
-	if err := registerMetrics(s, rec, metrics.SidePrefill, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(data.Bytes()) }); err != nil {
+	if err := registerMetrics(s, rec, metrics.SidePrefill, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) }); err != nil {
 		return err
 	}
 	addNode(s, "prefill-node", node, rec, func() error {
@@ -180,10 +177,7 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 			bootstrapHook(node.Addr())
 		}
 		return nil
-	}, func() {
-		_ = node.Close()
-		data.Close()
-	})
+	}, func() { _ = node.Close() })
 	s.OnDrain(func(ctx context.Context, deadline time.Time) {
 		drainRooms(ctx, deadline, cfg.DrainTerminalGrace, gate, node)
 	})
@@ -210,30 +204,27 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		return err
 	}
 	tr := zmtp.New(zmtp.Options{Logger: log.Named("zmtp")})
-	rcfg := transfer.ReceiverConfig{Logger: log.Named("transfer"), IdleTimeout: cfg.TransferIdleTimeout}
-	ncfg := nodeConfig(cfg, poll.Decode, tr, log.Named("conn"))
-	if kr != nil {
-		rcfg.Auth, ncfg.Auth = kr.Data(), kr.Control(auth.SideDecode)
-	}
-	data := NewDecodeData(cfg.DataTransport, rcfg, log)
-	node, err := room.NewDecodeOwner(room.DecodeConfig{
-		Config:       ncfg,
+	dcfg := room.DecodeConfig{
+		Config:       nodeConfig(cfg, poll.Decode, tr, log.Named("conn")),
 		DataEndpoint: advertise,
-		LayoutsFunc:  data.Layouts,
-		DataPlane:    data,
-	})
+		Transport:    cfg.DataTransport,
+	}
+	dcfg.Receiver.Logger, dcfg.Receiver.IdleTimeout = log.Named("transfer"), cfg.TransferIdleTimeout
+	if kr != nil {
+		dcfg.Receiver.Auth, dcfg.Auth = kr.Data(), kr.Control(auth.SideDecode)
+	}
+	node, err := room.NewDecodeOwner(dcfg)
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	data.SetNode(node)
 	gate := &Gate{}
 	admin := &AdminServer{Owner: node, Side: pb.Side_SIDE_DECODE, Now: time.Now}
-	pb.RegisterDecodeServiceServer(s.GRPC, &DecodeServer{Node: node, Data: data, Gate: gate})
+	pb.RegisterDecodeServiceServer(s.GRPC, &DecodeServer{Node: node, Gate: gate})
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SideDecode)
-	if err := registerMetrics(s, rec, metrics.SideDecode, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(data.Bytes()) }); err != nil {
+	if err := registerMetrics(s, rec, metrics.SideDecode, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) }); err != nil {
 		ln.Close()
 		return err
 	}
@@ -241,11 +232,8 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	s.Add("data-listener", func(ready func()) error {
 		log.Info("data listener bound", zap.String("addr", ln.Addr().String()))
 		ready()
-		return data.Serve(ln)
-	}, func(error) {
-		ln.Close()
-		data.Close()
-	})
+		return node.ServeData(ln)
+	}, func(error) { ln.Close() })
 	s.OnDrain(func(ctx context.Context, deadline time.Time) {
 		drainRooms(ctx, deadline, cfg.DrainTerminalGrace, gate, node)
 	})

@@ -36,10 +36,9 @@ type Metadata struct {
 	ExpectedRanks int
 }
 
-// PrefillDataPlane is what the prefill node needs from the data plane
-// (package transfer, adapted by the daemon). Calls come from node
-// goroutines outside the room lock (a socket reader among them) and must
-// not block.
+// PrefillDataPlane is what the prefill node needs from the data plane:
+// PrefillData over package transfer, or a test's fake. Calls come from the
+// owner goroutine (outside the table lock) and must not block.
 //
 // Fence must be sticky and must not wait: it marks the room stopped (no
 // worker starts reading the room's source pages after it, and a Bind for
@@ -62,8 +61,8 @@ type PrefillDataPlane interface {
 // DecodeDataPlane is what the decode node needs from the data plane. Same
 // rules as PrefillDataPlane: Fence is sticky (an Expect after Fence of the
 // same key is refused) and returns at once, false meaning Fenced(key)
-// follows once no worker writes the room's pages; calls come outside the
-// room lock.
+// follows once no worker writes the room's pages; Fence and Forget come
+// from the owner goroutine, Expect from SendMetadata's caller.
 type DecodeDataPlane interface {
 	// Expect prepares the receiver for one rank's pages of a room before
 	// its METADATA leaves; an error (bad pages for the region) fails

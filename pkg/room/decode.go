@@ -11,6 +11,7 @@ import (
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // DecodeConfig configures a DecodeOwner.
@@ -23,7 +24,13 @@ type DecodeConfig struct {
 	// LayoutsFunc, if set, is read at every REGISTER instead of Layouts:
 	// the engine registers its regions over gRPC after the daemon starts.
 	LayoutsFunc func() []*pdlinkv1.RegionLayout
-	// DataPlane receives the pages (required).
+	// Transport is the data plane's kind (--data-transport) and Receiver
+	// its configuration: the owner builds it when the region is
+	// registered, and REGISTER carries that region's layout.
+	Transport transfer.Kind
+	Receiver  transfer.ReceiverConfig
+	// DataPlane, if set (tests), replaces the data plane built from
+	// Transport: the owner then takes no SubmitMetadata.
 	DataPlane DecodeDataPlane
 
 	openHook func() // tests: runs in Open between reading the prefill instance and opening the room
@@ -47,6 +54,9 @@ type DecodeOwner struct {
 	*core
 	dcfg DecodeConfig
 	dp   DecodeDataPlane
+	// data is the data plane built from Transport (nil with a DataPlane
+	// of the tests').
+	data *DecodeData
 	// link is the transport side (pkg/conn's DecodeLink): sessions,
 	// REGISTER, heartbeats, goodbyes. The node reaches peers only through
 	// it.
@@ -57,14 +67,14 @@ func (n *DecodeOwner) layouts() []*pdlinkv1.RegionLayout {
 	if n.dcfg.LayoutsFunc != nil {
 		return n.dcfg.LayoutsFunc()
 	}
+	if n.data != nil {
+		return n.data.Layouts()
+	}
 	return n.dcfg.Layouts
 }
 
 // NewDecodeOwner returns a node; Start starts its workers.
 func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
-	if cfg.DataPlane == nil {
-		return nil, fmt.Errorf("%w: DecodeConfig needs a DataPlane", conn.ErrBadArgument)
-	}
 	n := &DecodeOwner{dcfg: cfg, dp: cfg.DataPlane}
 	link, err := conn.NewDecodeLink(cfg.Config, cfg.DataEndpoint, n.layouts, decodeSide{n})
 	if err != nil {
@@ -76,6 +86,10 @@ func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
 	}
 	n.core, n.link = c, link
 	c.hooks = n
+	if n.dp == nil {
+		n.data = newDecodeData(cfg.Transport, cfg.Receiver, c.log, n)
+		n.dp = n.data
+	}
 	return n, nil
 }
 
@@ -110,6 +124,9 @@ func (n *DecodeOwner) kill() {
 func (n *DecodeOwner) stop() {
 	n.stopWorkers()
 	n.link.CloseSessions()
+	if n.data != nil {
+		n.data.Close()
+	}
 }
 
 // Open creates a room for the scheduler (OpenReceiver), bound to the

@@ -83,7 +83,8 @@ func (n *DecodeOwner) metadataAcked(from poll.PeerID, key poll.Key, a conn.AckRe
 // OnProgress is the data plane's callback: a chunk of the room was
 // written. Bytes arriving prove prefill applied our METADATA, so a lost
 // ACK does not hold the room in Bootstrapping.
-func (n *DecodeOwner) OnProgress(key poll.Key) { n.advance(key, false, 0) }
+// Progress events are coalesced per room (postProgress).
+func (n *DecodeOwner) OnProgress(key poll.Key) { n.postProgress(key, n.advanceOwned(key, false, 0)) }
 
 // OnRankDone is the data plane's callback: every page and the aux row
 // that prefill rank rank sends are written and verified (I8). When every
@@ -96,7 +97,13 @@ func (n *DecodeOwner) OnRankDone(key poll.Key, rank int) {
 }
 
 func (n *DecodeOwner) advance(key poll.Key, done bool, rank uint8) {
-	n.post(func() {
+	n.post(n.advanceOwned(key, done, rank))
+}
+
+// advanceOwned is the owner input that steps a room's progress (and, if
+// done, its rank's completion).
+func (n *DecodeOwner) advanceOwned(key poll.Key, done bool, rank uint8) func() {
+	return func() {
 		n.applyOwned(func() {
 			now := n.now()
 			if info, err := n.t.Get(key.Room); err == nil && info.Key.Nonce == key.Nonce {
@@ -109,13 +116,17 @@ func (n *DecodeOwner) advance(key poll.Key, done bool, rank uint8) {
 				}
 			}
 		})
-	})
+	}
 }
 
 // OnFailed is the data plane's callback: the room's transfer failed
-// (transfer_error, checksum...). Prefill is told.
+// (transfer_error, checksum...). Prefill is told. It is an event
+// nobody waits for: a transfer goroutine that reports a failure never
+// waits for an owner that may be fencing it.
 func (n *DecodeOwner) OnFailed(key poll.Key, reason poll.Reason) {
-	_ = n.step(poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
+	n.post(func() {
+		n.applyOwned(func() { _ = n.t.Step(n.now(), poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason}) })
+	})
 }
 
 // Abort fails a room locally (reason "" = aborted:local), fences its

@@ -3,7 +3,10 @@
 // per-room state beside it, and turns scheduler calls, the frames and peer
 // events its link (package conn) delivers, and data-plane callbacks into
 // events for the table; it performs the table's effects (peer notices,
-// fences, forgets) and publishes transitions to Watch. It reaches peers
+// fences, forgets) and publishes transitions to Watch. It also owns the
+// data plane (package transfer): it builds the transport or sink when the
+// engine registers its region, and keeps each room's binding, positions
+// and SendMetadata beside the table row. It reaches peers
 // only through its link (conn.PrefillLink, conn.DecodeLink), which never
 // imports this package (TestConnDoesNotImportTheOwner).
 //
@@ -26,8 +29,19 @@
 //	decode.go,         DecodeOwner: Open (draws the nonce), SendMetadata,
 //	decode_rooms.go    data-plane callbacks; ABORT, STATUS; a peer's
 //	                   goodbye (peerDeparted)
-//	dataplane.go       the data-plane interfaces the daemon adapts
+//	dataplane.go       the data-plane interfaces the owner drives
 //	                   (PrefillDataPlane, DecodeDataPlane), Metadata, Rank
+//	data_prefill.go    PrefillData over transfer.Transport: bindings,
+//	                   positions and the Send path (Send, RegisterRegion);
+//	                   a last Send's wait for admission, parked on its room
+//	data_decode.go     DecodeData over transfer.Sink: Expect, the receiver's
+//	                   callbacks, SubmitMetadata (retries, conflicts)
+//	regions.go         the region a daemon serves (one rank today)
+//	reasons.go         transfer reasons -> room reasons
+//	convert.go         proto <-> transfer conversions (page lists, layouts,
+//	                   ranks, keys): the service does not import transfer
+//	errors.go          the owner's sentinels and FieldError/EndedError, for
+//	                   the service edge to map to gRPC codes
 //
 // The script harness (script*_test.go, testdata/script) runs two owners
 // over conn.MemNetwork links and compares each scenario's full trace with
@@ -74,15 +88,24 @@
 // OnFailed, Fenced) are inputs nobody waits for, so a transfer goroutine
 // that calls back while it holds a lock of its own never waits for an
 // owner that may be asking it to fence. Abort waits for its room's Failed
-// to be visible on its caller, parked, never on the owner.
+// to be visible on its caller, parked, never on the owner; so does a last
+// Send waiting for admission into the peer's in-flight budget (PLAN
+// section 5): it is parked on its room in the input that appended its
+// pages, and the owner ends the wait (onWake) when the room's Failed is
+// visible or the room goes, whatever the data plane does with it.
+//
+// The data plane's per-room state (PrefillData.rooms/fenced,
+// DecodeData.metadata) is touched only in owner inputs and has no lock:
+// Bind runs in the input that applies the METADATA, a Send's checks and
+// append are one input (execOwned), Fence and Forget are effects.
 //
 // The owner's other worker is the tick worker (core.go), run under its
 // link's supervisor (R6): each tick is one input (poll Tick and fence
 // retries), then the link's Tick on the worker itself (retransmits,
 // heartbeats, peer liveness; what the link delivers from it becomes inputs
-// of their own). Once the node stopped, inputs run on their callers with
-// the table behind the table mutex (withTable), so a closed node still
-// answers Poll and Get. Locks: the table mutex (never contended while the
+// of their own). Once the node stopped, inputs run on their callers one at
+// a time (owner.inline), the table behind the table mutex (withTable), so
+// a closed node still answers Poll and Get; it takes no Send. Locks: the table mutex (never contended while the
 // owner runs), the link's peer/session and outbox mutexes and the fence
 // mutex are never held together; the subscriber mutex is taken only alone
 // or inside the table mutex (publication, which never blocks). No
@@ -93,19 +116,22 @@
 // The daemon (and its gRPC services) must:
 //
 //  1. Build the node with NewPrefillOwner/NewDecodeOwner (Transport, Logger,
-//     poll limits, timings in Config; a data plane adapter), then Start it
-//     before any other call. On shutdown call Shutdown (bounded by the
+//     poll limits, timings in Config; the data plane's kind and its
+//     SenderConfig/ReceiverConfig), then Start it before any other call. On shutdown call Shutdown (bounded by the
 //     drain: rooms fail with shutdown, the peers are told until they
 //     acknowledge, then hear GOODBYE), then Close (which alone tells them
 //     once).
-//  2. Map scheduler calls: prefill Open/FirstSend/Abort/Clear/Poll/Get/List;
-//     decode Open (returns the nonce)/SendMetadata/Abort/Clear/Poll/Get/List;
-//     pass Abort the caller's ctx (it may wait for the fence).
-//     Errors are poll's or package conn's sentinels; map them to gRPC codes
-//     at the service edge.
-//  3. Route data-plane callbacks to the node: OnProgress, OnFailed,
-//     Fenced for a Fence that answered not done, and on decode OnRankDone
-//     once a rank's pages and aux row are verified (I8). The data plane's
+//  2. Map scheduler calls: prefill RegisterRegion/Open/Send/Abort/Clear/
+//     Poll/Get/List; decode RegisterRegion/Open (returns the nonce)/
+//     SubmitMetadata/Abort/Clear/Poll/Get/List, and ServeData on the data
+//     listener; pass Send, SubmitMetadata and Abort the caller's ctx (they
+//     may wait). Errors are poll's, package conn's or this package's
+//     (errors.go: sentinels, FieldError, EndedError); map them to gRPC
+//     codes at the service edge.
+//  3. The data plane's callbacks reach the owner by themselves (the owner
+//     built it). A test's fake DataPlane must route them: OnProgress,
+//     OnFailed, Fenced for a Fence that answered not done, and on decode
+//     OnRankDone once a rank's pages and aux row are verified (I8); its
 //     Fence must be sticky and must not wait (see PrefillDataPlane).
 //  4. Serve Watch from Subscribe (bounded; Dropped counts what a slow
 //     reader missed) and metrics from Stats (rooms) and Counters (frames,

@@ -141,6 +141,10 @@ type parkedCall struct {
 	woken   chan struct{}
 	done    bool // woken closed
 	counted bool // in parkedCalls
+	// onWake, if set, runs (on the owner, under withTable; it must not
+	// block) as the call is woken: a Send waiting for admission cancels
+	// its wait on the data plane.
+	onWake func()
 }
 
 // abort fails a room locally and parks the caller until the room's Failed
@@ -229,6 +233,9 @@ func (c *core) unparkLocked(k poll.Key) {
 			c.parkedCalls.Add(-1)
 		}
 		close(p.woken)
+		if p.onWake != nil {
+			p.onWake()
+		}
 	}
 	delete(c.parked, k)
 }

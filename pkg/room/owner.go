@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	"go.uber.org/zap"
+
+	"github.com/pdlink/pdlink/pkg/poll"
 )
 
 // The owner goroutine (PLAN section 1, etcd raft's node.run): one per
@@ -22,7 +24,7 @@ import (
 // every subscriber in the order the table made them.
 //
 // Once the owner stopped (Close), the inputs still run, on their callers'
-// goroutines with the table behind c.mu, as before the owner: a closed
+// goroutines one at a time (owner.inline), as before the owner: a closed
 // node still answers Poll and Get.
 
 // ownerState is where the owner goroutine is in its life.
@@ -52,11 +54,25 @@ type owner struct {
 	wake  chan struct{} // 1-buffered: the queue is not empty
 	// exited is closed when the owner goroutine returned.
 	exited chan struct{}
+	// progressQueued are the rooms with a progress event in the queue
+	// (guarded by mu): a room's next progress coalesces into it.
+	progressQueued map[poll.Key]struct{}
+	// progressDropped counts the progress events coalesced or dropped.
+	progressDropped atomic.Uint64
+	// inline serialises the inputs that run on their callers once the
+	// owner stopped, so the per-room state beside the table (the data
+	// plane's bindings and metadata) still has one writer at a time.
+	inline sync.Mutex
 }
 
 func newOwner() *owner {
-	return &owner{wake: make(chan struct{}, 1), exited: make(chan struct{})}
+	return &owner{wake: make(chan struct{}, 1), exited: make(chan struct{}), progressQueued: map[poll.Key]struct{}{}}
 }
+
+// maxQueuedInputs bounds the queue a progress event may join: past it the
+// owner is that far behind, and a progress (which only refreshes a room's
+// idle deadline) is dropped and counted rather than queued.
+const maxQueuedInputs = 1 << 16
 
 // withTable runs fn with the table to itself. While the owner runs, only
 // its inputs reach the table, so c.mu is never contended; it makes the
@@ -91,6 +107,8 @@ func (c *core) enqueue(in *input) bool {
 func (c *core) exec(fn func()) {
 	in := &input{fn: fn, done: make(chan struct{})}
 	if !c.enqueue(in) {
+		c.own.inline.Lock()
+		defer c.own.inline.Unlock()
 		fn()
 		return
 	}
@@ -100,12 +118,69 @@ func (c *core) exec(fn func()) {
 	}
 }
 
+// execOwned runs fn on the owner goroutine and returns true once it ran;
+// false, without running fn, once the owner stopped (a Send to a closed
+// node takes nothing).
+func (c *core) execOwned(fn func()) bool {
+	in := &input{fn: fn, done: make(chan struct{})}
+	if !c.enqueue(in) {
+		return false
+	}
+	<-in.done
+	if in.panicked != nil {
+		panic(in.panicked)
+	}
+	return true
+}
+
 // post queues fn for the owner without waiting (data-plane callbacks).
 func (c *core) post(fn func()) {
 	if !c.enqueue(&input{fn: fn}) {
+		c.own.inline.Lock()
+		defer c.own.inline.Unlock()
 		fn()
 	}
 }
+
+// postProgress queues a data-plane progress event for key without
+// waiting, at most one per room: the data-plane callback queue is bounded
+// by the rooms, never by the pieces that land. A progress for a room that
+// has one queued is coalesced into it (that one refreshes the same
+// deadline when it runs), and one that finds the queue at
+// maxQueuedInputs is dropped; both are counted (ProgressDropped). Events
+// that change a room's state (done, failed, fenced) are never dropped.
+func (c *core) postProgress(key poll.Key, fn func()) {
+	o := c.own
+	o.mu.Lock()
+	if ownerState(o.state.Load()) == ownerStopped {
+		o.mu.Unlock()
+		c.post(fn)
+		return
+	}
+	if _, queued := o.progressQueued[key]; queued || len(o.queue) >= maxQueuedInputs {
+		o.mu.Unlock()
+		o.progressDropped.Add(1)
+		return
+	}
+	o.progressQueued[key] = struct{}{}
+	o.queue = append(o.queue, &input{fn: func() {
+		// Unmarked before it runs: a progress landing meanwhile is queued.
+		o.mu.Lock()
+		delete(o.progressQueued, key)
+		o.mu.Unlock()
+		fn()
+	}})
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+// ProgressDropped is how many data-plane progress events were coalesced
+// into one already queued for their room, or dropped with the owner's
+// queue full.
+func (c *core) ProgressDropped() uint64 { return c.own.progressDropped.Load() }
 
 // runOwner is the owner goroutine: it runs the queued inputs in order
 // until stop is asked and the queue is empty.

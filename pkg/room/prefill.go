@@ -10,6 +10,7 @@ import (
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // PrefillConfig configures a PrefillOwner.
@@ -17,12 +18,20 @@ type PrefillConfig struct {
 	conn.Config
 	// ListenAddr is the bootstrap address to bind.
 	ListenAddr string
-	// DataPlane moves the pages (required).
+	// Transport is the data plane's kind (--data-transport) and Sender
+	// its configuration: the owner builds it when the region is registered.
+	Transport transfer.Kind
+	Sender    transfer.SenderConfig
+	// DataPlane, if set (tests), replaces the data plane built from
+	// Transport: the owner then takes no Send.
 	DataPlane PrefillDataPlane
 	// AcceptRegister, if set, vets a decode peer's REGISTER (for example
 	// its region layouts against ours); an error rejects it as invalid.
 	AcceptRegister func(conn.PeerInfo) error
 
+	// newTransport, if set (tests), builds the data plane's transport
+	// instead of transfer.NewTransport of Transport.
+	newTransport func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error)
 	// roomFrameHook, if set (tests), runs as the link delivers a room frame
 	// to the node, on the listener worker.
 	roomFrameHook func(from poll.PeerID, seq uint64, ft conn.FrameType)
@@ -41,6 +50,9 @@ type PrefillOwner struct {
 	*core
 	pcfg PrefillConfig
 	dp   PrefillDataPlane
+	// data is the data plane built from Transport (nil with a DataPlane
+	// of the tests').
+	data *PrefillData
 
 	// link is the transport side (pkg/conn's PrefillLink): the bootstrap
 	// socket, the decode peers, heartbeats, goodbyes. The node reaches
@@ -50,8 +62,8 @@ type PrefillOwner struct {
 
 // NewPrefillOwner returns a node; Start binds its socket.
 func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
-	if cfg.DataPlane == nil || cfg.ListenAddr == "" {
-		return nil, fmt.Errorf("%w: PrefillConfig needs ListenAddr and DataPlane", conn.ErrBadArgument)
+	if cfg.ListenAddr == "" {
+		return nil, fmt.Errorf("%w: PrefillConfig needs ListenAddr", conn.ErrBadArgument)
 	}
 	n := &PrefillOwner{pcfg: cfg, dp: cfg.DataPlane}
 	link, err := conn.NewPrefillLink(cfg.Config, cfg.ListenAddr, cfg.AcceptRegister, prefillSide{n})
@@ -64,6 +76,13 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 	}
 	n.core, n.link = c, link
 	c.hooks = n
+	if n.dp == nil {
+		n.data = newPrefillData(cfg.Transport, cfg.Sender, c.log, n)
+		if cfg.newTransport != nil {
+			n.data.newTransport = cfg.newTransport
+		}
+		n.dp = n.data
+	}
 	return n, nil
 }
 
@@ -106,6 +125,9 @@ func (n *PrefillOwner) kill() {
 func (n *PrefillOwner) stop() {
 	n.stopWorkers()
 	n.link.CloseSocket()
+	if n.data != nil {
+		n.data.Close()
+	}
 }
 
 // Peers returns the registered decode peers.
@@ -134,26 +156,44 @@ func (n *PrefillOwner) Open(room poll.RoomID, nonce poll.Nonce, ranks int) (poll
 // FirstSend records the scheduler's Send of a chunk: the first one moves
 // the room to Transferring, later ones count as progress.
 func (n *PrefillOwner) FirstSend(room poll.RoomID) error {
-	err := n.step(poll.Event{Kind: poll.EvFirstChunk, Key: poll.Key{Room: room}})
-	if errors.Is(err, poll.ErrTerminal) {
+	var err error
+	n.exec(func() { err = n.firstSendOwned(room) })
+	return err
+}
+
+// firstSendOwned is FirstSend inside an owner input.
+func (n *PrefillOwner) firstSendOwned(room poll.RoomID) error {
+	var err error
+	var in poll.RoomInfo
+	var gerr error
+	n.applyOwned(func() {
+		err = n.t.Step(n.now(), poll.Event{Kind: poll.EvFirstChunk, Key: poll.Key{Room: room}})
+		in, gerr = n.t.Get(room)
+	})
+	if errors.Is(err, poll.ErrTerminal) && gerr == nil && !in.Visible.Terminal() {
 		// A room failed but not yet fenced is refused without reading as
 		// terminal: the scheduler may free pages once it sees one (I9).
-		if in, gerr := n.Get(room); gerr == nil && !in.Visible.Terminal() {
-			return fmt.Errorf("%w: room %d is %v", poll.ErrIllegalTransition, room, in.Visible)
-		}
+		return fmt.Errorf("%w: room %d is %v", poll.ErrIllegalTransition, room, in.Visible)
 	}
 	return err
 }
 
-// OnProgress is the data plane's callback: bytes of the room moved.
+// OnProgress is the data plane's callback: bytes of the room moved. An
+// event nobody waits for, coalesced per room (postProgress).
 func (n *PrefillOwner) OnProgress(key poll.Key) {
-	_ = n.step(poll.Event{Kind: poll.EvProgress, Key: key})
+	n.postProgress(key, func() {
+		n.applyOwned(func() { _ = n.t.Step(n.now(), poll.Event{Kind: poll.EvProgress, Key: key}) })
+	})
 }
 
 // OnFailed is the data plane's callback: the room's transfer failed
-// (reason transfer_error, checksum...). Decode is told (R8).
+// (reason transfer_error, checksum...). Decode is told (R8). It is an event
+// nobody waits for: a transfer goroutine that reports a failure never
+// waits for an owner that may be fencing it.
 func (n *PrefillOwner) OnFailed(key poll.Key, reason poll.Reason) {
-	_ = n.step(poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
+	n.post(func() {
+		n.applyOwned(func() { _ = n.t.Step(n.now(), poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason}) })
+	})
 }
 
 // Abort fails a room locally (reason "" = aborted:local) and tells decode.

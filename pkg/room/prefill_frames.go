@@ -17,14 +17,19 @@ func (n *PrefillOwner) handleMetadata(p conn.Target, m *pdlinkv1.Metadata) conn.
 	key := poll.Key{Room: poll.RoomID(m.GetRoomId()), Nonce: poll.Nonce(m.GetNonce())}
 	// expected_senders is the frame's name for the ranks expected; the
 	// wire keeps it for compatibility.
-	a, err := n.stepFrame(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: p.PeerID(), Ranks: uint8(m.GetExpectedSenders())})
-	if a != conn.AckApplied || !(err == nil || errors.Is(err, poll.ErrIllegalTransition)) {
-		return a
-	}
 	md := Metadata{Key: key, Rank: rankOf(m.GetRank()),
 		DstPages: m.GetDstPages(), AuxIndex: m.GetAuxIndex(), PrefixLen: m.GetPrefixLen(), ExpectedRanks: int(m.GetExpectedSenders())}
 	info := n.link.PeerInfo(p)
-	n.dp.Bind(info, md)
+	var a conn.AckResult
+	// Applied and bound in one input: a Send that sees the room
+	// WaitingForInput finds its binding.
+	n.exec(func() {
+		var err error
+		a, err = n.stepFrameOwned(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: p.PeerID(), Ranks: uint8(m.GetExpectedSenders())})
+		if a == conn.AckApplied && (err == nil || errors.Is(err, poll.ErrIllegalTransition)) {
+			n.dp.Bind(info, md)
+		}
+	})
 	return a
 }
 

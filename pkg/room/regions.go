@@ -1,13 +1,11 @@
-package service
+package room
 
 import (
 	"fmt"
 	"sync"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
@@ -31,7 +29,7 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (string, error) {
 		return "", err
 	}
 	if layout.Rank.Size != 1 {
-		return "", status.Errorf(codes.Unimplemented, "layout.rank: tp_size %d: one rank per daemon until fan-out lands", layout.Rank.Size)
+		return "", errorf(ErrUnsupported, "layout.rank: tp_size %d: one rank per daemon until fan-out lands", layout.Rank.Size)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -39,7 +37,7 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (string, error) {
 		if s.region.Path() == path && s.region.Layout().Compatible(layout) == nil {
 			return regionID(layout), nil
 		}
-		return "", status.Errorf(codes.AlreadyExists, "rank %d already registered as %s", layout.Rank.TP, s.region.Path())
+		return "", errorf(ErrRegionTaken, "rank %d already registered as %s", layout.Rank.TP, s.region.Path())
 	}
 	r, err := transfer.OpenRegion(path, layout)
 	if err != nil {
@@ -48,7 +46,7 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (string, error) {
 	if s.onSet != nil {
 		if err := s.onSet(r); err != nil {
 			r.Close()
-			return "", status.Errorf(codes.Internal, "start data plane: %v", err)
+			return "", errorf(ErrDataPlane, "start data plane: %v", err)
 		}
 	}
 	s.region, s.proto = r, l
@@ -60,13 +58,13 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (string, error) {
 // on the peer or at a deadline. A nil rank, or tp_size 0, is rank 0 of 1.
 // The caller has checked a region is registered.
 func (s *regionSlot) checkRank(field string, r *pb.Rank) error {
-	if err := validateRank(field, r); err != nil {
-		return err
+	if err := conn.ValidateRank(r); err != nil {
+		return invalid(field, "%v", err)
 	}
-	rank := rankFromProto(r)
+	rank := transferRank(r)
 	region := s.get()
 	if region == nil {
-		return status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
+		return ErrNoRegion
 	}
 	if l := region.Layout(); rank != l.Rank {
 		return invalid(field, "tp_rank %d of tp_size %d: no region registered for it (this daemon serves %s)", rank.TP, rank.Size, regionID(l))

@@ -1,4 +1,4 @@
-package service
+package room
 
 import (
 	"go.uber.org/zap"

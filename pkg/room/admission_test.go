@@ -1,0 +1,199 @@
+package room
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
+)
+
+// stuckTransport is a transfer.Transport that takes every stream and
+// never admits a piece: WaitAdmitted returns only when its ctx ends, a
+// fence included (the owner, not the data plane, must answer the wait).
+type stuckTransport struct {
+	mu      sync.Mutex
+	fenced  map[transfer.Key]bool
+	waiting chan transfer.Key // one send per WaitAdmitted entered
+}
+
+func newStuckTransport() *stuckTransport {
+	return &stuckTransport{fenced: map[transfer.Key]bool{}, waiting: make(chan transfer.Key, 16)}
+}
+
+func (s *stuckTransport) AddPeer(string, transfer.Layout) error     { return nil }
+func (s *stuckTransport) RemovePeer(string)                         {}
+func (s *stuckTransport) Open(transfer.Stream) error                { return nil }
+func (s *stuckTransport) Append(transfer.Key, transfer.Piece) error { return nil }
+func (s *stuckTransport) WaitAdmitted(ctx context.Context, k transfer.Key) error {
+	s.waiting <- k
+	<-ctx.Done()
+	return ctx.Err()
+}
+func (s *stuckTransport) Send(context.Context, transfer.SendRequest) error {
+	return errors.New("stuckTransport: Send is not used by the owner")
+}
+func (s *stuckTransport) Fence(k transfer.Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fenced[k] = true
+	return true
+}
+func (s *stuckTransport) FenceWait(k transfer.Key) { s.Fence(k) }
+func (s *stuckTransport) Close() error             { return nil }
+
+// PLAN section 5: a last Send waiting for admission into the peer's
+// in-flight budget is parked on its room in the owner, and answered at the
+// latest when the room's Failed is visible, whatever the data plane does
+// with the wait. Here the transport never admits and its fence wakes
+// nobody; the room fails at its transfer-idle deadline (FakeClock), and the
+// Send must come back Failed then, not at its own deadline.
+func TestSendWaitingForAdmissionReturnsFailedWhenItsRoomFails(t *testing.T) {
+	reg := newRegion(t)
+	tr := newStuckTransport()
+	h := newHarnessWith(t, 1, options{
+		pre: func(c *PrefillConfig) {
+			c.DataPlane = nil
+			c.newTransport = func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
+		},
+		dec: func(c *DecodeConfig) { c.Layouts = []*pdlinkv1.RegionLayout{layoutPB(reg.layout)} },
+	})
+	if _, err := h.pre.RegisterRegion(reg.path, layoutPB(reg.layout)); err != nil {
+		t.Fatal(err)
+	}
+	const room = 7
+	key := h.open(room, 1)
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
+		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
+	}
+
+	// The caller's own deadline is far beyond the test's bound: only the
+	// owner can end this wait in time.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	answered := make(chan error, 1)
+	go func() {
+		answered <- h.pre.Send(ctx, &pdlinkv1.SendRequest{RoomId: room, Pages: &pdlinkv1.PageList{Indices: []int32{0, 1, 2}}, Last: true, AuxIndex: 1})
+	}()
+	select {
+	case <-tr.waiting:
+	case err := <-answered:
+		t.Fatalf("the last Send returned %v before waiting for admission", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the last Send never waited for admission")
+	}
+	select {
+	case err := <-answered:
+		t.Fatalf("the last Send returned %v with its pages not admitted and its room going", err)
+	default:
+	}
+
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.Failed }); !ok {
+		t.Fatalf("prefill room %d is %v, want Failed at its transfer-idle deadline", room, h.preState(room))
+	}
+	select {
+	case err := <-answered:
+		var ended *EndedError
+		if !errors.As(err, &ended) || ended.Info.Key != key || ended.Info.Visible != poll.Failed {
+			t.Fatalf("the last Send returned %v, want the room's Failed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the last Send still waits for admission after its room's Failed became visible")
+	}
+}
+
+// The data-plane callback queue is bounded by the rooms, not by the
+// pieces that land: while the owner is busy, a room's progress events
+// coalesce into the one already queued (counted), and the caller, a
+// transfer goroutine, never waits. Its state still moves once the owner
+// runs the one that was kept.
+func TestProgressEventsOfARoomCoalesceWhileTheOwnerIsBusy(t *testing.T) {
+	h := newHarness(t, 1)
+	const room = 3
+	key := h.open(room, 1)
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
+		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
+	}
+	_ = h.pre.FirstSend(room)
+	if s := h.decState(room); s != poll.WaitingForInput {
+		t.Fatalf("decode room %d is %v before any progress, want WaitingForInput", room, s)
+	}
+
+	release, busy := make(chan struct{}), make(chan struct{})
+	go h.dec.exec(func() { close(busy); <-release })
+	<-busy
+	const pieces = 10000
+	before := h.dec.ProgressDropped()
+	start := time.Now()
+	for range pieces {
+		h.dec.OnProgress(key)
+	}
+	took := time.Since(start)
+	h.dec.own.mu.Lock()
+	queued := len(h.dec.own.queue)
+	h.dec.own.mu.Unlock()
+	close(release)
+	if queued != 1 {
+		t.Errorf("%d progress events of one room queued behind a busy owner, want 1", queued)
+	}
+	if d := h.dec.ProgressDropped() - before; d != pieces-1 {
+		t.Errorf("%d progress events counted as coalesced, want %d", d, pieces-1)
+	}
+	if took > 5*time.Second {
+		t.Errorf("%d progress events took %v with the owner busy: the callbacks waited", pieces, took)
+	}
+	h.settle()
+	if s := h.decState(room); s != poll.Transferring {
+		t.Fatalf("decode room %d is %v after its progress ran, want Transferring", room, s)
+	}
+}
+
+// A transfer goroutine that reports a failure (OnFailed, on either side)
+// or prefill's progress never waits for the owner: the owner may be busy,
+// or asking that data plane to fence. The failure is stepped once the
+// owner runs it.
+func TestDataPlaneCallbacksReturnWhileTheOwnerIsBusy(t *testing.T) {
+	h := newHarness(t, 1)
+	const room = 5
+	h.open(room, 1)
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
+		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
+	}
+	info, err := h.pre.Get(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, side := range []struct {
+		name   string
+		core   *core
+		failed func()
+	}{
+		{"prefill progress", h.pre.core, func() { h.pre.OnProgress(info.Key) }},
+		{"prefill", h.pre.core, func() { h.pre.OnFailed(info.Key, poll.ReasonTransferError) }},
+		{"decode", h.dec.core, func() { h.dec.OnFailed(info.Key, poll.ReasonChecksum) }},
+	} {
+		release, busy := make(chan struct{}), make(chan struct{})
+		go side.core.exec(func() { close(busy); <-release })
+		<-busy
+		returned := make(chan struct{})
+		go func() { side.failed(); close(returned) }()
+		select {
+		case <-returned:
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s callback waited for a busy owner", side.name)
+		}
+		close(release)
+		<-returned
+	}
+	h.settle()
+	if s := h.preState(room); s != poll.Failed {
+		t.Fatalf("prefill room %d is %v after OnFailed ran, want Failed", room, s)
+	}
+	if r, _ := h.reason(h.pre, room); r != poll.ReasonTransferError {
+		t.Fatalf("prefill room %d failed with %v, want %v", room, r, poll.ReasonTransferError)
+	}
+}

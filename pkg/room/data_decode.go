@@ -1,0 +1,294 @@
+package room
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
+	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
+)
+
+// decodeNode is what DecodeData reports to: the DecodeOwner (a bare
+// table in tests).
+type decodeNode interface {
+	OnProgress(key poll.Key)
+	OnRankDone(key poll.Key, rank int)
+	OnFailed(key poll.Key, reason poll.Reason)
+	Fenced(key poll.Key)
+}
+
+// DecodeData is the decode owner's data plane over the --data-transport's
+// transfer.Sink. The data listener is bound at start; connections that
+// arrive before a region is registered are closed (a sender redials).
+type DecodeData struct {
+	log  *zap.Logger
+	kind transfer.Kind
+	rcfg transfer.ReceiverConfig
+	node decodeNode
+
+	slot regionSlot
+	// mu guards receiver, set once the region is registered.
+	mu       sync.Mutex
+	receiver transfer.Sink
+	bytes    atomic.Uint64
+	refused  atomic.Uint64
+
+	// metadata holds each room's SendMetadata until the room is forgotten,
+	// so a retry is answered as the same request and another one refused.
+	// It is the owner's: touched only in owner inputs, under no lock.
+	metadata map[poll.Key]*sentMetadata
+}
+
+// sentMetadata is what a room's first SendMetadata asked for.
+type sentMetadata struct {
+	rank      transfer.Rank
+	dst       []transfer.Run
+	auxIndex  uint32
+	prefixLen uint32
+	done      chan struct{} // closed once the first call returned
+	err       error         // the first call's error; read after done
+}
+
+// conflict names what differs from the metadata already sent ("" if
+// nothing: the same request).
+func (m *sentMetadata) conflict(o *sentMetadata) string {
+	switch {
+	case m.rank != o.rank:
+		return "rank"
+	case !slices.Equal(m.dst, o.dst):
+		return "dst_pages"
+	case m.auxIndex != o.auxIndex:
+		return "aux_index"
+	case m.prefixLen != o.prefixLen:
+		return "prefix_len"
+	}
+	return ""
+}
+
+// claimMetadata records md as key's metadata unless some is recorded
+// already: then it returns that one and false.
+func (d *DecodeData) claimMetadata(key poll.Key, md *sentMetadata) (*sentMetadata, bool) {
+	if prev := d.metadata[key]; prev != nil {
+		return prev, false
+	}
+	d.metadata[key] = md
+	return md, true
+}
+
+// settleMetadata ends the first call for key: a failed one is forgotten so
+// the scheduler may try again.
+func (d *DecodeData) settleMetadata(key poll.Key, md *sentMetadata, err error) {
+	if err != nil && d.metadata[key] == md {
+		delete(d.metadata, key)
+	}
+	md.err = err
+	close(md.done)
+}
+
+var _ DecodeDataPlane = (*DecodeData)(nil)
+
+// newDecodeData returns the owner's data plane of the given kind, built
+// when the region is registered, reporting to node.
+func newDecodeData(kind transfer.Kind, cfg transfer.ReceiverConfig, log *zap.Logger, node decodeNode) *DecodeData {
+	d := &DecodeData{log: log, kind: kind, rcfg: cfg, node: node, metadata: map[poll.Key]*sentMetadata{}}
+	d.rcfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
+	d.slot.onSet = func(r *transfer.Region) error {
+		rx, err := transfer.NewSink(d.kind, r, d.rcfg, decodeEvents{d})
+		if err != nil {
+			return err
+		}
+		d.mu.Lock()
+		d.receiver = rx
+		d.mu.Unlock()
+		d.log.Info("data plane ready", zap.String("transport", string(d.kind)), zap.String("region", r.Path()))
+		return nil
+	}
+	return d
+}
+
+// Layouts returns the registered region layouts (for REGISTER).
+func (d *DecodeData) Layouts() []*pdlinkv1.RegionLayout { return d.slot.layouts() }
+
+// Bytes is the KV bytes written and verified.
+func (d *DecodeData) Bytes() uint64 { return d.bytes.Load() }
+
+// Serve hands every accepted data connection to the receiver until ln
+// closes.
+func (d *DecodeData) Serve(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		d.mu.Lock()
+		rx := d.receiver
+		d.mu.Unlock()
+		if rx == nil {
+			d.refused.Add(1)
+			c.Close()
+			continue
+		}
+		rx.ServeConn(c)
+	}
+}
+
+// Close stops the receiver and unmaps the region.
+func (d *DecodeData) Close() {
+	d.mu.Lock()
+	rx := d.receiver
+	d.mu.Unlock()
+	if rx != nil {
+		rx.Close()
+	}
+	d.slot.close()
+}
+
+// Expect implements DecodeDataPlane.
+func (d *DecodeData) Expect(md Metadata) error {
+	d.mu.Lock()
+	rx := d.receiver
+	d.mu.Unlock()
+	region := d.slot.get()
+	if rx == nil || region == nil {
+		return fmt.Errorf("no region registered")
+	}
+	l := region.Layout()
+	// Checked by SendMetadata against this region; the positions below the
+	// prefix are decode's already and are never written.
+	runs := runsFrom(runsOf(md.DstPages), int64(md.PrefixLen))
+	auxRow := int64(md.AuxIndex)
+	if l.Aux.Rows == 0 {
+		auxRow = -1
+	}
+	return rx.Expect(transfer.Expectation{Key: tkey(md.Key, transfer.Rank(md.Rank)), Dst: transfer.SamePages(len(l.Buffers), runs), AuxRow: auxRow})
+}
+
+// Fence implements DecodeDataPlane without waiting: the receiver
+// stops the room at once and answers done when no byte is being written
+// into its pages; otherwise its OnFenced tells the node Fenced once the
+// writer let go (within FenceGrace plus one piece), R7.
+func (d *DecodeData) Fence(key poll.Key) bool {
+	d.mu.Lock()
+	rx := d.receiver
+	d.mu.Unlock()
+	if rx == nil {
+		return true
+	}
+	return rx.Fence(d.slot.key(key))
+}
+
+// Forget implements DecodeDataPlane.
+func (d *DecodeData) Forget(key poll.Key) {
+	d.Fence(key) // a room reaped unfenced: stop its writes all the same
+	delete(d.metadata, key)
+}
+
+type decodeEvents struct{ d *DecodeData }
+
+func (e decodeEvents) Progress(k transfer.Key, n int64) {
+	e.d.bytes.Add(uint64(n))
+	e.d.node.OnProgress(pkey(k))
+}
+
+func (e decodeEvents) Complete(k transfer.Key) { e.d.node.OnRankDone(pkey(k), completedRank(k)) }
+
+func (e decodeEvents) Failed(k transfer.Key, r transfer.Reason, err error) {
+	e.d.log.Warn("room transfer failed", zap.Uint64("room", k.Room), zap.String("reason", string(r)), zap.Error(err))
+	if reason, fails := roomFailure(e.d.log, r); fails {
+		e.d.node.OnFailed(pkey(k), reason)
+	}
+}
+
+// SubmitMetadata is the scheduler's SendMetadata, checked against the
+// region: a retry of the same request (a client timeout) is answered as
+// the first call was (nil once it took effect) whatever state the room
+// moved on to, unless it Failed; other metadata for a room that has some
+// is refused with ErrMetadataConflict naming the field that differs. The
+// rank was checked at the edge.
+func (n *DecodeOwner) SubmitMetadata(ctx context.Context, req *pdlinkv1.SendMetadataRequest) error {
+	d := n.data
+	region := d.slot.get()
+	if region == nil {
+		return ErrNoRegion
+	}
+	if err := d.slot.checkRank("rank", req.Rank); err != nil {
+		return err
+	}
+	l := region.Layout()
+	dst, err := pageRuns("dst_pages", req.DstPages, l.Buffers[0].Pages())
+	if err != nil {
+		return err
+	}
+	if l.Aux.Rows > 0 && int64(req.AuxIndex) >= l.Aux.Rows {
+		return invalid("aux_index", "row %d of %d", req.AuxIndex, l.Aux.Rows)
+	}
+	if n := transfer.CountPages(dst); int64(req.PrefixLen) > n {
+		return invalid("prefix_len", "%d positions, but dst_pages has %d", req.PrefixLen, n)
+	}
+	rank := transferRank(req.Rank)
+	mr := MetadataRequest{DstPages: req.DstPages, AuxIndex: req.AuxIndex, PrefixLen: req.PrefixLen, Rank: Rank(rank)}
+	id := poll.RoomID(req.RoomId)
+	want := &sentMetadata{rank: rank, dst: dst, auxIndex: req.AuxIndex, prefixLen: req.PrefixLen, done: make(chan struct{})}
+	var in poll.RoomInfo
+	var md *sentMetadata
+	var first bool
+	// The room's state and its recorded metadata in one owner input: a
+	// claim is only ever made for a key in the table, so Forget drops it.
+	if !n.execOwned(func() {
+		n.withTable(func() { in, err = n.t.Get(id) })
+		if err == nil && in.State != poll.Failed {
+			md, first = d.claimMetadata(in.Key, want)
+		}
+	}) {
+		return conn.ErrClosedNode
+	}
+	if err != nil {
+		return err
+	}
+	if in.State == poll.Failed {
+		return &EndedError{Info: in} // also for a retry: the room takes nothing now
+	}
+	if !first {
+		if field := md.conflict(want); field != "" {
+			return errorf(ErrMetadataConflict, "room %d already has metadata with another %s: a retry must repeat the first request", id, field)
+		}
+		select { // the same request: answer as the first call does
+		case <-md.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return md.err
+	}
+	err = n.SendMetadata(id, mr)
+	n.exec(func() { d.settleMetadata(in.Key, want, err) })
+	return err
+}
+
+// RegisterRegion maps the engine's region and builds the data plane over
+// it; it returns the region's id. Registering the same region again is a
+// no-op.
+func (n *DecodeOwner) RegisterRegion(path string, l *pdlinkv1.RegionLayout) (string, error) {
+	return n.data.slot.register(path, l)
+}
+
+// HasRegion reports whether a region is registered.
+func (n *DecodeOwner) HasRegion() bool { return n.data.slot.get() != nil }
+
+// ServeData hands every accepted data connection to the receiver until ln
+// closes.
+func (n *DecodeOwner) ServeData(ln net.Listener) error { return n.data.Serve(ln) }
+
+// Bytes is the KV bytes written and verified.
+func (n *DecodeOwner) Bytes() uint64 { return n.data.Bytes() }

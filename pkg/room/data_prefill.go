@@ -1,0 +1,555 @@
+package room
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
+	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
+)
+
+// PrefillData is the prefill owner's data plane over the
+// --data-transport's transfer.Transport. Each room is one stream: its
+// first Send opens it, every Send appends its pages at once, the last
+// carries the aux row and closes it.
+//
+// The per-room state (rooms, fenced) is the owner's: it is touched only
+// in owner inputs (Bind with the METADATA that binds the room, a Send's
+// checks and append, Fence and Forget as effects), never under a lock of
+// its own. A Send's wait for admission is parked on the room (section 5
+// of PLAN.md): it ends when the pages are admitted or, at the latest,
+// when the room's Failed is visible or the room is gone.
+type PrefillData struct {
+	log  *zap.Logger
+	kind transfer.Kind
+	scfg transfer.SenderConfig
+	node *PrefillOwner
+	// newTransport builds the transport once the region is registered
+	// (transfer.NewTransport of kind; a fake in tests).
+	newTransport func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error)
+
+	slot regionSlot
+	// senderMu guards sender, set once the region is registered (a gRPC
+	// goroutine) and read by the owner and the Sends waiting for
+	// admission.
+	senderMu sync.Mutex
+	sender   transfer.Transport
+
+	rooms  map[poll.RoomID]*prefillRoom // the owner's
+	fenced map[poll.Key]bool            // the owner's; sticky until Forget (a late Bind is ignored)
+	bytes  atomic.Uint64
+}
+
+type prefillRoom struct {
+	key      poll.Key
+	peerAddr string
+	dst      []transfer.Run // decode's pages, in position order
+	dstPages int64          // positions, the prefix included
+	prefix   int64          // leading positions decode holds: a Send's pages there move no bytes
+	src      []transfer.Run // pages handed over so far, in the order taken
+	// next is every buffer's next position while every Send named all
+	// buffers; nextOf holds one per buffer from the first Send that named
+	// a subset on (layer-wise), and next is unused from then.
+	next    int64
+	nextOf  *[]int64    // a pointer: 8 bytes in every bound room, not a slice's 24
+	chunks  []sentChunk // the Sends taken, so a retry is recognised
+	opened  bool        // the room's stream is open on the data plane
+	started bool        // the last Send was taken: the stream is closed
+}
+
+// sentChunk is one Send a room took: its pages are src[at:at+runs].
+type sentChunk struct {
+	start    int64
+	at, runs int
+	buffers  []int // nil for all
+	last     bool
+	auxIndex uint32
+}
+
+// repeats reports whether a Send is one the room already took: a client
+// that timed out and retries gets the answer of the first call.
+func (r *prefillRoom) repeats(start int64, src []transfer.Run, buffers []int, last bool, auxIndex uint32) bool {
+	for _, c := range r.chunks {
+		if c.start == start && c.last == last && (!last || c.auxIndex == auxIndex) && slices.Equal(c.buffers, buffers) &&
+			slices.Equal(r.src[c.at:c.at+c.runs], src) {
+			return true
+		}
+	}
+	return false
+}
+
+// nextPosition is buffer b's next position.
+func (r *prefillRoom) nextPosition(b int) int64 {
+	if r.nextOf == nil {
+		return r.next
+	}
+	return (*r.nextOf)[b]
+}
+
+// named calls f for each buffer a Send names (buffers nil: all of nbuf)
+// until f returns false.
+func named(buffers []int, nbuf int, f func(b int) bool) {
+	if buffers == nil {
+		for b := range nbuf {
+			if !f(b) {
+				return
+			}
+		}
+		return
+	}
+	for _, b := range buffers {
+		if !f(b) {
+			return
+		}
+	}
+}
+
+// moved is the part of a Send's pages from start that moves: those below
+// decode's prefix are accepted and skipped.
+func (r *prefillRoom) moved(start int64, src []transfer.Run) []transfer.Run {
+	return runsFrom(src, r.prefix-start)
+}
+
+// advance records that the named buffers have every position up to end.
+func (r *prefillRoom) advance(buffers []int, nbuf int, end int64) {
+	if buffers == nil && r.nextOf == nil {
+		r.next = end
+		return
+	}
+	if r.nextOf == nil {
+		next := make([]int64, nbuf)
+		for b := range next {
+			next[b] = r.next
+		}
+		r.nextOf = &next
+	}
+	named(buffers, nbuf, func(b int) bool { (*r.nextOf)[b] = end; return true })
+}
+
+// checkPositions applies the position rules to a Send of n pages from
+// start in the named buffers: start is each one's next position, or, while
+// that is inside decode's prefix, any later position up to prefix_len (a
+// scheduler that knows the prefix skips it, as SGLang's prefill does);
+// the pages fit the destination; a last Send leaves every buffer at the
+// end.
+func (r *prefillRoom) checkPositions(start, n int64, buffers []int, nbuf int, last bool) error {
+	var err error
+	named(buffers, nbuf, func(b int) bool {
+		next := r.nextPosition(b)
+		switch {
+		case start != next && !(next < start && start <= r.prefix):
+			var which, skip string
+			if r.nextOf != nil {
+				which = fmt.Sprintf(" of buffer %d", b)
+			}
+			if next < r.prefix {
+				skip = fmt.Sprintf(" (or any up to %d, decode's prefix_len)", r.prefix)
+			}
+			err = invalid("start_position", "is %d, next page position%s is %d%s", start, which, next, skip)
+		case start+n > r.dstPages:
+			err = invalid("pages", "%d pages after position %d overflow the %d destination pages", n, start, r.dstPages)
+		}
+		return err == nil
+	})
+	if err != nil || !last {
+		return err
+	}
+	for b := range nbuf {
+		end := r.nextPosition(b)
+		if buffers == nil || slices.Contains(buffers, b) {
+			end = start + n
+		}
+		if end != r.dstPages {
+			if buffers == nil && r.nextOf == nil {
+				return invalid("last", "last chunk ends at page %d of %d destination pages", end, r.dstPages)
+			}
+			return invalid("last", "buffer %d ends at position %d of %d destination pages: every buffer must have every position", b, end, r.dstPages)
+		}
+	}
+	return nil
+}
+
+var _ PrefillDataPlane = (*PrefillData)(nil)
+
+// newPrefillData returns the owner's data plane of the given kind, built
+// when the region is registered, reporting to node.
+func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logger, node *PrefillOwner) *PrefillData {
+	d := &PrefillData{log: log, kind: kind, scfg: cfg, node: node, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}}
+	d.newTransport = func(r *transfer.Region, cfg transfer.SenderConfig) (transfer.Transport, error) {
+		return transfer.NewTransport(d.kind, r, cfg)
+	}
+	d.scfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
+	d.slot.onSet = func(r *transfer.Region) error {
+		s, err := d.newTransport(r, d.scfg)
+		if err != nil {
+			return err
+		}
+		d.senderMu.Lock()
+		d.sender = s
+		d.senderMu.Unlock()
+		d.log.Info("data plane ready", zap.String("transport", string(d.kind)), zap.String("region", r.Path()))
+		return nil
+	}
+	return d
+}
+
+// Bytes is the KV bytes this side sent and decode confirmed.
+func (d *PrefillData) Bytes() uint64 { return d.bytes.Load() }
+
+func (d *PrefillData) transport() transfer.Transport {
+	d.senderMu.Lock()
+	defer d.senderMu.Unlock()
+	return d.sender
+}
+
+// Close stops the sender (unfinished transfers fail) and unmaps the region.
+func (d *PrefillData) Close() {
+	if s := d.transport(); s != nil {
+		s.Close()
+	}
+	d.slot.close()
+}
+
+// Bind implements PrefillDataPlane, on the owner in the input that
+// applied the METADATA: a Send that sees the room WaitingForInput finds it
+// bound.
+func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
+	region, sender := d.slot.get(), d.transport()
+	if d.fenced[md.Key] || region == nil || sender == nil {
+		if region == nil {
+			d.log.Warn("metadata before any region is registered", zap.Uint64("room", uint64(md.Key.Room)))
+		}
+		return
+	}
+	if r := d.rooms[md.Key.Room]; r != nil && r.key == md.Key {
+		return // a retransmitted METADATA
+	}
+	var layout *pdlinkv1.RegionLayout
+	for _, l := range peer.Layouts {
+		if transferRank(l.GetRank()).TP == md.Rank.TP {
+			layout = l
+		}
+	}
+	pl, err := layoutFromProto("layout", layout)
+	if err == nil {
+		err = sender.AddPeer(peer.Addr, pl)
+	}
+	if err != nil {
+		d.log.Warn("cannot bind room to decode peer", zap.Uint64("room", uint64(md.Key.Room)), zap.String("peer", peer.Addr), zap.Error(err))
+		// Its own input, later: this one is stepping the METADATA.
+		go d.node.OnFailed(md.Key, poll.ReasonInvalid)
+		return
+	}
+	// The frame check (pkg/conn) vetted the list; whether its pages are inside
+	// decode's buffers is decode's to check, on its edge and on every chunk.
+	dst := runsOf(md.DstPages)
+	prefix := min(int64(md.PrefixLen), transfer.CountPages(dst)) // the frame check bounds it; min keeps the slicing safe
+	d.rooms[md.Key.Room] = &prefillRoom{key: md.Key, peerAddr: peer.Addr, dst: dst, dstPages: transfer.CountPages(dst),
+		prefix: prefix}
+}
+
+// Fence implements PrefillDataPlane without waiting, on the owner: the
+// sender stops the room at once and answers done when no worker reads its
+// source pages; otherwise its OnFenced tells the node Fenced once the
+// worker let go (within FenceGrace plus one chunk write).
+func (d *PrefillData) Fence(key poll.Key) bool {
+	d.fenced[key] = true
+	s := d.transport()
+	if s == nil {
+		return true
+	}
+	return s.Fence(d.slot.key(key))
+}
+
+// Forget implements PrefillDataPlane, on the owner.
+func (d *PrefillData) Forget(key poll.Key) {
+	d.Fence(key) // a room reaped unfenced: stop its transfer all the same
+	delete(d.fenced, key)
+	if r := d.rooms[key.Room]; r != nil && (r.key == key || key.Nonce == 0) {
+		delete(d.rooms, key.Room)
+	}
+}
+
+// send checks one chunk of source pages against the region (on the
+// caller), then against its room and appends it (one owner input); the
+// last one closes the stream and waits, parked on the room, for its
+// admission.
+func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error {
+	region := d.slot.get()
+	if region == nil {
+		return ErrNoRegion
+	}
+	if err := d.slot.checkRank("rank", req.Rank); err != nil {
+		return err
+	}
+	buffers, err := bufferSet("buffers", req.Buffers, len(region.Layout().Buffers))
+	if err != nil {
+		return err
+	}
+	var src []transfer.Run
+	if !req.Last || len(req.Pages.GetIndices()) > 0 || len(req.Pages.GetRuns()) > 0 {
+		// Only the last Send may have no pages: it may carry just the aux
+		// row (decode held every position, or every buffer is complete).
+		if src, err = pageRuns("pages", req.Pages, region.Layout().Buffers[0].Pages()); err != nil {
+			return err
+		}
+	}
+	// wake ends the wait for admission when the room ends first; it is
+	// armed in the input that appends, so no end in between is missed.
+	waitCtx, wake := context.WithCancel(ctx)
+	defer wake()
+	var out sendOutcome
+	if !d.node.execOwned(func() { out = d.take(sendOf{req, src, buffers}, region, wake) }) {
+		return conn.ErrClosedNode
+	}
+	switch {
+	case out.err != nil:
+		return out.err
+	case out.ended:
+		return d.answerEnded(ctx, out.key)
+	case out.parked == nil:
+		return nil
+	}
+	return d.awaitAdmission(ctx, waitCtx, out)
+}
+
+// sendOf is a Send checked at the edge: its source pages as runs and the
+// buffers it names (nil: all).
+type sendOf struct {
+	*pdlinkv1.SendRequest
+	src     []transfer.Run
+	buffers []int
+}
+
+// sendOutcome is what a Send's owner input decided.
+type sendOutcome struct {
+	err error
+	// ended: the data plane refused the pages because the room ended;
+	// answer with its state once that is visible.
+	ended bool
+	key   poll.Key
+	tk    transfer.Key
+	// parked, when set, is the last Send's wait for admission, parked on
+	// the room.
+	parked *parkedCall
+	sender transfer.Transport
+}
+
+// take checks a Send against its room and appends its pages, as one
+// owner input: the room moves to Transferring (a later Send's refreshes
+// its idle deadline) before its pages may go, as a transfer completing
+// first would leave decode's Success no state to land on.
+func (d *PrefillData) take(req sendOf, region *transfer.Region, wake func()) sendOutcome {
+	n := d.node
+	r := d.rooms[poll.RoomID(req.RoomId)]
+	if r == nil {
+		return sendOutcome{err: d.notSendable(poll.RoomID(req.RoomId), nil)}
+	}
+	if d.fenced[r.key] {
+		// Failed: say so before judging the chunk against a room that
+		// will take no more.
+		return sendOutcome{err: d.notSendable(r.key.Room, poll.ErrTerminal)}
+	}
+	sender := d.transport()
+	nbuf := len(region.Layout().Buffers)
+	start, src := int64(req.StartPosition), req.src
+	key, tk := r.key, d.slot.key(r.key)
+	behind := false // start is a position some named buffer already has
+	named(req.buffers, nbuf, func(b int) bool { behind = start < r.nextPosition(b); return !behind })
+	if (r.started || behind) && r.repeats(start, src, req.buffers, req.Last, req.AuxIndex) {
+		if !req.Last {
+			return sendOutcome{}
+		}
+		// A retried last Send answers as the first call does: once the
+		// room's pages are admitted, or with the failure that ended them.
+		return d.park(key, tk, sender, wake)
+	}
+	if r.started {
+		return sendOutcome{err: errorf(ErrNotSendable, "room already sent its last chunk")}
+	}
+	pages := transfer.CountPages(src)
+	if err := r.checkPositions(start, pages, req.buffers, nbuf, req.Last); err != nil {
+		return sendOutcome{err: err}
+	}
+	var aux []byte
+	if req.Last && region.Layout().Aux.Rows > 0 {
+		if int64(req.AuxIndex) >= region.Layout().Aux.Rows {
+			return sendOutcome{err: invalid("aux_index", "row %d of %d", req.AuxIndex, region.Layout().Aux.Rows)}
+		}
+		aux = region.AuxRow(int64(req.AuxIndex))
+	}
+	if err := n.firstSendOwned(key.Room); err != nil {
+		return sendOutcome{err: d.notSendable(key.Room, err)}
+	}
+	if d.fenced[key] || d.rooms[key.Room] != r {
+		// The step's effects fenced or forgot the room.
+		return sendOutcome{err: d.notSendable(key.Room, poll.ErrTerminal)}
+	}
+	if !r.opened {
+		// The stream opens with the room's first Send: its pages go on the
+		// wire at once, each later Send's continue it, the last closes it.
+		// Its destination starts after decode's prefix: the k-th page sent
+		// of a buffer goes to its (prefix+k)-th destination position.
+		var bytes int64
+		for _, b := range region.Layout().Buffers {
+			bytes += (r.dstPages - r.prefix) * b.ItemLen
+		}
+		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
+			Done: func(err error) { d.done(key, bytes, err) }})
+		if err != nil {
+			return d.refused(key, err)
+		}
+		r.opened = true
+	}
+	moved := r.moved(start, src)
+	piece := transfer.Piece{Src: make([][]transfer.Run, nbuf), Last: req.Last, Aux: aux}
+	named(req.buffers, nbuf, func(b int) bool { piece.Src[b] = moved; return true })
+	// Appended on the owner, so concurrent Sends of a room reach the
+	// stream in the order their start positions were checked.
+	if err := sender.Append(tk, piece); err != nil {
+		return d.refused(key, err)
+	}
+	r.chunks = append(r.chunks, sentChunk{start: start, at: len(r.src), runs: len(src), buffers: req.buffers, last: req.Last, auxIndex: req.AuxIndex})
+	r.src = append(r.src, src...)
+	r.advance(req.buffers, nbuf, start+pages)
+	r.started = req.Last
+	if !req.Last {
+		return sendOutcome{}
+	}
+	return d.park(key, tk, sender, wake)
+}
+
+// park parks a last Send's wait for admission on its room: wake runs when
+// the room's Failed becomes visible or the room goes, whatever the data
+// plane does with the wait.
+func (d *PrefillData) park(key poll.Key, tk transfer.Key, sender transfer.Transport, wake func()) sendOutcome {
+	p := &parkedCall{woken: make(chan struct{}), onWake: wake}
+	c := d.node.core
+	c.withTable(func() { c.parked[key] = append(c.parked[key], p) })
+	return sendOutcome{key: key, tk: tk, parked: p, sender: sender}
+}
+
+// awaitAdmission waits for a room's pages to be admitted into the peer's
+// in-flight budget: the last Send's backpressure. The owner ends the wait
+// (waitCtx) when the room's Failed is visible or the room went, and the
+// Send answers with that state. A ctx that ends first answers its error
+// and leaves the room going: its pages stay queued, go when admitted, and
+// Poll shows the outcome; a retry of the same Send waits for the same
+// admission.
+func (d *PrefillData) awaitAdmission(ctx, waitCtx context.Context, out sendOutcome) error {
+	err := out.sender.WaitAdmitted(waitCtx, out.tk)
+	d.node.unpark(out.key, out.parked)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case waitCtx.Err() != nil:
+		// The owner woke the wait: the room's end is visible.
+		return d.notSendableNow(out.key.Room)
+	case errors.Is(err, transfer.ErrFenced), errors.Is(err, transfer.ErrStreamEnded):
+		return d.answerEnded(ctx, out.key)
+	}
+	var res error
+	if !d.node.execOwned(func() { res = d.refused(out.key, err).err }) {
+		return conn.ErrClosedNode
+	}
+	return res
+}
+
+// answerEnded answers a Send whose room ended (fenced, or its stream
+// failed and Done said why) with the room's state, as any Send to an
+// ended room is, once the scheduler can see it (the fence or failure may
+// not have been stepped yet).
+func (d *PrefillData) answerEnded(ctx context.Context, key poll.Key) error {
+	_ = d.node.AwaitFailedVisible(ctx, key.Room)
+	return d.notSendableNow(key.Room)
+}
+
+// notSendableNow is notSendable as its own owner input.
+func (d *PrefillData) notSendableNow(id poll.RoomID) error {
+	var err error
+	d.node.exec(func() { err = d.notSendable(id, poll.ErrTerminal) })
+	return err
+}
+
+// refused answers, on the owner, a Send whose pages the data plane did
+// not take, and fails the room if the data plane gave a failure reason.
+func (d *PrefillData) refused(key poll.Key, err error) sendOutcome {
+	if errors.Is(err, transfer.ErrFenced) || errors.Is(err, transfer.ErrStreamEnded) {
+		return sendOutcome{ended: true, key: key}
+	}
+	d.log.Warn("transfer refused", zap.Uint64("room", uint64(key.Room)), zap.Error(err))
+	if reason, fails := roomFailure(d.log, transfer.ReasonOf(err)); fails {
+		d.node.applyOwned(func() {
+			_ = d.node.t.Step(d.node.now(), poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
+		})
+	}
+	return sendOutcome{err: errorf(ErrTransferRefused, "transfer refused: %v", err)}
+}
+
+// notSendable says, on the owner, why a room takes no Send, from its
+// state now: poll.ErrNotFound when it is not open here, an EndedError for
+// a Failed room, ErrNotSendable naming the state otherwise. err is the
+// table's refusal, if any.
+func (d *PrefillData) notSendable(id poll.RoomID, err error) error {
+	var in poll.RoomInfo
+	var gerr error
+	c := d.node.core
+	c.withTable(func() { in, gerr = c.t.Get(id) })
+	switch {
+	case gerr != nil:
+		return errorf(poll.ErrNotFound, "room %d is not open here (never opened, or cleared): OpenSender first", id)
+	case in.State == poll.Failed:
+		return &EndedError{Info: in}
+	case in.Visible == poll.Bootstrapping:
+		return errorf(ErrNotSendable, "room %d is Bootstrapping: no metadata from decode yet, poll until WaitingForInput", id)
+	case err != nil:
+		return err
+	}
+	return errorf(ErrNotSendable, "room %d is %v and not bound to decode: poll until it fails or moves on", id, in.Visible)
+}
+
+func (d *PrefillData) done(key poll.Key, bytes int64, err error) {
+	if err != nil {
+		reason, fails := roomFailure(d.log, transfer.ReasonOf(err))
+		if !fails {
+			// Decode ended the room before its bytes were in (fenced); its
+			// control plane tells us why (ABORT, retried until acked), and
+			// the transfer-idle deadline covers a notice that never comes.
+			d.log.Debug("decode fenced the room", zap.Uint64("room", uint64(key.Room)))
+			return
+		}
+		d.node.OnFailed(key, reason)
+		return
+	}
+	d.bytes.Add(uint64(bytes))
+	d.node.OnProgress(key)
+}
+
+// Send is the scheduler's Send: one chunk of source pages, checked
+// against the region and the room, appended to the room's stream at once;
+// the last one closes the stream and returns once its pages are admitted
+// into the peer's in-flight budget (or the room ended). The rank was
+// checked at the edge.
+func (n *PrefillOwner) Send(ctx context.Context, req *pdlinkv1.SendRequest) error {
+	return n.data.send(ctx, req)
+}
+
+// RegisterRegion maps the engine's region and builds the data plane over
+// it; it returns the region's id. Registering the same region again is a
+// no-op.
+func (n *PrefillOwner) RegisterRegion(path string, l *pdlinkv1.RegionLayout) (string, error) {
+	return n.data.slot.register(path, l)
+}
+
+// Bytes is the KV bytes this side sent and decode confirmed.
+func (n *PrefillOwner) Bytes() uint64 { return n.data.Bytes() }
