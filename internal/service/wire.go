@@ -144,9 +144,9 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	}
 	tr := zmtp.New(zmtp.Options{Logger: log.Named("zmtp")})
 	pcfg := room.PrefillConfig{
-		Config:     nodeConfig(cfg, poll.Prefill, tr, log.Named("conn")),
-		ListenAddr: cfg.BootstrapListen,
-		Transport:  cfg.DataTransport,
+		Config:        nodeConfig(cfg, poll.Prefill, tr, log.Named("conn")),
+		ListenAddr:    cfg.BootstrapListen,
+		DataTransport: cfg.DataTransport,
 	}
 	pcfg.Sender.Logger, pcfg.Sender.IdleTimeout = log.Named("transfer"), cfg.TransferIdleTimeout
 	if kr != nil {
@@ -205,9 +205,9 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	}
 	tr := zmtp.New(zmtp.Options{Logger: log.Named("zmtp")})
 	dcfg := room.DecodeConfig{
-		Config:       nodeConfig(cfg, poll.Decode, tr, log.Named("conn")),
-		DataEndpoint: advertise,
-		Transport:    cfg.DataTransport,
+		Config:        nodeConfig(cfg, poll.Decode, tr, log.Named("conn")),
+		DataEndpoint:  advertise,
+		DataTransport: cfg.DataTransport,
 	}
 	dcfg.Receiver.Logger, dcfg.Receiver.IdleTimeout = log.Named("transfer"), cfg.TransferIdleTimeout
 	if kr != nil {

@@ -24,13 +24,14 @@ type DecodeConfig struct {
 	// LayoutsFunc, if set, is read at every REGISTER instead of Layouts:
 	// the engine registers its regions over gRPC after the daemon starts.
 	LayoutsFunc func() []*pdlinkv1.RegionLayout
-	// Transport is the data plane's kind (--data-transport) and Receiver
+	// DataTransport is the data plane's kind (--data-transport; the
+	// embedded Config's Transport is the link's) and Receiver
 	// its configuration: the owner builds it when the region is
 	// registered, and REGISTER carries that region's layout.
-	Transport transfer.Kind
-	Receiver  transfer.ReceiverConfig
+	DataTransport transfer.Kind
+	Receiver      transfer.ReceiverConfig
 	// DataPlane, if set (tests), replaces the data plane built from
-	// Transport: the owner then takes no SubmitMetadata.
+	// DataTransport: the owner then takes no SubmitMetadata.
 	DataPlane DecodeDataPlane
 
 	openHook func() // tests: runs in Open between reading the prefill instance and opening the room
@@ -87,7 +88,7 @@ func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
 	n.core, n.link = c, link
 	c.hooks = n
 	if n.dp == nil {
-		n.data = newDecodeData(cfg.Transport, cfg.Receiver, c.log, n)
+		n.data = newDecodeData(cfg.DataTransport, cfg.Receiver, c.log, n)
 		n.dp = n.data
 	}
 	return n, nil

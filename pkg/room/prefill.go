@@ -18,19 +18,20 @@ type PrefillConfig struct {
 	conn.Config
 	// ListenAddr is the bootstrap address to bind.
 	ListenAddr string
-	// Transport is the data plane's kind (--data-transport) and Sender
+	// DataTransport is the data plane's kind (--data-transport; the
+	// embedded Config's Transport is the link's) and Sender
 	// its configuration: the owner builds it when the region is registered.
-	Transport transfer.Kind
-	Sender    transfer.SenderConfig
+	DataTransport transfer.Kind
+	Sender        transfer.SenderConfig
 	// DataPlane, if set (tests), replaces the data plane built from
-	// Transport: the owner then takes no Send.
+	// DataTransport: the owner then takes no Send.
 	DataPlane PrefillDataPlane
 	// AcceptRegister, if set, vets a decode peer's REGISTER (for example
 	// its region layouts against ours); an error rejects it as invalid.
 	AcceptRegister func(conn.PeerInfo) error
 
 	// newTransport, if set (tests), builds the data plane's transport
-	// instead of transfer.NewTransport of Transport.
+	// instead of transfer.NewTransport of DataTransport.
 	newTransport func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error)
 	// roomFrameHook, if set (tests), runs as the link delivers a room frame
 	// to the node, on the listener worker.
@@ -77,7 +78,7 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 	n.core, n.link = c, link
 	c.hooks = n
 	if n.dp == nil {
-		n.data = newPrefillData(cfg.Transport, cfg.Sender, c.log, n)
+		n.data = newPrefillData(cfg.DataTransport, cfg.Sender, c.log, n)
 		if cfg.newTransport != nil {
 			n.data.newTransport = cfg.newTransport
 		}
