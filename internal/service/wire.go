@@ -270,6 +270,7 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg d
 		Frames:         func() []metrics.Count { return frameCounts(ctr()) },
 		FramesRejected: func() []metrics.Count { return rejectedCounts(ctr(), z()) },
 		Retransmits:    func() float64 { return float64(ctr().Retransmits) },
+		Unsent:         func() float64 { return float64(ctr().SendErrors) },
 		Peers: func() []metrics.Count {
 			c := ctr()
 			return []metrics.Count{{Labels: []string{"up"}, Value: float64(c.PeersUp)}, {Labels: []string{"lost"}, Value: float64(c.PeersDown)}}

@@ -25,6 +25,10 @@ type Sources struct {
 	FramesRejected func() []Count
 	// Retransmits returns control frames sent again for lack of an ack.
 	Retransmits func() float64
+	// Unsent returns control frames the transport refused (its send queue
+	// full behind a slow peer, or the socket closed); a reliable one goes
+	// again at its retransmit.
+	Unsent func() float64
 	// Peers returns peers by (state), e.g. "up", "lost".
 	Peers func() []Count
 	// PeerDepartures returns peers that went away, by (reason): "goodbye"
@@ -65,6 +69,7 @@ type Collector struct {
 	transitions, failures, rejectedEvents, collisions      *prometheus.Desc
 	reaped                                                 *prometheus.Desc
 	frames, framesRejected, retransmits, peers, restarts   *prometheus.Desc
+	unsent                                                 *prometheus.Desc
 	peerDepartures                                         *prometheus.Desc
 	transferBytes, insecure                                *prometheus.Desc
 	authRejected, authReloads                              *prometheus.Desc
@@ -101,6 +106,7 @@ func NewCollector(side string, src Sources) *Collector {
 		frames:         d("frames_total", "Control frames, by type and direction.", "type", "dir"),
 		framesRejected: d("frames_rejected_total", "Control frames rejected, by reason.", "reason"),
 		retransmits:    d("frames_retransmitted_total", "Control frames sent again for lack of an ack."),
+		unsent:         d("frames_unsent_total", "Control frames the transport refused: its send queue full behind a slow peer, or the socket closed (a reliable frame goes again at its retransmit)."),
 		peers:          d("peers", "Peer daemons, by state.", "state"),
 		peerDepartures: d("peer_departures_total", "Peers that went away, by reason: goodbye (a planned stop), lost (heartbeats missed), restarted (a new instance behind the same address).", "reason"),
 		restarts:       d("worker_restarts_total", "Supervised goroutines restarted after a failure, by worker.", "worker"),
@@ -115,7 +121,7 @@ func NewCollector(side string, src Sources) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.rooms, c.oldest, c.overdue, c.deadline, c.tombstones,
 		c.transitions, c.failures, c.rejectedEvents, c.collisions, c.reaped, c.frames, c.framesRejected,
-		c.retransmits, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.insecure, c.authRejected, c.authReloads} {
+		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.insecure, c.authRejected, c.authReloads} {
 		ch <- d
 	}
 }
@@ -177,6 +183,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.src.AuthReloads, c.authReloads, prometheus.CounterValue)
 	if c.src.Retransmits != nil {
 		counter(c.retransmits, c.src.Retransmits())
+	}
+	if c.src.Unsent != nil {
+		counter(c.unsent, c.src.Unsent())
 	}
 	if c.src.TransferBytes != nil {
 		counter(c.transferBytes, c.src.TransferBytes())
@@ -255,6 +264,7 @@ func Names() map[string]string {
 		name("frames_total"):               "counter",
 		name("frames_rejected_total"):      "counter",
 		name("frames_retransmitted_total"): "counter",
+		name("frames_unsent_total"):        "counter",
 		name("peers"):                      "gauge",
 		name("peer_departures_total"):      "counter",
 		name("worker_restarts_total"):      "counter",

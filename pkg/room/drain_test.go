@@ -301,6 +301,10 @@ func TestRoomsFailedAtTheDrainDeadlineTurnVisibleWhileTheirNoticesWait(t *testin
 	if !h.waitReal(5*time.Second, func() bool { return stall.held.Load() > 0 }) {
 		t.Fatal("no notice reached the link: the test proves nothing")
 	}
+	// pdlink_frames_unsent_total: what the full queue refused is counted.
+	if n := h.pre.Counters().SendErrors; n == 0 {
+		t.Errorf("%d notices refused by the full queue, SendErrors %d", stall.held.Load(), n)
+	}
 	release()
 	if !h.waitReal(5*time.Second, func() bool {
 		select {
