@@ -49,11 +49,11 @@
 // this one), the sequence number and the byte count; only then does it read the payload
 // into the destination pages, one piece (PieceBytes, across runs) at a time, updating the
 // crc32c as it goes. Reads are buffered (32 KiB), so a small chunk and the frames after it
-// take one read; a larger read into empty buffering goes straight into the pages. Chunks for
-// unknown or ended rooms (a rank not expected included) are drained into a scratch buffer
-// and counted, never written. Events.Complete is reported only when every
-// page of every buffer and the aux row were written and verified and the DONE totals match
-// (I8). Failures carry a Reason: "checksum", "transfer_error" or "invalid".
+// take one read; payload bytes beyond what the buffering holds go straight into the pages,
+// copied once. Chunks for unknown or ended rooms (a rank not expected included) are
+// drained into a scratch buffer and counted, never written. Events.Complete is reported
+// only when every page of every buffer and the aux row were written and verified and the
+// DONE totals match (I8). Failures carry a Reason: "checksum", "transfer_error" or "invalid".
 //
 // Fencing (R7): Fence(room) marks the room ended and returns at once; every later byte for
 // the room is drained and discarded. Each room lists, under its mutex, the connection
