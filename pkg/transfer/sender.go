@@ -24,8 +24,11 @@ type SenderConfig struct {
 	MaxChunkBytes int64
 	// MaxInflightBytes bounds, per peer, the bytes of appended pieces queued or being
 	// written; each chunk's bytes are given back as its write returns. Pieces beyond it wait
-	// in FIFO order (WaitAdmitted, and Send, block on them: backpressure). A piece larger than
-	// the bound is admitted alone. Default 256 MiB.
+	// (WaitAdmitted, and Send, block on them: backpressure), closing streams' first, fewest
+	// queued bytes first, then in append order. A piece larger than the bound is admitted
+	// alone. The bound is the backlog behind which a stream's last piece, once admitted (its
+	// Send returned), can still wait. Default 32 MiB: 12-16 ms at the 2-2.5 GB/s loopback
+	// moves on 2 cores; 256 MiB made it 140-180 ms, for no more GB/s.
 	MaxInflightBytes int64
 	// DialTimeout bounds a dial plus the Authenticator preface. Default 5s.
 	DialTimeout time.Duration
@@ -74,7 +77,7 @@ func (c *SenderConfig) setDefaults() error {
 		c.MaxChunkBytes = 1 << 20
 	}
 	if c.MaxInflightBytes == 0 {
-		c.MaxInflightBytes = 256 << 20
+		c.MaxInflightBytes = 32 << 20
 	}
 	if c.MinWriteRate == 0 {
 		c.MinWriteRate = 64 << 20
@@ -290,8 +293,9 @@ func (s *Sender) Open(st Stream) error {
 
 // Append checks a piece against the local region and the stream's destination (the next
 // positions of each buffer, the last piece covering all of them), pairs its runs and queues
-// it without waiting: the piece is admitted into the peer's in-flight budget in FIFO order
-// per peer, and each chunk's bytes are given back as its write returns, so a stream larger
+// it without waiting: the piece is admitted into the peer's in-flight budget after the
+// stream's earlier pieces (closing streams first, see SenderConfig.MaxInflightBytes), and
+// each chunk's bytes are given back as its write returns, so a stream larger
 // than the budget never waits on its own earlier pieces. Nothing of a piece that fails these
 // checks is sent, and the stream stays as it was. Append of a fenced stream fails with
 // ErrFenced, of an ended one with ErrStreamEnded.
@@ -495,8 +499,13 @@ type job struct {
 	slot     int // the peer's connection slot the stream is pinned to
 	// fenceCh is closed by the first Fence; it ends a wait for admission.
 	fenceCh chan struct{}
-	// unadmitted counts the stream's pieces waiting for the peer's budget; under peer.mu.
+	// unadmitted counts the stream's pieces waiting for the peer's budget, queued the bytes
+	// of its pieces not yet taken by a writer, closing that its last piece was appended,
+	// scan nextLocked's last pass over it; under peer.mu.
 	unadmitted int
+	queued     int64
+	closing    bool
+	scan       uint64
 	// seq and sentPages are the stream's CHUNK sequence and the pages its chunks carried so
 	// far: only the pinned slot's goroutine touches them.
 	seq       uint32

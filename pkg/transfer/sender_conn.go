@@ -16,8 +16,7 @@ import (
 	"github.com/pdlink/pdlink/pkg/pagelist"
 )
 
-// peer is one decode peer: the in-flight byte budget with its FIFO of pieces waiting for
-// it, and ConnsPerPeer slots, each a queue of admitted pieces and a goroutine that dials,
+// peer is one decode peer: the in-flight byte budget with the pieces waiting for it, and ConnsPerPeer slots, each a queue of admitted pieces and a goroutine that dials,
 // serves one connection until it breaks and redials.
 type peer struct {
 	s      *Sender
@@ -26,6 +25,7 @@ type peer struct {
 
 	mu       sync.Mutex
 	waiting  []*piece // appended, not yet admitted, in append order
+	scan     uint64   // nextLocked's pass, to tell each stream's first piece in a list
 	inflight int64
 	admitted chan struct{} // closed and replaced whenever pieces are admitted
 	slots    []*slot
@@ -37,7 +37,7 @@ type peer struct {
 }
 
 // slot is one connection slot's queue; the streams pinned to it are written by its
-// goroutine only, in the order their pieces were admitted.
+// goroutine only, in nextLocked's order.
 type slot struct {
 	queue   []*piece
 	streams int           // open streams pinned here
@@ -98,19 +98,51 @@ func (p *peer) append(w *piece) error {
 		return fmt.Errorf("%w: %v", ErrStreamEnded, w.j.st.Key)
 	}
 	w.j.unadmitted++
+	w.j.queued += w.charge
+	w.j.closing = w.j.closing || w.last
 	p.waiting = append(p.waiting, w)
 	p.admitLocked()
 	return nil
 }
 
-// admitLocked admits waiting pieces in order while the budget has room (a piece larger than
-// the budget alone), each onto its stream's slot.
+// nextLocked returns the index in pieces (the waiting list or a slot's queue) of the piece
+// to admit or write next: the first piece of the closing stream (its last piece appended)
+// with the fewest bytes still queued, else the oldest piece. Always a stream's first piece
+// in the list, so each stream's pieces keep their order. A closing stream's end no longer
+// waits behind the pieces of streams still being produced, nor of longer ones: with rooms
+// back to back, FIFO made each room's last chunk wait for every room's pieces interleaved
+// ahead of it (last chunk -> Success p50 146 ms). An open stream waits only while closing
+// streams have pieces queued, and every stream closes or is fenced.
+func (p *peer) nextLocked(pieces []*piece) int {
+	if len(pieces) == 0 {
+		return -1
+	}
+	p.scan++
+	best := 0
+	for i, w := range pieces {
+		j := w.j
+		if j.scan == p.scan {
+			continue // not the stream's first piece in the list
+		}
+		j.scan = p.scan
+		if b := pieces[best].j; j.closing && (!b.closing || j.queued < b.queued) {
+			best = i
+		}
+	}
+	return best
+}
+
+// admitLocked admits waiting pieces, in nextLocked's order, while the budget has room (a
+// piece larger than the budget alone), each onto its stream's slot.
 func (p *peer) admitLocked() {
 	n := 0
-	for _, w := range p.waiting {
+	for len(p.waiting) > 0 {
+		i := p.nextLocked(p.waiting)
+		w := p.waiting[i]
 		if p.inflight != 0 && p.inflight+w.charge > p.s.cfg.MaxInflightBytes {
 			break
 		}
+		p.waiting = slices.Delete(p.waiting, i, i+1)
 		p.inflight += w.charge
 		w.left = w.charge
 		w.j.unadmitted--
@@ -122,8 +154,6 @@ func (p *peer) admitLocked() {
 	if n == 0 {
 		return
 	}
-	clear(p.waiting[:n])
-	p.waiting = p.waiting[n:]
 	close(p.admitted)
 	p.admitted = make(chan struct{})
 }
@@ -165,6 +195,7 @@ func (p *peer) dropLocked(j *job) {
 		p.waiting = slices.DeleteFunc(p.waiting, func(w *piece) bool { return w.j == j })
 		j.unadmitted = 0
 	}
+	j.queued = 0
 	sl := p.slots[j.slot]
 	var mine []*piece
 	sl.queue = slices.DeleteFunc(sl.queue, func(w *piece) bool {
@@ -184,9 +215,10 @@ func (p *peer) pop(i int) *piece {
 	defer p.mu.Unlock()
 	sl := p.slots[i]
 	for len(sl.queue) > 0 {
-		w := sl.queue[0]
-		sl.queue[0] = nil
-		sl.queue = sl.queue[1:]
+		k := p.nextLocked(sl.queue)
+		w := sl.queue[k]
+		sl.queue = slices.Delete(sl.queue, k, k+1)
+		w.j.queued -= w.charge
 		w.j.mu.Lock()
 		ok := !w.j.stopped
 		w.j.writing = ok
