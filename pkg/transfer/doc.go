@@ -73,9 +73,9 @@
 // one connection; each Append queues the next page positions of every buffer without
 // waiting, and the Last piece, with the aux row, closes it. Pieces wait for the peer's
 // in-flight budget (MaxInflightBytes), then for their slot's writer, each stream's in
-// order; across streams, those whose last piece is appended go first, fewest queued bytes
-// first, then the others in append order (a room's end does not wait behind the rooms
-// still being produced or longer ones). Each chunk's bytes are given back as its write
+// order; across streams, those whose last piece is appended go first, in the order they
+// closed, then the others in append order (a room's end does not wait behind the rooms
+// still being produced). Each chunk's bytes are given back as its write
 // returns, not at the RESULT, so a stream larger than the budget never waits on its own
 // earlier pieces. A stream's chunks carry one
 // sequence across its pieces, and its DONE the stream's chunk and page totals, so the

@@ -24,8 +24,8 @@ type SenderConfig struct {
 	MaxChunkBytes int64
 	// MaxInflightBytes bounds, per peer, the bytes of appended pieces queued or being
 	// written; each chunk's bytes are given back as its write returns. Pieces beyond it wait
-	// (WaitAdmitted, and Send, block on them: backpressure), closing streams' first, fewest
-	// queued bytes first, then in append order. A piece larger than the bound is admitted
+	// (WaitAdmitted, and Send, block on them: backpressure), closing streams' first in the
+	// order they closed, then in append order. A piece larger than the bound is admitted
 	// alone. The bound is the backlog behind which a stream's last piece, once admitted (its
 	// Send returned), can still wait. Default 32 MiB: 12-16 ms at the 2-2.5 GB/s loopback
 	// moves on 2 cores; 256 MiB made it 140-180 ms, for no more GB/s.
@@ -499,13 +499,11 @@ type job struct {
 	slot     int // the peer's connection slot the stream is pinned to
 	// fenceCh is closed by the first Fence; it ends a wait for admission.
 	fenceCh chan struct{}
-	// unadmitted counts the stream's pieces waiting for the peer's budget, queued the bytes
-	// of its pieces not yet taken by a writer, closing that its last piece was appended,
-	// scan nextLocked's last pass over it; under peer.mu.
+	// unadmitted counts the stream's pieces waiting for the peer's budget; closedAt is the
+	// peer's count of closed streams when its last piece was appended (0 while open);
+	// under peer.mu.
 	unadmitted int
-	queued     int64
-	closing    bool
-	scan       uint64
+	closedAt   uint64
 	// seq and sentPages are the stream's CHUNK sequence and the pages its chunks carried so
 	// far: only the pinned slot's goroutine touches them.
 	seq       uint32
