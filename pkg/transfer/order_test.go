@@ -1,6 +1,8 @@
 package transfer
 
 import (
+	"context"
+	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -108,5 +110,70 @@ func TestClosingStreamsGoInTheOrderTheyClosed(t *testing.T) {
 				t.Fatalf("the short stream, closed after the long one, went after %d of its 11 chunks: %v", n, order)
 			}
 		})
+	}
+}
+
+// neverDialer never connects: the slots' queues fill and nothing takes pieces from them.
+type neverDialer struct{}
+
+func (neverDialer) DialContext(ctx context.Context, _, _ string) (net.Conn, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestAdmissionFeedsTheSlotWithFewestAdmittedBytes: two slots, a budget of three pages all
+// admitted onto slot 0 (streams A and C), A's later pieces and B's only piece (slot 1)
+// waiting, A closed before B. When C's page comes back, B's piece is admitted, so both
+// connections have work; admitting by close order alone took A's next piece and left
+// slot 1 idle (back to back, 2.6 instead of 3.1 GB/s on one connection instead of two).
+func TestAdmissionFeedsTheSlotWithFewestAdmittedBytes(t *testing.T) {
+	const item = 4096
+	l := UniformLayout(1, 16, item, 0, 0)
+	src := openTestRegion(t, l)
+	snd, err := NewSender(src, SenderConfig{ConnsPerPeer: 2, MaxChunkBytes: item, MaxInflightBytes: 3 * item, Dialer: neverDialer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { snd.Close() })
+	const addr = "decode-0"
+	if err := snd.AddPeer(addr, l); err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}, Key{Room: 3, Nonce: 1}
+	open := func(k Key, dst []Run) {
+		if err := snd.Open(Stream{Peer: addr, Key: k, Dst: [][]Run{dst}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add := func(k Key, page int32, last bool) {
+		if err := snd.Append(k, Piece{Src: [][]Run{{{page, 1}}}, Last: last}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open(a, []Run{{0, 4}})    // slot 0
+	open(b, []Run{{4, 1}})    // slot 1
+	open(c, []Run{{5, 2}})    // slot 0 again
+	add(c, 5, false)          // admitted
+	for i := range int32(4) { // A1, A2 admitted; A3, A4 wait; A closes
+		add(a, i, i == 3)
+	}
+	add(b, 4, true) // waits
+	snd.mu.Lock()
+	p := snd.peers[addr]
+	jb := snd.jobs[b]
+	snd.mu.Unlock()
+	p.mu.Lock()
+	if jb.slot != 1 || p.slots[0].inflight != 3*item || jb.unadmitted != 1 {
+		p.mu.Unlock()
+		t.Fatalf("setup: B on slot %d, slot 0 holds %d B, B has %d pieces waiting", jb.slot, p.slots[0].inflight, jb.unadmitted)
+	}
+	p.mu.Unlock()
+	if !snd.Fence(c) { // C's page comes back to the budget
+		t.Fatal("fence of a stream no writer holds not done")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if jb.unadmitted != 0 || p.slots[1].inflight != item {
+		t.Fatalf("B not admitted onto idle slot 1 (slot 0 holds %d B, slot 1 %d B)", p.slots[0].inflight, p.slots[1].inflight)
 	}
 }

@@ -39,9 +39,10 @@ type peer struct {
 // slot is one connection slot's queue; the streams pinned to it are written by its
 // goroutine only, in nextLocked's order.
 type slot struct {
-	queue   []*piece
-	streams int           // open streams pinned here
-	wake    chan struct{} // 1-slot trigger: the queue has work
+	queue    []*piece
+	inflight int64         // the part of the peer's inflight admitted onto this slot
+	streams  int           // open streams pinned here
+	wake     chan struct{} // 1-slot trigger: the queue has work
 }
 
 func newPeer(s *Sender, addr string, layout Layout, slots int) *peer {
@@ -130,21 +131,44 @@ func (p *peer) nextLocked(pieces []*piece) int {
 	return best
 }
 
-// admitLocked admits waiting pieces, in nextLocked's order, while the budget has room (a
-// piece larger than the budget alone), each onto its stream's slot.
+// nextWaitingLocked returns the index in the waiting list of the piece to admit next:
+// nextLocked's choice among the pieces of the slot holding the fewest admitted bytes (of
+// those with pieces waiting). Admitting in nextLocked's order alone put the budget on one
+// room, so on one connection: back to back, 2.6 instead of 3.1 GB/s.
+func (p *peer) nextWaitingLocked() int {
+	best, bestSlot := -1, -1
+	for i, w := range p.waiting {
+		s := w.j.slot
+		switch {
+		case best < 0, p.slots[s].inflight < p.slots[bestSlot].inflight:
+		case s != bestSlot:
+			continue
+		default:
+			if c, b := w.j.closedAt, p.waiting[best].j.closedAt; c == 0 || (b != 0 && c >= b) {
+				continue
+			}
+		}
+		best, bestSlot = i, s
+	}
+	return best
+}
+
+// admitLocked admits waiting pieces, in nextWaitingLocked's order, while the budget has
+// room (a piece larger than the budget alone), each onto its stream's slot.
 func (p *peer) admitLocked() {
 	n := 0
 	for len(p.waiting) > 0 {
-		i := p.nextLocked(p.waiting)
+		i := p.nextWaitingLocked()
 		w := p.waiting[i]
 		if p.inflight != 0 && p.inflight+w.charge > p.s.cfg.MaxInflightBytes {
 			break
 		}
 		p.waiting = slices.Delete(p.waiting, i, i+1)
+		sl := p.slots[w.j.slot]
 		p.inflight += w.charge
+		sl.inflight += w.charge
 		w.left = w.charge
 		w.j.unadmitted--
-		sl := p.slots[w.j.slot]
 		sl.queue = append(sl.queue, w)
 		signal(sl.wake)
 		n++
@@ -164,6 +188,7 @@ func (p *peer) releaseLocked(w *piece, n int64) {
 	}
 	w.left -= n
 	p.inflight -= n
+	p.slots[w.j.slot].inflight -= n
 	p.admitLocked()
 }
 
