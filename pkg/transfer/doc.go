@@ -75,11 +75,12 @@
 // in-flight budget (MaxInflightBytes), then for their slot's writer, each stream's in
 // order; across streams, those whose last piece is appended go first, in the order they
 // closed, then the others in append order (a room's end does not wait behind the rooms
-// still being produced). Each chunk's bytes are given back as its write
+// still being produced); the budget goes first to the slot holding the fewest admitted
+// bytes, so every connection has work. Each chunk's bytes are given back as its write
 // returns, not at the RESULT, so a stream larger than the budget never waits on its own
-// earlier pieces. A stream's chunks carry one
-// sequence across its pieces, and its DONE the stream's chunk and page totals, so the
-// receiver's checks are the same for a room sent in one piece or many. WaitAdmitted waits
+// earlier pieces. A stream's chunks carry one sequence across its pieces, and its DONE the
+// stream's chunk and page totals, so the receiver's checks are the same for a room sent in
+// one piece or many. WaitAdmitted waits
 // for the stream's pieces' admission (backpressure), and Send is Open, one Last piece and
 // WaitAdmitted. Every write has a deadline scaled by its size. Fence(room) stops any later
 // read of the room's source pages, drops its queued pieces with their budget, ends a wait
