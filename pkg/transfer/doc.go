@@ -49,11 +49,11 @@
 // this one), the sequence number and the byte count; only then does it read the payload
 // into the destination pages, one piece (PieceBytes, across runs) at a time, updating the
 // crc32c as it goes. Reads are buffered (32 KiB), so a small chunk and the frames after it
-// take one read; a larger read into empty buffering goes straight into the pages. Chunks for
-// unknown or ended rooms (a rank not expected included) are drained into a scratch buffer
-// and counted, never written. Events.Complete is reported only when every
-// page of every buffer and the aux row were written and verified and the DONE totals match
-// (I8). Failures carry a Reason: "checksum", "transfer_error" or "invalid".
+// take one read; payload bytes beyond what the buffering holds go straight into the pages,
+// copied once. Chunks for unknown or ended rooms (a rank not expected included) are
+// drained into a scratch buffer and counted, never written. Events.Complete is reported
+// only when every page of every buffer and the aux row were written and verified and the
+// DONE totals match (I8). Failures carry a Reason: "checksum", "transfer_error" or "invalid".
 //
 // Fencing (R7): Fence(room) marks the room ended and returns at once; every later byte for
 // the room is drained and discarded. Each room lists, under its mutex, the connection
@@ -72,11 +72,15 @@
 // pins it to the slot with the fewest open streams, so its chunks and DONE stay in order on
 // one connection; each Append queues the next page positions of every buffer without
 // waiting, and the Last piece, with the aux row, closes it. Pieces wait for the peer's
-// in-flight budget (MaxInflightBytes) in FIFO order per peer, then for their slot's writer;
-// each chunk's bytes are given back as its write returns, not at the RESULT, so a stream
-// larger than the budget never waits on its own earlier pieces. A stream's chunks carry one
-// sequence across its pieces, and its DONE the stream's chunk and page totals, so the
-// receiver's checks are the same for a room sent in one piece or many. WaitAdmitted waits
+// in-flight budget (MaxInflightBytes), then for their slot's writer, each stream's in
+// order; across streams, those whose last piece is appended go first, in the order they
+// closed, then the others in append order (a room's end does not wait behind the rooms
+// still being produced); the budget goes first to the slot holding the fewest admitted
+// bytes, so every connection has work. Each chunk's bytes are given back as its write
+// returns, not at the RESULT, so a stream larger than the budget never waits on its own
+// earlier pieces. A stream's chunks carry one sequence across its pieces, and its DONE the
+// stream's chunk and page totals, so the receiver's checks are the same for a room sent in
+// one piece or many. WaitAdmitted waits
 // for the stream's pieces' admission (backpressure), and Send is Open, one Last piece and
 // WaitAdmitted. Every write has a deadline scaled by its size. Fence(room) stops any later
 // read of the room's source pages, drops its queued pieces with their budget, ends a wait

@@ -16,8 +16,7 @@ import (
 	"github.com/pdlink/pdlink/pkg/pagelist"
 )
 
-// peer is one decode peer: the in-flight byte budget with its FIFO of pieces waiting for
-// it, and ConnsPerPeer slots, each a queue of admitted pieces and a goroutine that dials,
+// peer is one decode peer: the in-flight byte budget with the pieces waiting for it, and ConnsPerPeer slots, each a queue of admitted pieces and a goroutine that dials,
 // serves one connection until it breaks and redials.
 type peer struct {
 	s      *Sender
@@ -26,6 +25,7 @@ type peer struct {
 
 	mu       sync.Mutex
 	waiting  []*piece // appended, not yet admitted, in append order
+	closes   uint64   // streams whose last piece was appended so far; orders nextLocked
 	inflight int64
 	admitted chan struct{} // closed and replaced whenever pieces are admitted
 	slots    []*slot
@@ -37,11 +37,12 @@ type peer struct {
 }
 
 // slot is one connection slot's queue; the streams pinned to it are written by its
-// goroutine only, in the order their pieces were admitted.
+// goroutine only, in nextLocked's order.
 type slot struct {
-	queue   []*piece
-	streams int           // open streams pinned here
-	wake    chan struct{} // 1-slot trigger: the queue has work
+	queue    []*piece
+	inflight int64         // the part of the peer's inflight admitted onto this slot
+	streams  int           // open streams pinned here
+	wake     chan struct{} // 1-slot trigger: the queue has work
 }
 
 func newPeer(s *Sender, addr string, layout Layout, slots int) *peer {
@@ -98,23 +99,76 @@ func (p *peer) append(w *piece) error {
 		return fmt.Errorf("%w: %v", ErrStreamEnded, w.j.st.Key)
 	}
 	w.j.unadmitted++
+	if w.last {
+		p.closes++
+		w.j.closedAt = p.closes
+	}
 	p.waiting = append(p.waiting, w)
 	p.admitLocked()
 	return nil
 }
 
-// admitLocked admits waiting pieces in order while the budget has room (a piece larger than
-// the budget alone), each onto its stream's slot.
+// nextLocked returns the index in pieces (the waiting list or a slot's queue) of the piece
+// to admit or write next: the first piece of the stream that closed (its last piece
+// appended) first, else the oldest piece. Always a stream's first piece in the list, so
+// each stream's pieces keep their order. A closing stream's end no longer waits behind the
+// pieces of streams still being produced: with rooms back to back, FIFO made each room's
+// last chunk wait for every room's pieces interleaved ahead of it (last chunk -> Success
+// p50 146 ms). Closing streams go in the order they closed, not fewest bytes first, which
+// let shorter rooms overtake a long one again and again (first Send -> Success p99 0.5 ->
+// 4 s). An open stream waits only while closing streams have pieces queued, and every
+// stream closes or is fenced.
+func (p *peer) nextLocked(pieces []*piece) int {
+	if len(pieces) == 0 {
+		return -1
+	}
+	best := 0
+	for i, w := range pieces {
+		if c, b := w.j.closedAt, pieces[best].j.closedAt; c != 0 && (b == 0 || c < b) {
+			best = i
+		}
+	}
+	return best
+}
+
+// nextWaitingLocked returns the index in the waiting list of the piece to admit next:
+// nextLocked's choice among the pieces of the slot holding the fewest admitted bytes (of
+// those with pieces waiting). Admitting in nextLocked's order alone put the budget on one
+// room, so on one connection: back to back, 2.6 instead of 3.1 GB/s.
+func (p *peer) nextWaitingLocked() int {
+	best, bestSlot := -1, -1
+	for i, w := range p.waiting {
+		s := w.j.slot
+		switch {
+		case best < 0, p.slots[s].inflight < p.slots[bestSlot].inflight:
+		case s != bestSlot:
+			continue
+		default:
+			if c, b := w.j.closedAt, p.waiting[best].j.closedAt; c == 0 || (b != 0 && c >= b) {
+				continue
+			}
+		}
+		best, bestSlot = i, s
+	}
+	return best
+}
+
+// admitLocked admits waiting pieces, in nextWaitingLocked's order, while the budget has
+// room (a piece larger than the budget alone), each onto its stream's slot.
 func (p *peer) admitLocked() {
 	n := 0
-	for _, w := range p.waiting {
+	for len(p.waiting) > 0 {
+		i := p.nextWaitingLocked()
+		w := p.waiting[i]
 		if p.inflight != 0 && p.inflight+w.charge > p.s.cfg.MaxInflightBytes {
 			break
 		}
+		p.waiting = slices.Delete(p.waiting, i, i+1)
+		sl := p.slots[w.j.slot]
 		p.inflight += w.charge
+		sl.inflight += w.charge
 		w.left = w.charge
 		w.j.unadmitted--
-		sl := p.slots[w.j.slot]
 		sl.queue = append(sl.queue, w)
 		signal(sl.wake)
 		n++
@@ -122,8 +176,6 @@ func (p *peer) admitLocked() {
 	if n == 0 {
 		return
 	}
-	clear(p.waiting[:n])
-	p.waiting = p.waiting[n:]
 	close(p.admitted)
 	p.admitted = make(chan struct{})
 }
@@ -136,6 +188,7 @@ func (p *peer) releaseLocked(w *piece, n int64) {
 	}
 	w.left -= n
 	p.inflight -= n
+	p.slots[w.j.slot].inflight -= n
 	p.admitLocked()
 }
 
@@ -184,9 +237,9 @@ func (p *peer) pop(i int) *piece {
 	defer p.mu.Unlock()
 	sl := p.slots[i]
 	for len(sl.queue) > 0 {
-		w := sl.queue[0]
-		sl.queue[0] = nil
-		sl.queue = sl.queue[1:]
+		k := p.nextLocked(sl.queue)
+		w := sl.queue[k]
+		sl.queue = slices.Delete(sl.queue, k, k+1)
 		w.j.mu.Lock()
 		ok := !w.j.stopped
 		w.j.writing = ok

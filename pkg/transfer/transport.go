@@ -148,7 +148,8 @@ type Transport interface {
 	// nil return st.Done is called exactly once, unless Fence(st.Key) is called first.
 	Open(st Stream) error
 	// Append queues the stream's next pages without waiting: they go on the wire as soon as
-	// the peer's in-flight budget admits them (FIFO per peer), continuing the stream's chunk
+	// the peer's in-flight budget admits them (after the stream's earlier pieces; streams whose
+	// last piece is queued go first), continuing the stream's chunk
 	// sequence. The Last piece carries the aux row and closes the stream: DONE follows its
 	// chunks. A fenced stream's queued pieces are dropped.
 	Append(key Key, p Piece) error

@@ -31,8 +31,8 @@ import (
 //
 // Construction: three rooms of 160 MiB bound to one decode peer whose data
 // port reads 1 MiB and then nothing. The sender's in-flight budget per peer
-// is 256 MiB, so room A's stalled transfer holds it and the Send(last) of B
-// and C wait for it. decoded is killed -9: prefill fails the three rooms
+// (32 MiB) admits room A's one piece alone, so A's stalled transfer holds it
+// and the Send(last) of B and C wait for it. decoded is killed -9: prefill fails the three rooms
 // peer_lost, the last bound first (C, B, A). Before issue 12's fence
 // work the fences of B and C found no transfer (their Send was still
 // waiting) and A's waited for its stalled write; once the data port was
