@@ -403,7 +403,10 @@ func (d *PrefillData) take(req sendOf, region *transfer.Region, wake func()) sen
 			bytes += (r.dstPages - r.prefix) * b.ItemLen
 		}
 		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
-			Done: func(err error) { d.done(key, bytes, err) }})
+			Done: func(err error) { d.done(key, bytes, err) },
+			// Each chunk written refreshes the room's transfer-idle deadline: a last Send
+			// whose pages wait behind other rooms' or move over a slow link is not idle.
+			Progress: func(int64) { d.node.OnProgress(key) }})
 		if err != nil {
 			return d.refused(key, err)
 		}

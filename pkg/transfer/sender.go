@@ -136,6 +136,11 @@ type Stream struct {
 	// the aux row (I8), or with an *Error carrying a Reason. It is not called once
 	// Fence(Key) was called. It must not block.
 	Done func(err error)
+	// Progress, if set, is called on the stream's writer after each chunk's write
+	// returned, with the chunk's payload bytes: the bytes are on their way, not confirmed
+	// (Done says that). It lets the driver see a stream move while its last piece waits
+	// behind other streams or a slow link. It must not block.
+	Progress func(bytes int64)
 }
 
 // Piece is the next page positions of a stream: Src has one page list per buffer, the

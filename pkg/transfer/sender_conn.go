@@ -587,6 +587,9 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 		j.seq++
 		j.sentPages += c.pages
 		tc.p.release(w, c.bytes)
+		if progress := j.st.Progress; progress != nil {
+			progress(c.bytes)
+		}
 	}
 	if !w.last || len(plans) > 0 {
 		return true, nil
