@@ -129,10 +129,8 @@ const (
 	maxReleases = 10000
 )
 
-func newScriptEnv(t testing.TB) *scriptEnv { return newScriptEnvWith(t, false) }
-
-// newScriptEnvWith is newScriptEnv, with prefill's own data plane over the
-// script's fake transport if transportDP.
+// newScriptEnvWith starts both nodes; with transportDP, prefill runs its
+// own data plane over the script's fake transport.
 func newScriptEnvWith(t testing.TB, transportDP bool) *scriptEnv {
 	clk := conn.NewFakeClock(time.Unix(1_700_000_000, 0))
 	e := &scriptEnv{
