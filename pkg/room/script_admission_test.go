@@ -152,10 +152,20 @@ func (s *scriptTransport) Send(context.Context, transfer.SendRequest) error {
 	return errors.New("scriptTransport: Send is not used by the owner")
 }
 
-// Fence is done at once, and leaves a wait for admission waiting (see the
-// top of the file).
+// Fence leaves a wait for admission waiting (see the top of the file). It
+// is done at once unless the script holds the room's fence (fence hold on
+// prefill): then fence release reports it done, as the transport's
+// OnFenced would.
 func (s *scriptTransport) Fence(k transfer.Key) bool {
-	s.e.logf("prefill dp: fence %s", s.e.key(pkey(k)))
+	e, key := s.e, pkey(k)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.holdAll[sidePrefill] || e.hold[sidePrefill][key.Room] {
+		e.held[sidePrefill] = append(e.held[sidePrefill], &heldFence{key: key})
+		e.appendLocked(fmt.Sprintf("prefill dp: fence %s held", e.keyLocked(key)))
+		return false
+	}
+	e.appendLocked(fmt.Sprintf("prefill dp: fence %s", e.keyLocked(key)))
 	return true
 }
 

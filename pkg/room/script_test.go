@@ -71,6 +71,10 @@ var updateScripts = flag.Bool("update", false, "rewrite the expected output of t
 //	                                               deadline: the caller's ctx ends D later on the clock
 //	dp hold admission on prefill [room]            the transport admits no piece of the room (of any room)
 //	dp admit on prefill [room]                     until this: the room's (every room's) waits return admitted
+//
+// The fake transport's fence never ends a wait for admission; fence hold
+// and release on prefill hold and report its fences as they do the
+// stand-in's.
 func TestScript(t *testing.T) {
 	files, err := filepath.Glob("testdata/script/*.txt")
 	if err != nil || len(files) == 0 {
