@@ -14,6 +14,7 @@ import (
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // The scripted two-node environment (script_test.go runs the scripts). A
@@ -55,6 +56,16 @@ type scriptCall struct {
 	desc     string
 	returned bool
 	blocked  bool
+	// seq orders the answers of waiting calls that return in the same
+	// batch (see returned): they are woken together, and which goroutine
+	// gets the lock first is the scheduler's.
+	seq int
+}
+
+// returnedCall is the answer of a call that waited, traced once quiet.
+type returnedCall struct {
+	seq  int
+	line string
 }
 
 // heldFence is a Fence the script holds: the data plane answered "not
@@ -97,6 +108,16 @@ type scriptEnv struct {
 	injects uint64
 	drains  [2]*scriptDrain
 	panics  [2]map[string]int // armed data-plane panics by "call/room"
+
+	// transportDP runs prefill's own data plane (PrefillData) over tr,
+	// the script's fake transport, on region (dataplane transport on
+	// prefill); deadlines are the callers' contexts not yet ended.
+	transportDP bool
+	region      region
+	tr          *scriptTransport
+	deadlines   []*scriptDeadlineCtx
+	calls       int            // waiting calls started, for their seq
+	returned    []returnedCall // answers of waiting calls not yet traced
 }
 
 const (
@@ -108,14 +129,20 @@ const (
 	maxReleases = 10000
 )
 
-func newScriptEnv(t testing.TB) *scriptEnv {
+// newScriptEnvWith starts both nodes; with transportDP, prefill runs its
+// own data plane over the script's fake transport.
+func newScriptEnvWith(t testing.TB, transportDP bool) *scriptEnv {
 	clk := conn.NewFakeClock(time.Unix(1_700_000_000, 0))
 	e := &scriptEnv{
 		t: t, clk: clk, net: conn.NewMemNetwork(clk, 1),
-		hold:    [2]map[poll.RoomID]bool{{}, {}},
-		nonces:  map[poll.Nonce]string{},
-		byLabel: map[string]poll.Nonce{},
-		seen:    map[string]bool{},
+		hold:        [2]map[poll.RoomID]bool{{}, {}},
+		nonces:      map[poll.Nonce]string{},
+		byLabel:     map[string]poll.Nonce{},
+		seen:        map[string]bool{},
+		transportDP: transportDP,
+	}
+	if transportDP {
+		e.region = newRegion(t)
 	}
 	t.Cleanup(e.close)
 	e.start(sidePrefill)
@@ -134,7 +161,13 @@ func (e *scriptEnv) start(s scriptSide) {
 	dp := &scriptDP{e: e, side: s, fenced: map[poll.Key]bool{}}
 	e.dps[s] = dp
 	if s == sidePrefill {
-		n, err := NewPrefillOwner(PrefillConfig{Config: cfg, ListenAddr: prefillAddr, DataPlane: dp})
+		pcfg := PrefillConfig{Config: cfg, ListenAddr: prefillAddr, DataPlane: dp}
+		if e.transportDP {
+			tr := newScriptTransport(e)
+			e.tr, pcfg.DataPlane = tr, nil
+			pcfg.newTransport = func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
+		}
+		n, err := NewPrefillOwner(pcfg)
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -142,10 +175,18 @@ func (e *scriptEnv) start(s scriptSide) {
 		if err := n.Start(context.Background()); err != nil {
 			e.t.Fatal(err)
 		}
+		if e.transportDP {
+			if _, err := n.RegisterRegion(e.region.path, layoutPB(e.region.layout)); err != nil {
+				e.t.Fatal(err)
+			}
+		}
 		e.pre, e.subs[s] = n, n.Subscribe(4096)
 	} else {
-		n, err := NewDecodeOwner(DecodeConfig{Config: cfg, DataEndpoint: dataAddr, DataPlane: dp,
-			Layouts: []*pdlinkv1.RegionLayout{{Rank: &pdlinkv1.Rank{TpSize: 1}, Buffers: []*pdlinkv1.BufferSpec{{Length: 4096, ItemLen: 64}}}}})
+		layouts := []*pdlinkv1.RegionLayout{{Rank: &pdlinkv1.Rank{TpSize: 1}, Buffers: []*pdlinkv1.BufferSpec{{Length: 4096, ItemLen: 64}}}}
+		if e.transportDP {
+			layouts = []*pdlinkv1.RegionLayout{layoutPB(e.region.layout)}
+		}
+		n, err := NewDecodeOwner(DecodeConfig{Config: cfg, DataEndpoint: dataAddr, DataPlane: dp, Layouts: layouts})
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -354,7 +395,7 @@ func (e *scriptEnv) nodesQuiet() bool {
 	pending := e.pending
 	e.mu.Unlock()
 	for s, n := range pending {
-		if n > e.parkedCalls(scriptSide(s)) {
+		if n > e.parkedCalls(scriptSide(s))+e.admissionParked(scriptSide(s)) {
 			return false
 		}
 	}
@@ -386,6 +427,13 @@ func (e *scriptEnv) settle() {
 		runtime.Gosched()
 		time.Sleep(20 * time.Microsecond)
 	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sort.Slice(e.returned, func(i, j int) bool { return e.returned[i].seq < e.returned[j].seq })
+	for _, r := range e.returned {
+		e.appendLocked(r.line)
+	}
+	e.returned = nil
 }
 
 // call runs fn (a node call) on its own goroutine and logs its answer. If
@@ -393,9 +441,25 @@ func (e *scriptEnv) settle() {
 // until a held fence is done: that is logged, and its answer comes when
 // it returns.
 func (e *scriptEnv) call(s scriptSide, desc string, fn func() string) {
+	e.callWaiting(s, desc, "parked until the room's fence is done", fn)
+}
+
+// callWaiting is call, tracing "<desc>: <waiting>" for a call that has
+// not returned once everything else is quiet; it reports whether it had
+// not.
+func (e *scriptEnv) callWaiting(s scriptSide, desc, waiting string, fn func() string) bool {
+	return e.startCall(s, desc, waiting, false, fn)
+}
+
+// startCall is callWaiting; with ordered, the answer of a call that
+// waited is traced once the nodes are quiet again, after those of the
+// calls started before it that returned in the same batch.
+func (e *scriptEnv) startCall(s scriptSide, desc, waiting string, ordered bool, fn func() string) bool {
 	c := &scriptCall{desc: desc}
 	e.mu.Lock()
 	e.pending[s]++
+	e.calls++
+	c.seq = e.calls
 	e.mu.Unlock()
 	go func() {
 		ans := fn()
@@ -405,6 +469,10 @@ func (e *scriptEnv) call(s scriptSide, desc string, fn func() string) {
 		c.returned = true
 		if c.blocked {
 			ans = fmt.Sprintf("%s returned: %s", c.desc, ans)
+			if ordered {
+				e.returned = append(e.returned, returnedCall{seq: c.seq, line: ans})
+				return
+			}
 		}
 		e.appendLocked(ans)
 	}()
@@ -413,8 +481,9 @@ func (e *scriptEnv) call(s scriptSide, desc string, fn func() string) {
 	defer e.mu.Unlock()
 	if !c.returned {
 		c.blocked = true
-		e.appendLocked(desc + ": parked until the room's fence is done")
+		e.appendLocked(desc + ": " + waiting)
 	}
+	return c.blocked
 }
 
 // answer renders a call's result.

@@ -125,6 +125,7 @@ func (e *scriptEnv) cmdAdvance(a scriptArgs) error {
 	e.flush(false)
 	for range d / tTick {
 		e.advanceClock(tTick)
+		e.expireDeadlines()
 		e.flush(false)
 	}
 	return nil

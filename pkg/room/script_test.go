@@ -60,6 +60,21 @@ var updateScripts = flag.Bool("update", false, "rewrite the expected output of t
 //	trace heartbeats on|off
 //	drain <side> [deadline=D] [grace=G] [cap=C]     Drain (SIGTERM) on its own goroutine; traces its report when it returns
 //	panic fence|bind on <side> [room] [times=N]     the data plane's next such call panics
+//
+// A script whose first command is `dataplane transport on prefill` runs
+// prefill's own data plane (PrefillData over a registered region) on a fake
+// transfer.Transport (script_admission_test.go); send is then the
+// gRPC-level PrefillOwner.Send:
+//
+//	send <room> pages=... [start=N] [aux=N] [last] [wait] [deadline=D]
+//	                                               wait: it may wait for admission (traced; its answer when it returns);
+//	                                               deadline: the caller's ctx ends D later on the clock
+//	dp hold admission on prefill [room]            the transport admits no piece of the room (of any room)
+//	dp admit on prefill [room]                     until this: the room's (every room's) waits return admitted
+//
+// The fake transport's fence never ends a wait for admission; fence hold
+// and release on prefill hold and report its fences as they do the
+// stand-in's.
 func TestScript(t *testing.T) {
 	files, err := filepath.Glob("testdata/script/*.txt")
 	if err != nil || len(files) == 0 {
@@ -151,7 +166,8 @@ func runScriptFile(t *testing.T, path string) {
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	e := newScriptEnv(t)
+	// A script that drives prefill's own data plane says so first.
+	e := newScriptEnvWith(t, len(blocks) > 0 && blocks[0].cmd == "dataplane transport on prefill")
 	e.takeOutput() // the start of both nodes is not part of any block
 	got := make([][]string, len(blocks))
 	for i, b := range blocks {
@@ -281,7 +297,17 @@ func (e *scriptEnv) run(cmd string) error {
 	case "metadata":
 		err = e.cmdMetadata(a)
 	case "send":
-		err = e.cmdSend(a)
+		if e.transportDP {
+			err = e.cmdTransportSend(a)
+		} else {
+			err = e.cmdSend(a)
+		}
+	case "dataplane":
+		if cmd != "dataplane transport on prefill" || !e.transportDP || e.gen != [2]int{1, 1} {
+			return fmt.Errorf("dataplane transport on prefill: only as a script's first command")
+		}
+	case "dp":
+		err = e.cmdAdmission(a)
 	case "complete", "progress", "fail":
 		err = e.cmdDataPlane(fields[0], a)
 	case "abort", "clear", "poll":
