@@ -46,15 +46,11 @@ func (s *stuckTransport) Fence(k transfer.Key) bool {
 func (s *stuckTransport) FenceWait(k transfer.Key) { s.Fence(k) }
 func (s *stuckTransport) Close() error             { return nil }
 
-// PLAN section 5: a last Send waiting for admission into the peer's
-// in-flight budget is parked on its room in the owner, and answered at the
-// latest when the room's Failed is visible, whatever the data plane does
-// with the wait. Here the transport never admits and its fence wakes
-// nobody; the room fails at its transfer-idle deadline (FakeClock), and the
-// Send must come back Failed then, not at its own deadline.
-func TestSendWaitingForAdmissionReturnsFailedWhenItsRoomFails(t *testing.T) {
+// newHarnessOverTransport is a harness whose prefill runs its real data plane (PrefillData)
+// over tr, with a region registered and decode advertising its layout.
+func newHarnessOverTransport(t *testing.T, tr transfer.Transport) *harness {
+	t.Helper()
 	reg := newRegion(t)
-	tr := newStuckTransport()
 	h := newHarnessWith(t, 1, options{
 		pre: func(c *PrefillConfig) {
 			c.DataPlane = nil
@@ -65,6 +61,18 @@ func TestSendWaitingForAdmissionReturnsFailedWhenItsRoomFails(t *testing.T) {
 	if _, err := h.pre.RegisterRegion(reg.path, layoutPB(reg.layout)); err != nil {
 		t.Fatal(err)
 	}
+	return h
+}
+
+// PLAN section 5: a last Send waiting for admission into the peer's
+// in-flight budget is parked on its room in the owner, and answered at the
+// latest when the room's Failed is visible, whatever the data plane does
+// with the wait. Here the transport never admits and its fence wakes
+// nobody; the room fails at its transfer-idle deadline (FakeClock), and the
+// Send must come back Failed then, not at its own deadline.
+func TestSendWaitingForAdmissionReturnsFailedWhenItsRoomFails(t *testing.T) {
+	tr := newStuckTransport()
+	h := newHarnessOverTransport(t, tr)
 	const room = 7
 	key := h.open(room, 1)
 	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {

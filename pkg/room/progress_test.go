@@ -53,18 +53,8 @@ func (a *admittingTransport) stream(room poll.RoomID) (transfer.Stream, bool) {
 // several idle timeouts stays Transferring, and one whose stream stops fails at the next
 // (timeout:transferring).
 func TestPrefillRoomWhoseStreamKeepsMovingIsNotIdle(t *testing.T) {
-	reg := newRegion(t)
 	tr := &admittingTransport{streams: map[transfer.Key]transfer.Stream{}}
-	h := newHarnessWith(t, 1, options{
-		pre: func(c *PrefillConfig) {
-			c.DataPlane = nil
-			c.newTransport = func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
-		},
-		dec: func(c *DecodeConfig) { c.Layouts = []*pdlinkv1.RegionLayout{layoutPB(reg.layout)} },
-	})
-	if _, err := h.pre.RegisterRegion(reg.path, layoutPB(reg.layout)); err != nil {
-		t.Fatal(err)
-	}
+	h := newHarnessOverTransport(t, tr)
 	const room = 5
 	key := h.open(room, 1)
 	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
