@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -230,18 +231,10 @@ func sendWithin(p *pair, d time.Duration, req *pb.SendRequest) error {
 func waitBothSuccess(t *testing.T, p *pair, rooms ...uint64) {
 	t.Helper()
 	for _, r := range rooms {
-		var ps, ds *pb.RoomStatus
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			ps, ds = pollState(t, p, r)
-			if ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("room %d not Success on both sides within 15s: prefill %v, decode %v", r, ps, ds)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		eventually(t, fmt.Sprintf("room %d Success on both sides", r), func() bool {
+			ps, ds := pollState(t, p, r)
+			return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
+		})
 	}
 }
 
