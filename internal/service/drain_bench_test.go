@@ -134,23 +134,5 @@ func BenchmarkPrefillDrainFailsLiveRoomsByItsCap(b *testing.B) {
 // (the drain's report is an Info line).
 func startPairLogged(t testing.TB, extra zapcore.Core, tweak func(pre, dec *daemon.Config)) *pair {
 	t.Helper()
-	log := zap.New(extra)
-	p := &pair{preCfg: testDaemonConfig(t, daemon.RolePrefill)}
-	decCfg := testDaemonConfig(t, daemon.RoleDecode)
-	tweak(&p.preCfg, &decCfg)
-	var boot string
-	bootstrapHook = func(addr string) { boot = addr }
-	t.Cleanup(func() { bootstrapHook = nil })
-	p.pre, p.stopPre, p.preDone = startDaemon(t, p.preCfg, SetupPrefill, log.Named("prefilld"))
-	p.bootstrap = boot
-	if p.bootstrap == "" {
-		t.Fatal("bootstrap address not reported")
-	}
-	p.dec, p.stopDec, p.decDone = startDaemon(t, decCfg, SetupDecode, log.Named("decoded"))
-	pc, dc := client(t, p.pre), client(t, p.dec)
-	p.prefill, p.decode = pb.NewPrefillServiceClient(pc), pb.NewDecodeServiceClient(dc)
-	p.preAdmin, p.decAdmin = pb.NewAdminServiceClient(pc), pb.NewAdminServiceClient(dc)
-	p.preHTTP, p.decHTTP = "http://"+p.pre.HTTPAddr().String(), "http://"+p.dec.HTTPAddr().String()
-	t.Cleanup(func() { p.stop(t) })
-	return p
+	return startPairLoggingTo(t, zap.New(extra), tweak)
 }

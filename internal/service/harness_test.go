@@ -94,7 +94,12 @@ func startPair(t *testing.T) *pair { return startPairWith(t, nil) }
 
 func startPairWith(t testing.TB, tweak func(pre, dec *daemon.Config)) *pair {
 	t.Helper()
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	return startPairLoggingTo(t, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), tweak)
+}
+
+// startPairLoggingTo is startPairWith with the daemons logging to log.
+func startPairLoggingTo(t testing.TB, log *zap.Logger, tweak func(pre, dec *daemon.Config)) *pair {
+	t.Helper()
 	p := &pair{preCfg: testDaemonConfig(t, daemon.RolePrefill)}
 	decCfg := testDaemonConfig(t, daemon.RoleDecode)
 	if tweak != nil {
