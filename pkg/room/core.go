@@ -119,6 +119,27 @@ func (c *core) stopWorkers() {
 	c.stopOwner()
 }
 
+// close is both owners' Close: once, fail every live room with reason
+// shutdown, tell the peers and say goodbye (one attempt each, unless
+// Shutdown did), then release the side's own resources with stop.
+func (c *core) close(stop func()) error {
+	if !c.lk.MarkClosed() {
+		return nil
+	}
+	if c.lk.Started() {
+		_ = c.step(poll.Event{Kind: poll.EvShutdown})
+		c.lk.SayGoodbye(doneContext())
+	}
+	stop()
+	return nil
+}
+
+// kill stops the node without telling anyone, like kill -9 (tests).
+func (c *core) kill(stop func()) {
+	c.lk.MarkClosed()
+	stop()
+}
+
 // now is the node's monotonic time in nanoseconds (the table's time).
 func (c *core) now() int64 { return c.lk.Now() }
 

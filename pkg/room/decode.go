@@ -104,23 +104,10 @@ func (n *DecodeOwner) Start(context.Context) error {
 // Close fails every live room with reason shutdown, tells the prefill
 // daemons (one attempt each) and says goodbye (one attempt, unless
 // Shutdown did), and stops the workers and connections.
-func (n *DecodeOwner) Close() error {
-	if !n.lk.MarkClosed() {
-		return nil
-	}
-	if n.lk.Started() {
-		_ = n.step(poll.Event{Kind: poll.EvShutdown})
-		n.lk.SayGoodbye(doneContext())
-	}
-	n.stop()
-	return nil
-}
+func (n *DecodeOwner) Close() error { return n.core.close(n.stop) }
 
 // kill stops the node without telling anyone (tests).
-func (n *DecodeOwner) kill() {
-	n.lk.MarkClosed()
-	n.stop()
-}
+func (n *DecodeOwner) kill() { n.core.kill(n.stop) }
 
 func (n *DecodeOwner) stop() {
 	n.stopWorkers()

@@ -105,23 +105,10 @@ func (n *PrefillOwner) Addr() string { return n.link.Addr() }
 // Close fails every live room with reason shutdown, tells the peers (one
 // attempt each) and says goodbye (one attempt, unless Shutdown did), and
 // stops the workers and the socket.
-func (n *PrefillOwner) Close() error {
-	if !n.lk.MarkClosed() {
-		return nil
-	}
-	if n.lk.Started() {
-		_ = n.step(poll.Event{Kind: poll.EvShutdown})
-		n.lk.SayGoodbye(doneContext())
-	}
-	n.stop()
-	return nil
-}
+func (n *PrefillOwner) Close() error { return n.core.close(n.stop) }
 
-// kill stops the node without telling anyone, like kill -9 (tests).
-func (n *PrefillOwner) kill() {
-	n.lk.MarkClosed()
-	n.stop()
-}
+// kill stops the node without telling anyone (tests).
+func (n *PrefillOwner) kill() { n.core.kill(n.stop) }
 
 func (n *PrefillOwner) stop() {
 	n.stopWorkers()
