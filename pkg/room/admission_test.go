@@ -12,39 +12,56 @@ import (
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
-// stuckTransport is a transfer.Transport that takes every stream and
-// never admits a piece: WaitAdmitted returns only when its ctx ends, a
-// fence included (the owner, not the data plane, must answer the wait).
-type stuckTransport struct {
+// fakeTransport is a transfer.Transport that takes every stream and keeps it, so a test
+// can play the writer (report a stream's progress, or not). With admit unset it never
+// admits a piece: WaitAdmitted returns only when its ctx ends, a fence included (the owner,
+// not the data plane, must answer the wait).
+type fakeTransport struct {
+	admit   bool
 	mu      sync.Mutex
-	fenced  map[transfer.Key]bool
-	waiting chan transfer.Key // one send per WaitAdmitted entered
+	streams map[transfer.Key]transfer.Stream
+	waiting chan transfer.Key // one send per WaitAdmitted entered, when admit is unset
 }
 
-func newStuckTransport() *stuckTransport {
-	return &stuckTransport{fenced: map[transfer.Key]bool{}, waiting: make(chan transfer.Key, 16)}
+func newFakeTransport(admit bool) *fakeTransport {
+	return &fakeTransport{admit: admit, streams: map[transfer.Key]transfer.Stream{}, waiting: make(chan transfer.Key, 16)}
 }
 
-func (s *stuckTransport) AddPeer(string, transfer.Layout) error     { return nil }
-func (s *stuckTransport) RemovePeer(string)                         {}
-func (s *stuckTransport) Open(transfer.Stream) error                { return nil }
-func (s *stuckTransport) Append(transfer.Key, transfer.Piece) error { return nil }
-func (s *stuckTransport) WaitAdmitted(ctx context.Context, k transfer.Key) error {
-	s.waiting <- k
+func (f *fakeTransport) AddPeer(string, transfer.Layout) error { return nil }
+func (f *fakeTransport) RemovePeer(string)                     {}
+func (f *fakeTransport) Open(st transfer.Stream) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.streams[st.Key] = st
+	return nil
+}
+func (f *fakeTransport) Append(transfer.Key, transfer.Piece) error { return nil }
+func (f *fakeTransport) WaitAdmitted(ctx context.Context, k transfer.Key) error {
+	if f.admit {
+		return nil
+	}
+	f.waiting <- k
 	<-ctx.Done()
 	return ctx.Err()
 }
-func (s *stuckTransport) Send(context.Context, transfer.SendRequest) error {
-	return errors.New("stuckTransport: Send is not used by the owner")
+func (f *fakeTransport) Send(context.Context, transfer.SendRequest) error {
+	return errors.New("fakeTransport: Send is not used by the owner")
 }
-func (s *stuckTransport) Fence(k transfer.Key) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.fenced[k] = true
-	return true
+func (f *fakeTransport) Fence(transfer.Key) bool { return true }
+func (f *fakeTransport) FenceWait(transfer.Key)  {}
+func (f *fakeTransport) Close() error            { return nil }
+
+// stream is the stream opened for room.
+func (f *fakeTransport) stream(room poll.RoomID) (transfer.Stream, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k, st := range f.streams {
+		if k.Room == uint64(room) {
+			return st, true
+		}
+	}
+	return transfer.Stream{}, false
 }
-func (s *stuckTransport) FenceWait(k transfer.Key) { s.Fence(k) }
-func (s *stuckTransport) Close() error             { return nil }
 
 // newHarnessOverTransport is a harness whose prefill runs its real data plane (PrefillData)
 // over tr, with a region registered and decode advertising its layout.
@@ -71,7 +88,7 @@ func newHarnessOverTransport(t *testing.T, tr transfer.Transport) *harness {
 // nobody; the room fails at its transfer-idle deadline (FakeClock), and the
 // Send must come back Failed then, not at its own deadline.
 func TestSendWaitingForAdmissionReturnsFailedWhenItsRoomFails(t *testing.T) {
-	tr := newStuckTransport()
+	tr := newFakeTransport(false)
 	h := newHarnessOverTransport(t, tr)
 	const room = 7
 	key := h.open(room, 1)

@@ -2,50 +2,12 @@ package room
 
 import (
 	"context"
-	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/poll"
-	"github.com/pdlink/pdlink/pkg/transfer"
 )
-
-// admittingTransport admits every piece at once and keeps the streams it opened, so a
-// test can play the writer: report a stream's progress, or not.
-type admittingTransport struct {
-	mu      sync.Mutex
-	streams map[transfer.Key]transfer.Stream
-}
-
-func (a *admittingTransport) AddPeer(string, transfer.Layout) error { return nil }
-func (a *admittingTransport) RemovePeer(string)                     {}
-func (a *admittingTransport) Open(st transfer.Stream) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.streams[st.Key] = st
-	return nil
-}
-func (a *admittingTransport) Append(transfer.Key, transfer.Piece) error        { return nil }
-func (a *admittingTransport) WaitAdmitted(context.Context, transfer.Key) error { return nil }
-func (a *admittingTransport) Fence(transfer.Key) bool                          { return true }
-func (a *admittingTransport) FenceWait(transfer.Key)                           {}
-func (a *admittingTransport) Close() error                                     { return nil }
-func (a *admittingTransport) Send(context.Context, transfer.SendRequest) error {
-	return errors.New("admittingTransport: Send is not used by the owner")
-}
-
-func (a *admittingTransport) stream(room poll.RoomID) (transfer.Stream, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for k, st := range a.streams {
-		if k.Room == uint64(room) {
-			return st, true
-		}
-	}
-	return transfer.Stream{}, false
-}
 
 // After its last Send a prefill room waits for its pages to move, which takes long behind
 // other rooms or over a slow link. Its transfer-idle deadline must count the chunks the
@@ -53,7 +15,7 @@ func (a *admittingTransport) stream(room poll.RoomID) (transfer.Stream, bool) {
 // several idle timeouts stays Transferring, and one whose stream stops fails at the next
 // (timeout:transferring).
 func TestPrefillRoomWhoseStreamKeepsMovingIsNotIdle(t *testing.T) {
-	tr := &admittingTransport{streams: map[transfer.Key]transfer.Stream{}}
+	tr := newFakeTransport(true)
 	h := newHarnessOverTransport(t, tr)
 	const room = 5
 	key := h.open(room, 1)
