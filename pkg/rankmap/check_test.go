@@ -166,6 +166,7 @@ func checkBytes(t tb, m Mapping, pages int, rng *rand.Rand) {
 				if c.SrcItemLen() != pb.ItemLen() || c.DstItemLen() != db.ItemLen() {
 					t.Fatalf("decode %d copy %v item lens %d->%d, buffers have %d->%d", d, c, c.SrcItemLen(), c.DstItemLen(), pb.ItemLen(), db.ItemLen())
 				}
+				checkContiguity(t, c)
 				for p := range pages {
 					base := dstPageOf[p] * stride
 					for k := range c.Runs() {
@@ -199,5 +200,27 @@ func checkBytes(t tb, m Mapping, pages int, rng *rand.Rand) {
 				t.Fatalf("decode %d buffer %d: Copy.Apply differs from the runs\n%v", d, b, m)
 			}
 		}
+	}
+}
+
+// checkContiguity checks SrcContiguous and DstContiguous against the runs: a contiguous side
+// is covered by the runs back to back from offset 0, and Whole is both.
+func checkContiguity(t tb, c Copy) {
+	t.Helper()
+	back2back := func(off func(k int) int, itemLen int) bool {
+		at := 0
+		for k := range c.Runs() {
+			if off(k) != at {
+				return false
+			}
+			_, _, n := c.Run(k)
+			at += n
+		}
+		return at == itemLen
+	}
+	srcB2B := back2back(func(k int) int { s, _, _ := c.Run(k); return s }, c.SrcItemLen())
+	dstB2B := back2back(func(k int) int { _, d, _ := c.Run(k); return d }, c.DstItemLen())
+	if c.SrcContiguous() != srcB2B || c.DstContiguous() != dstB2B || c.Whole() != (srcB2B && dstB2B) {
+		t.Fatalf("copy %v: src contiguous %v dst %v whole %v, runs say %v %v", c, c.SrcContiguous(), c.DstContiguous(), c.Whole(), srcB2B, dstB2B)
 	}
 }

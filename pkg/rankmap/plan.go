@@ -27,6 +27,15 @@ func (c Copy) Whole() bool {
 	return c.SrcHead == 0 && c.DstHead == 0 && c.Heads*c.HeadBytes == c.SrcRow && c.SrcRow == c.DstRow
 }
 
+// SrcContiguous reports whether the copy reads the source page whole (the source rank's heads
+// all go to this destination: prefill TP >= decode TP), so a sender can ship the page as is
+// and let the receiver scatter it.
+func (c Copy) SrcContiguous() bool { return c.SrcHead == 0 && c.Heads*c.HeadBytes == c.SrcRow }
+
+// DstContiguous reports whether the copy fills the destination page whole (decode TP >=
+// prefill TP), so a sender can gather the runs and the receiver write one page.
+func (c Copy) DstContiguous() bool { return c.DstHead == 0 && c.Heads*c.HeadBytes == c.DstRow }
+
 // SrcItemLen is the bytes of one page on the source rank.
 func (c Copy) SrcItemLen() int { return c.PageTokens * c.SrcRow }
 
