@@ -222,22 +222,23 @@ func targets(prefillTP, decodeTP, d int) []int {
 	return out
 }
 
-func planDecodeRank(p, dt Topology, d int) (DecodeRank, error) {
-	dr := DecodeRank{Rank: d, Targets: targets(p.TP, dt.TP, d)}
-	for i := range dt.Buffers {
-		pb, db := p.Buffers[i], dt.Buffers[i]
+// planDecodeRank is decode rank d's targets, copies and completion set.
+func planDecodeRank(prefill, decode Topology, d int) (DecodeRank, error) {
+	dr := DecodeRank{Rank: d, Targets: targets(prefill.TP, decode.TP, d)}
+	for i := range decode.Buffers {
+		pb, db := prefill.Buffers[i], decode.Buffers[i]
 		base := Copy{Buffer: i, HeadBytes: db.HeadBytes, PageTokens: db.PageTokens, SrcRow: pb.RowBytes(), DstRow: db.RowBytes()}
-		if dt.Attention == MLA {
+		if decode.Attention == MLA {
 			c := base
 			c.From, c.Heads = dr.Targets[0], db.RankHeads
 			dr.Copies = append(dr.Copies, c)
 			continue
 		}
-		g0, g1 := heldHeads(db.TotalHeads, dt.TP, d)
+		g0, g1 := heldHeads(db.TotalHeads, decode.TP, d)
 		for g := g0; g < g1; {
 			src, s0, s1 := -1, 0, 0
 			for _, s := range dr.Targets {
-				if h0, h1 := heldHeads(pb.TotalHeads, p.TP, s); g >= h0 && g < h1 {
+				if h0, h1 := heldHeads(pb.TotalHeads, prefill.TP, s); g >= h0 && g < h1 {
 					src, s0, s1 = s, h0, h1
 					break
 				}

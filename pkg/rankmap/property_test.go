@@ -23,7 +23,7 @@ func genPair(t *rapid.T) (Topology, Topology) {
 	aux := rapid.IntRange(0, 16).Draw(t, "aux_row")
 	p := Topology{TP: tpP, Attention: att, AuxRowBytes: aux}
 	d := Topology{TP: tpD, Attention: att, AuxRowBytes: aux}
-	for i := range rapid.IntRange(1, 3).Draw(t, "buffers") {
+	for range rapid.IntRange(1, 3).Draw(t, "buffers") {
 		b := Buffer{
 			PageTokens: rapid.IntRange(1, 4).Draw(t, "page_tokens"),
 			HeadBytes:  rapid.IntRange(1, 6).Draw(t, "head_bytes"),
@@ -33,7 +33,6 @@ func genPair(t *rapid.T) (Topology, Topology) {
 		} else {
 			b.TotalHeads = rapid.SampledFrom([]int{1, 2, 4, 8, 16}).Draw(t, "kv_heads")
 		}
-		_ = i
 		pb, db := b, b
 		pb.RankHeads, db.RankHeads = rankHeads(b.TotalHeads, tpP, att), rankHeads(b.TotalHeads, tpD, att)
 		p.Buffers = append(p.Buffers, pb)

@@ -54,7 +54,7 @@ func (b Buffer) ItemLen() int { return b.PageTokens * b.RowBytes() }
 
 // Topology is one side's tensor-parallel shape: every rank of the side has the same buffers.
 type Topology struct {
-	TP          int
+	TP          int // attention TP size (SGLang attn_tp_size)
 	Attention   Attention
 	Buffers     []Buffer
 	AuxRowBytes int // bytes of one aux (metadata) row; 0 when the engine has none
