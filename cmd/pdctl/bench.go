@@ -151,6 +151,11 @@ func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*b
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
+	regions, err := newRegionDir(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(regions)
 	var profiles []string
 	if profileDir != "" {
 		if err := os.MkdirAll(profileDir, 0o755); err != nil {
@@ -166,7 +171,7 @@ func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*b
 	}
 	quiet := *cmd
 	quiet.SetOut(new(bytes.Buffer))
-	procs, err := startPair(&quiet, binDir, tmp, nil, profiles, &cfg)
+	procs, err := startPair(&quiet, binDir, tmp, []string{"--region-dir=" + regions}, profiles, &cfg)
 	defer stopAll(procs)
 	if err != nil {
 		return nil, err
