@@ -125,6 +125,8 @@ func toStatus(err error) error {
 		code = codes.AlreadyExists
 	case errors.Is(err, room.ErrUnsupported):
 		code = codes.Unimplemented
+	case errors.Is(err, room.ErrRegionPathRefused):
+		code = codes.PermissionDenied
 	case errors.Is(err, poll.ErrInvalidEvent), errors.Is(err, conn.ErrBadArgument):
 		code = codes.InvalidArgument
 	case errors.Is(err, conn.ErrClosedNode):

@@ -48,6 +48,9 @@ type Sources struct {
 	// (result) "ok" or "error".
 	AuthRejected func() []Count
 	AuthReloads  func() []Count
+	// RegionRefused returns RegisterRegion paths refused, by the (rule)
+	// they broke (pkg/regionpath's closed set).
+	RegionRefused func() []Count
 }
 
 // Side label values.
@@ -73,6 +76,7 @@ type Collector struct {
 	peerDepartures                                         *prometheus.Desc
 	transferBytes, insecure                                *prometheus.Desc
 	authRejected, authReloads                              *prometheus.Desc
+	regionRefused                                          *prometheus.Desc
 }
 
 // NewCollector builds the scrape-time collector for one daemon side.
@@ -114,6 +118,7 @@ func NewCollector(side string, src Sources) *Collector {
 		insecure:       d("insecure_mode", "1 when the daemon is reachable from other hosts without a shared secret (--insecure)."),
 		authRejected:   d("auth_rejected_total", "Control frames and data connections refused by authentication, by reason.", "reason"),
 		authReloads:    d("auth_token_reloads_total", "Token file reloads (SIGHUP), by result.", "result"),
+		regionRefused:  d("region_refused_total", "RegisterRegion paths refused (PermissionDenied), by the rule they broke: relative, not_clean, outside_dirs, symlink, not_regular, group, changed.", "rule"),
 	}
 }
 
@@ -121,7 +126,7 @@ func NewCollector(side string, src Sources) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.rooms, c.oldest, c.overdue, c.deadline, c.tombstones,
 		c.transitions, c.failures, c.rejectedEvents, c.collisions, c.reaped, c.frames, c.framesRejected,
-		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.insecure, c.authRejected, c.authReloads} {
+		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.insecure, c.authRejected, c.authReloads, c.regionRefused} {
 		ch <- d
 	}
 }
@@ -181,6 +186,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.src.WorkerRestarts, c.restarts, prometheus.CounterValue)
 	emit(c.src.AuthRejected, c.authRejected, prometheus.CounterValue)
 	emit(c.src.AuthReloads, c.authReloads, prometheus.CounterValue)
+	emit(c.src.RegionRefused, c.regionRefused, prometheus.CounterValue)
 	if c.src.Retransmits != nil {
 		counter(c.retransmits, c.src.Retransmits())
 	}
@@ -272,6 +278,7 @@ func Names() map[string]string {
 		name("insecure_mode"):              "gauge",
 		name("auth_rejected_total"):        "counter",
 		name("auth_token_reloads_total"):   "counter",
+		name("region_refused_total"):       "counter",
 		name("room_duration_seconds"):      "histogram",
 		name("transfer_duration_seconds"):  "histogram",
 		name("build_info"):                 "gauge",

@@ -70,7 +70,7 @@ func newHarnessOverTransport(t *testing.T, tr transfer.Transport) *harness {
 	reg := newRegion(t)
 	h := newHarnessWith(t, 1, options{
 		pre: func(c *PrefillConfig) {
-			c.DataPlane = nil
+			c.DataPlane, c.RegionDirs = nil, tempRegionDirs()
 			c.newTransport = func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
 		},
 		dec: func(c *DecodeConfig) { c.Layouts = []*pdlinkv1.RegionLayout{layoutPB(reg.layout)} },

@@ -30,6 +30,9 @@ type DecodeConfig struct {
 	// registered, and REGISTER carries that region's layout.
 	DataTransport transfer.Kind
 	Receiver      transfer.ReceiverConfig
+	// RegionDirs are the directories a region file must lie under
+	// (--region-dir, pkg/regionpath); with none every region is refused.
+	RegionDirs []string
 	// DataPlane, if set (tests), replaces the data plane built from
 	// DataTransport: the owner then takes no SubmitMetadata.
 	DataPlane DecodeDataPlane
@@ -76,6 +79,10 @@ func (n *DecodeOwner) layouts() []*pdlinkv1.RegionLayout {
 
 // NewDecodeOwner returns a node; Start starts its workers.
 func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
+	paths, err := newRegionPaths(cfg.RegionDirs, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
 	n := &DecodeOwner{dcfg: cfg, dp: cfg.DataPlane}
 	link, err := conn.NewDecodeLink(cfg.Config, cfg.DataEndpoint, n.layouts, decodeSide{n})
 	if err != nil {
@@ -89,6 +96,7 @@ func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
 	c.hooks = n
 	if n.dp == nil {
 		n.data = newDecodeData(cfg.DataTransport, cfg.Receiver, c.log, n)
+		n.data.slot.paths = paths
 		n.dp = n.data
 	}
 	return n, nil

@@ -22,6 +22,8 @@ var (
 	ErrMetadataConflict = errors.New("room: other metadata already sent")
 	// ErrDataPlane means the data plane could not be started for a region.
 	ErrDataPlane = errors.New("room: cannot start data plane")
+	// ErrRegionPathRefused means a region path is no file a region may be (pkg/regionpath's rules).
+	ErrRegionPathRefused = errors.New("room: region path refused")
 )
 
 // FieldError is a request field the room refused: the edge answers it as

@@ -23,6 +23,9 @@ type PrefillConfig struct {
 	// its configuration: the owner builds it when the region is registered.
 	DataTransport transfer.Kind
 	Sender        transfer.SenderConfig
+	// RegionDirs are the directories a region file must lie under
+	// (--region-dir, pkg/regionpath); with none every region is refused.
+	RegionDirs []string
 	// DataPlane, if set (tests), replaces the data plane built from
 	// DataTransport: the owner then takes no Send.
 	DataPlane PrefillDataPlane
@@ -66,6 +69,10 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 	if cfg.ListenAddr == "" {
 		return nil, fmt.Errorf("%w: PrefillConfig needs ListenAddr", conn.ErrBadArgument)
 	}
+	paths, err := newRegionPaths(cfg.RegionDirs, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
 	n := &PrefillOwner{pcfg: cfg, dp: cfg.DataPlane}
 	link, err := conn.NewPrefillLink(cfg.Config, cfg.ListenAddr, cfg.AcceptRegister, prefillSide{n})
 	if err != nil {
@@ -79,6 +86,7 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 	c.hooks = n
 	if n.dp == nil {
 		n.data = newPrefillData(cfg.DataTransport, cfg.Sender, c.log, n)
+		n.data.slot.paths = paths
 		if cfg.newTransport != nil {
 			n.data.newTransport = cfg.newTransport
 		}

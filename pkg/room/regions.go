@@ -7,6 +7,7 @@ import (
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/regionpath"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -18,6 +19,8 @@ type regionSlot struct {
 	region *transfer.Region
 	proto  *pb.RegionLayout
 	onSet  func(*transfer.Region) error
+	// paths decides which files a region may be (nil: none).
+	paths *regionpath.Checker
 }
 
 func (s *regionSlot) register(path string, l *pb.RegionLayout) (string, error) {
@@ -38,6 +41,9 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (string, error) {
 			return regionID(layout), nil
 		}
 		return "", errorf(ErrRegionTaken, "rank %d already registered as %s", layout.Rank.TP, s.region.Path())
+	}
+	if err := checkRegionPath(s.paths, path); err != nil {
+		return "", err
 	}
 	r, err := transfer.OpenRegion(path, layout)
 	if err != nil {
