@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -41,6 +42,9 @@ const (
 type input struct {
 	fn   func()
 	done chan struct{}
+	// cancel, if set, runs if fn panicked (a link frame: its ACK token
+	// goes back unanswered, so the peer's retransmit is stepped again).
+	cancel func()
 	// panicked is what fn panicked with, re-raised on the caller.
 	panicked any
 }
@@ -59,6 +63,9 @@ type owner struct {
 	progressQueued map[poll.Key]struct{}
 	// progressDropped counts the progress events coalesced or dropped.
 	progressDropped atomic.Uint64
+	// tickQueued: a tick is in the queue (guarded by mu); the next one
+	// coalesces into it (it reads the clock when it runs).
+	tickQueued bool
 	// inline serialises the inputs that run on their callers once the
 	// owner stopped, so the per-room state beside the table (the data
 	// plane's bindings and metadata) still has one writer at a time.
@@ -177,6 +184,48 @@ func (c *core) postProgress(key poll.Key, fn func()) {
 	}
 }
 
+// deliver queues a link's room frame for the owner without waiting:
+// step runs on the owner goroutine and returns the frame's answer, which
+// the owner sends as the input's last effect (Link.Ack), after the effects
+// of the step; a panic in step gives the token back unanswered. false:
+// the owner stopped and takes no frames (the link cancels the token: the
+// peer retransmits, as to a crashed node).
+func (c *core) deliver(tok *conn.AckToken, step func() conn.AckResult) bool {
+	return c.enqueue(&input{
+		fn:     func() { c.lk.Ack(tok, step()) },
+		cancel: func() { c.lk.Cancel(tok) },
+	})
+}
+
+// postTick queues the owner's part of a tick (deadlines, fence retries)
+// without waiting, at most one at a time: the tick worker goes on with
+// retransmits and heartbeats however busy the owner is.
+func (c *core) postTick(fn func()) {
+	o := c.own
+	o.mu.Lock()
+	if ownerState(o.state.Load()) == ownerStopped {
+		o.mu.Unlock()
+		c.post(fn)
+		return
+	}
+	if o.tickQueued {
+		o.mu.Unlock()
+		return
+	}
+	o.tickQueued = true
+	o.queue = append(o.queue, &input{fn: func() {
+		o.mu.Lock()
+		o.tickQueued = false
+		o.mu.Unlock()
+		fn()
+	}})
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
 // ProgressDropped is how many data-plane progress events were coalesced
 // into one already queued for their room, or dropped with the owner's
 // queue full.
@@ -216,11 +265,14 @@ func (c *core) runOwner() {
 func (c *core) runInput(in *input) {
 	defer func() {
 		if p := recover(); p != nil {
+			if in.cancel != nil {
+				in.cancel()
+			}
 			if in.done != nil {
 				in.panicked = p
 			} else {
 				c.lk.CountWorkerRestart()
-				c.log.Error("data-plane event panicked on the room owner", zap.String("panic", fmt.Sprint(p)))
+				c.log.Error("owner input panicked", zap.String("panic", fmt.Sprint(p)))
 			}
 		}
 		if in.done != nil {
