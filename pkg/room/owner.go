@@ -14,19 +14,23 @@ import (
 // The owner goroutine (PLAN section 1, etcd raft's node.run): one per
 // node, from construction until the node stops, the only goroutine that
 // touches the table and the per-room state beside it while it runs. Every
-// input reaches it through one FIFO queue: scheduler calls and link
-// deliveries are requests whose caller waits for the reply (at most for
-// the owner's CPU: the owner never waits, a fence included), data-plane
-// callbacks are events nobody waits for (a transfer goroutine that calls
-// back while it holds a lock of its own must not wait for an owner that
-// may be asking that data plane to fence). Each input steps the table,
+// input reaches it through one FIFO queue: scheduler calls are requests
+// whose caller waits for the reply (at most for the owner's CPU: the owner
+// never waits, a fence included); a link's room frames are handed over
+// with an ack token and nobody waits for them (deliver: the owner sends
+// the ACK as the input's last effect, so a socket reader never waits for
+// a busy owner); ticks, lost peers and data-plane callbacks are events
+// nobody waits for (a transfer goroutine that calls back while it holds a
+// lock of its own must not wait for an owner that may be asking that data
+// plane to fence). Each input steps the table,
 // publishes the visible transitions to Watch and performs the effects in
 // table order, all on the owner goroutine; so a room's transitions reach
 // every subscriber in the order the table made them.
 //
 // Once the owner stopped (Close), the inputs still run, on their callers'
 // goroutines one at a time (owner.inline), as before the owner: a closed
-// node still answers Poll and Get.
+// node still answers Poll and Get. A room frame is not: its token is
+// cancelled unanswered, as by a crashed node (the peer retransmits).
 
 // ownerState is where the owner goroutine is in its life.
 type ownerState int32
