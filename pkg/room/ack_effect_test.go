@@ -246,3 +246,49 @@ func keysOf(n interface {
 	info, _ := n.Get(room)
 	return info.Key
 }
+
+// TestFramesWithTheOwnerWhenItStopsAreCancelledNotAnswered: prefill is
+// killed while its owner is held in room 1's step and rooms 2-4's
+// METADATA wait behind it. Room 1's step finishes (and answers); the
+// frames behind it are not stepped and no ACK leaves for them: decode
+// keeps retransmitting them (to prefill's next incarnation).
+func TestFramesWithTheOwnerWhenItStopsAreCancelledNotAnswered(t *testing.T) {
+	const rooms = 4
+	h, held := holdPrefillOwner(t, rooms, nil)
+	for r := poll.RoomID(2); r <= rooms; r++ {
+		h.openDecode(r, 1)
+	}
+	if !h.waitReal(10*time.Second, func() bool { return h.net.Idle() && h.pre.lk.Unanswered() == rooms }) {
+		t.Fatalf("%d frames out with prefill's owner, want %d", h.pre.lk.Unanswered(), rooms)
+	}
+	pre := h.pre
+	killed := make(chan struct{})
+	go func() { defer close(killed); pre.kill() }()
+	if !h.waitReal(10*time.Second, func() bool { return ownerState(pre.own.state.Load()) == ownerStopping }) {
+		t.Fatal("prefill's owner was never asked to stop")
+	}
+	held.unblock()
+	select {
+	case <-killed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("kill did not return once the held step finished")
+	}
+	h.pre = nil // killed: the harness does not close it again
+	if n := pre.lk.Unanswered(); n != 0 {
+		t.Fatalf("%d tokens still out after the owner stopped, want every one cancelled", n)
+	}
+	if got := held.deliveries(); len(got) != 1 {
+		t.Fatalf("the stopping owner stepped %d frames, want only the one it was in: %v", len(got), got)
+	}
+	for r := poll.RoomID(2); r <= rooms; r++ {
+		if k := keysOf(h.dec, r); h.preDP.bound(k) {
+			t.Errorf("room %d bound on the stopped prefill: a queued frame was stepped", r)
+		}
+	}
+	if !h.waitReal(10*time.Second, h.net.Idle) {
+		t.Fatal("network not idle after the kill")
+	}
+	if n := h.dec.lk.UnackedRoomFrames(); n < rooms-1 {
+		t.Fatalf("decode has %d METADATA unacknowledged, want at least %d: a cancelled frame was answered", n, rooms-1)
+	}
+}

@@ -252,6 +252,13 @@ func (c *core) runOwner() {
 		o.busy = len(batch) > 0
 		o.mu.Unlock()
 		for _, in := range batch {
+			if in.cancel != nil && ownerState(o.state.Load()) == ownerStopping {
+				// A link frame not stepped before the stop: its token
+				// goes back unanswered, as from a crashed node, and the
+				// peer retransmits to our next incarnation or gives up.
+				in.cancel()
+				continue
+			}
 			c.runInput(in)
 		}
 		if len(batch) > 0 {
@@ -286,8 +293,9 @@ func (c *core) runInput(in *input) {
 	in.fn()
 }
 
-// stopOwner lets the owner run what is queued, then stop; later inputs
-// run on their callers.
+// stopOwner lets the owner run what is queued (link frames excepted:
+// their tokens are cancelled), then stop; later inputs run on their
+// callers.
 func (c *core) stopOwner() {
 	o := c.own
 	o.mu.Lock()
