@@ -256,9 +256,6 @@ type AckToken struct {
 	answered atomic.Bool
 }
 
-// Seq is the frame's seq (0: an unreliable frame, nothing to answer).
-func (t *AckToken) Seq() uint64 { return t.seq }
-
 // Ack answers the room frame of tok with a: the answer is remembered for
 // retransmits (if final) and the ACK sent. A second answer is ignored.
 func (l Link) Ack(tok *AckToken, a AckResult) {
@@ -282,7 +279,9 @@ func (l Link) Unanswered() int { return int(l.unansweredFrames.Load()) }
 // is dropped unanswered and counted (RejectOwnerBusy): the peer
 // retransmits it. The caller checked under mu that seq is neither
 // answered nor out (a peer's frames are read by one goroutine, so no
-// other copy of seq can be marked in between).
+// other copy of seq can be marked in between). Decode's session readers
+// check the budget concurrently, so it may be passed by one frame per
+// prefill session at most.
 func (c *core) deliverRoomFrame(room RoomSide, dest Target, from string, ft FrameType, env *pdlinkv1.Envelope, size int, dd *dedupe, mu *sync.Mutex) {
 	if c.unansweredFrames.Load() >= int64(c.cfg.MaxUnansweredFrames) || c.unansweredBytes.Load()+int64(size) > int64(c.cfg.MaxUnansweredBytes) {
 		c.reject(RejectOwnerBusy, from, nil)
