@@ -369,9 +369,11 @@ func (l *DecodeLink) handle(s *PrefillSession, frame []byte) {
 	}
 	t := sessTarget{s: s, id: s.id}
 	var dupAck AckResult
-	dup := false
+	dup, withOwner := false, false
+	dd := s.dd
 	if seq != 0 {
-		dupAck, dup = s.dd.get(seq)
+		dupAck, dup = dd.get(seq)
+		withOwner = !dup && dd.heldByOwner(seq)
 	}
 	l.smu.Unlock()
 
@@ -390,9 +392,11 @@ func (l *DecodeLink) handle(s *PrefillSession, frame []byte) {
 		delete(l.byID, restarted)
 		l.smu.Unlock()
 	}
-	if dup {
+	if dup || withOwner {
 		l.reject(RejectDuplicate, s.addr, nil)
-		l.sendAck(t, seq, dupAck)
+		if dup {
+			l.sendAck(t, seq, dupAck)
+		} // else the first copy is with the owner: its ACK answers this one
 		return
 	}
 	var a AckResult
@@ -405,7 +409,8 @@ func (l *DecodeLink) handle(s *PrefillSession, frame []byte) {
 	case FrameGoodbye:
 		a = l.handleGoodbye(s, t)
 	default:
-		a = l.room.FrameIn(t, ft, env)
+		l.deliverRoomFrame(l.room, t, s.addr, ft, env, len(frame), dd, &l.smu)
+		return
 	}
 	l.finishFrame(t, s.addr, seq, a, func(seq uint64, a AckResult) {
 		l.smu.Lock()

@@ -38,8 +38,9 @@ type DecodeConfig struct {
 	DataPlane DecodeDataPlane
 
 	openHook func() // tests: runs in Open between reading the prefill instance and opening the room
-	// roomFrameHook, if set (tests), runs as the link delivers a room frame
-	// to the node, on the session's receive worker.
+	// roomFrameHook, if set (tests), runs on the owner goroutine as it
+	// starts stepping a room frame the link delivered (blocking in it
+	// holds the owner, not the reader).
 	roomFrameHook func(from poll.PeerID, seq uint64, ft conn.FrameType)
 	// performHook (tests) runs on the owner goroutine after a batch's
 	// transitions are published, before its effects are performed.

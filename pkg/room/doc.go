@@ -14,9 +14,10 @@
 //
 //	owner.go           the owner goroutine: the input queue, exec (a call
 //	                   waits for its answer), post (an event nobody waits
-//	                   for), withTable, stop
+//	                   for), deliver (a link's room frame: its ACK is the
+//	                   input's last effect), withTable, stop
 //	core.go            the effect driver (perform), publication, the tick
-//	                   worker, frame events and their ACK (stepFrame,
+//	                   worker, frame events and their ACK (stepFrameOwned,
 //	                   answer)
 //	fence.go           fences (never waited for), Fenced, parked Abort
 //	                   calls, AwaitFailedVisible

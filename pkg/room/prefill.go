@@ -36,8 +36,9 @@ type PrefillConfig struct {
 	// newTransport, if set (tests), builds the data plane's transport
 	// instead of transfer.NewTransport of DataTransport.
 	newTransport func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error)
-	// roomFrameHook, if set (tests), runs as the link delivers a room frame
-	// to the node, on the listener worker.
+	// roomFrameHook, if set (tests), runs on the owner goroutine as it
+	// starts stepping a room frame the link delivered (blocking in it
+	// holds the owner, not the reader).
 	roomFrameHook func(from poll.PeerID, seq uint64, ft conn.FrameType)
 	// performHook (tests) runs on the owner goroutine after a batch's
 	// transitions are published, before its effects are performed.

@@ -172,6 +172,7 @@ func (e *scriptEnv) start(s scriptSide) {
 			e.t.Fatal(err)
 		}
 		fixJitter(n.core)
+		n.core.syncTicks = true
 		if err := n.Start(context.Background()); err != nil {
 			e.t.Fatal(err)
 		}
@@ -191,6 +192,7 @@ func (e *scriptEnv) start(s scriptSide) {
 			e.t.Fatal(err)
 		}
 		fixJitter(n.core)
+		n.core.syncTicks = true
 		if err := n.Start(context.Background()); err != nil {
 			e.t.Fatal(err)
 		}
