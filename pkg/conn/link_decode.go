@@ -490,3 +490,20 @@ func (s *PrefillSession) close() {
 		_ = c.Close()
 	}
 }
+
+// RegisterAgain sends REGISTER to every prefill daemon this link
+// registered with: the region layouts changed (a region was replaced or
+// unregistered).
+func (l *DecodeLink) RegisterAgain() {
+	l.smu.Lock()
+	var ss []*PrefillSession
+	for _, s := range l.sessions {
+		if s.registered {
+			ss = append(ss, s)
+		}
+	}
+	l.smu.Unlock()
+	for _, s := range ss {
+		l.register(s)
+	}
+}

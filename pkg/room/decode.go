@@ -89,6 +89,11 @@ func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
 	c.hooks = n
 	if n.dp == nil {
 		n.data = newDecodeData(cfg.DataTransport, cfg.Receiver, c.log, n)
+		n.data.slot.retire = func(reason poll.Reason, swap func(), hold func() func()) int {
+			return c.retireRooms(n.data.expectedKeys, reason, swap, hold)
+		}
+		// A new layout reaches the prefill daemons in REGISTER.
+		n.data.slot.onLayout = link.RegisterAgain
 		n.dp = n.data
 	}
 	return n, nil

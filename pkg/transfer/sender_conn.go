@@ -479,7 +479,7 @@ func (tc *txConn) planChunks(w *piece) []chunkPlan {
 		c = chunkPlan{iov: [][]byte{nil}}
 	}
 	for b, segs := range w.segs {
-		itemLen := s.region.layout.Buffers[b].ItemLen
+		itemLen := s.region.Layout().Buffers[b].ItemLen
 		i, off := 0, int32(0)
 		for i < len(segs) {
 			if len(c.runs) == pagelist.MaxRuns {
