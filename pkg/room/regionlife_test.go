@@ -1,0 +1,127 @@
+package room
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
+)
+
+// midCopyTransport is a fakeTransport whose worker is mid-copy of a room's
+// source pages: it takes a slice of the region at the room's first Append,
+// as the real sender's writer plans its chunks, and its Fence is not done
+// until the test lets that copy finish (finishCopy), as with a writer a
+// FenceGrace deadline cannot interrupt (a copy out of memory, not a read).
+type midCopyTransport struct {
+	*fakeTransport
+	region     *transfer.Region
+	onFenced   func(transfer.Key)
+	mu         sync.Mutex
+	held       []byte
+	fenceAsked chan transfer.Key
+}
+
+func (h *midCopyTransport) Append(k transfer.Key, p transfer.Piece) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.held == nil && len(p.Src) > 0 && len(p.Src[0]) > 0 {
+		h.held = h.region.Pages(0, p.Src[0][0])
+	}
+	return nil
+}
+
+func (h *midCopyTransport) Fence(k transfer.Key) bool {
+	h.fenceAsked <- k
+	return false
+}
+
+// finishCopy reads every byte the worker holds (a fault, killing the test
+// binary, if the mapping was unmapped under it), then reports the fence
+// done as the real worker would.
+func (h *midCopyTransport) finishCopy(k transfer.Key) int {
+	h.mu.Lock()
+	sum := 0
+	for _, b := range h.held {
+		sum += int(b)
+	}
+	h.mu.Unlock()
+	h.onFenced(k)
+	return sum
+}
+
+// UnregisterRegion while a worker still copies a room's source pages: the
+// room fails with region_replaced and is fenced first, and the mapping is
+// unmapped only once that fence is done, so the worker's copy finishes on
+// mapped memory and the daemon does not crash. Unmapping at once (before
+// the fences are done) faults in finishCopy.
+func TestUnregisterRegionUnmapsOnlyAfterAWriterMidCopyLetGo(t *testing.T) {
+	reg := newRegion(t)
+	tr := &midCopyTransport{fakeTransport: newFakeTransport(true), fenceAsked: make(chan transfer.Key, 4)}
+	h := newHarnessWith(t, 1, options{
+		pre: func(c *PrefillConfig) {
+			c.DataPlane = nil
+			c.newTransport = func(r *transfer.Region, cfg transfer.SenderConfig) (transfer.Transport, error) {
+				tr.region, tr.onFenced = r, cfg.OnFenced
+				return tr, nil
+			}
+		},
+		dec: func(c *DecodeConfig) { c.Layouts = []*pdlinkv1.RegionLayout{layoutPB(reg.layout)} },
+	})
+	if _, err := h.pre.RegisterRegion(reg.path, layoutPB(reg.layout)); err != nil {
+		t.Fatal(err)
+	}
+	const room = 7
+	h.open(room, 1)
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
+		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
+	}
+	if err := h.pre.Send(context.Background(), &pdlinkv1.SendRequest{RoomId: room, Pages: &pdlinkv1.PageList{Indices: []int32{0, 1}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	answered := make(chan Unregistered, 1)
+	go func() {
+		un, err := h.pre.UnregisterRegion(nil)
+		if err != nil {
+			t.Error(err)
+		}
+		answered <- un
+	}()
+	var key transfer.Key
+	select {
+	case key = <-tr.fenceAsked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("UnregisterRegion never fenced the room in flight")
+	}
+	select {
+	case un := <-answered:
+		t.Fatalf("UnregisterRegion answered %+v while a fenced worker still copied from the region", un)
+	default:
+	}
+	if got := h.preState(room); got == poll.Failed {
+		t.Fatal("the room's Failed is visible while its worker still copies (I9)")
+	}
+	tr.finishCopy(key)
+	var un Unregistered
+	select {
+	case un = <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("UnregisterRegion did not answer once the fence was done")
+	}
+	if !un.Dropped || un.RoomsFailed != 1 {
+		t.Fatalf("UnregisterRegion: %+v, want the region dropped and 1 room failed", un)
+	}
+	if !h.waitReal(10*time.Second, func() bool { return h.preState(room) == poll.Failed }) {
+		t.Fatalf("room %d is %v after its fence, want Failed", room, h.preState(room))
+	}
+	if r, _ := h.reason(h.pre, room); r != poll.ReasonRegionReplaced {
+		t.Fatalf("room %d failed with %q, want region_replaced", room, r)
+	}
+	if h.pre.Region() != (transfer.RegionID{}) {
+		t.Fatal("a region is still registered after UnregisterRegion")
+	}
+}
