@@ -345,3 +345,55 @@ func TestUnregisterRegionFailsRoomsInFlightAndRefusesNewOnes(t *testing.T) {
 		})
 	}
 }
+
+// A region file truncated under its layout (its tail pages would fault)
+// fails the next room with transfer_error on that side, the peer with
+// aborted:remote naming it, and the daemon stays up: once the engine
+// sizes the file again, rooms succeed.
+func TestTruncatedRegionFileFailsTheRoomAndTheDaemonStaysUp(t *testing.T) {
+	for _, side := range []string{"prefill", "decode"} {
+		t.Run(side, func(t *testing.T) {
+			p := startPair(t)
+			pre, dec := registerRegions(t, p)
+			target := map[string]region{"prefill": pre, "decode": dec}[side]
+			if err := os.Truncate(target.path, target.layout.Size()/2); err != nil {
+				t.Fatal(err)
+			}
+			const room = 5
+			src, dst := pages(0, 2), pages(2, 2)
+			if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, DstPages: &pb.PageList{Indices: dst}})
+			if side == "prefill" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				eventually(t, "prefill WaitingForInput", func() bool {
+					ps, _ := pollState(t, p, room)
+					return ps.State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT
+				})
+				_, err = p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, Pages: &pb.PageList{Indices: src}, Last: true})
+			}
+			if status.Code(err) != codes.FailedPrecondition {
+				t.Fatalf("%s call with its region file truncated: %v, want FailedPrecondition", side, err)
+			}
+			eventually(t, "room failed transfer_error", func() bool {
+				ps, ds := pollState(t, p, room)
+				own, peer := ps, ds
+				if side == "decode" {
+					own, peer = ds, ps
+				}
+				return own.State == pb.RoomState_ROOM_STATE_FAILED && own.Reason == "transfer_error" &&
+					peer.State == pb.RoomState_ROOM_STATE_FAILED && peer.PeerReason == "transfer_error"
+			})
+			if err := os.Truncate(target.path, target.layout.Size()); err != nil {
+				t.Fatal(err)
+			}
+			runRoom(t, p, pre, dec, 6, pages(8, 4), pages(40, 4))
+		})
+	}
+}

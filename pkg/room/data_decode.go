@@ -237,19 +237,12 @@ func (n *DecodeOwner) SubmitMetadata(ctx context.Context, req *pdlinkv1.SendMeta
 	if err := d.slot.checkRank("rank", req.Rank); err != nil {
 		return err
 	}
-	if m := region.Current(); m != nil && d.slot.replaced(m) {
-		// The engine recreated its file and has not registered it: these
-		// pages would be written into the dead inode.
-		id := poll.RoomID(req.RoomId)
-		if err := n.Abort(ctx, id, poll.ReasonRegionReplaced); err != nil {
-			return err
+	if m := region.Current(); m != nil {
+		if reason, stale := d.slot.stale(m); stale {
+			// The engine recreated (or truncated) its file and has not
+			// registered it: these pages would be written into the dead inode.
+			return n.failStale(ctx, poll.RoomID(req.RoomId), reason)
 		}
-		d.slot.replacedRooms.Add(1)
-		in, err := n.Get(id)
-		if err != nil {
-			return err
-		}
-		return &EndedError{Info: in}
 	}
 	l := region.Layout()
 	dst, err := pageRuns("dst_pages", req.DstPages, l.Buffers[0].Pages())
@@ -299,6 +292,22 @@ func (n *DecodeOwner) SubmitMetadata(ctx context.Context, req *pdlinkv1.SendMeta
 	err = n.SendMetadata(id, mr)
 	n.exec(func() { d.settleMetadata(in.Key, want, err) })
 	return err
+}
+
+// failStale fails a room whose region file changed under it with reason
+// (the peer is told) and answers with its state.
+func (n *DecodeOwner) failStale(ctx context.Context, id poll.RoomID, reason poll.Reason) error {
+	if err := n.Abort(ctx, id, reason); err != nil {
+		return err
+	}
+	if reason == poll.ReasonRegionReplaced {
+		n.data.slot.replacedRooms.Add(1)
+	}
+	in, err := n.Get(id)
+	if err != nil {
+		return err
+	}
+	return &EndedError{Info: in}
 }
 
 // RegisterRegion maps the engine's region (building the data plane over it

@@ -301,10 +301,12 @@ func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error
 	if err := d.slot.checkRank("rank", req.Rank); err != nil {
 		return err
 	}
-	if m := region.Current(); m != nil && d.slot.replaced(m) {
-		// The engine recreated its file and has not registered it: these
-		// pages would be read from the dead inode.
-		return d.failReplaced(ctx, poll.RoomID(req.RoomId))
+	if m := region.Current(); m != nil {
+		if reason, stale := d.slot.stale(m); stale {
+			// The engine recreated (or truncated) its file and has not
+			// registered it: these pages would be read from the dead inode.
+			return d.failStale(ctx, poll.RoomID(req.RoomId), reason)
+		}
 	}
 	buffers, err := bufferSet("buffers", req.Buffers, len(region.Layout().Buffers))
 	if err != nil {
@@ -337,10 +339,10 @@ func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error
 	return d.awaitAdmission(ctx, waitCtx, out)
 }
 
-// failReplaced fails a room whose region file was replaced under it with
-// region_replaced (the peer is told) and answers with its state.
-func (d *PrefillData) failReplaced(ctx context.Context, id poll.RoomID) error {
-	if err := d.node.Abort(ctx, id, poll.ReasonRegionReplaced); err == nil {
+// failStale fails a room whose region file changed under it with reason
+// (the peer is told) and answers with its state.
+func (d *PrefillData) failStale(ctx context.Context, id poll.RoomID, reason poll.Reason) error {
+	if err := d.node.Abort(ctx, id, reason); err == nil && reason == poll.ReasonRegionReplaced {
 		d.slot.replacedRooms.Add(1)
 	}
 	return d.notSendableNow(id)

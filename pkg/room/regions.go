@@ -1,6 +1,7 @@
 package room
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -55,9 +56,9 @@ type regionSlot struct {
 	onLayout func()
 
 	log *zap.Logger
-	// replacedSeen is the last generation a replaced file was logged for;
+	// staleSeen is the last generation a changed file was logged for;
 	// replacedRooms counts the rooms failed with region_replaced.
-	replacedSeen  atomic.Uint64
+	staleSeen     atomic.Uint64
 	replacedRooms atomic.Uint64
 }
 
@@ -97,7 +98,7 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (Registered, erro
 		cur = r.Current()
 	}
 	if cur != nil && cur.ID().Path == path && cur.Layout().Compatible(layout) == nil {
-		if replaced, err := cur.Replaced(); err == nil && !replaced {
+		if err := cur.Check(); err == nil {
 			return Registered{ID: regionID(layout), File: cur.ID()}, nil // the same file: idempotent
 		}
 	}
@@ -244,20 +245,30 @@ func (s *regionSlot) get() *transfer.Region {
 	return r
 }
 
-// replaced reports whether the file the region maps was replaced at its
-// path (one stat): a room about to bind or send must then fail with
-// region_replaced instead of moving bytes through a dead inode. It logs
-// once per generation.
-func (s *regionSlot) replaced(m *transfer.Mapping) bool {
-	gone, err := m.Replaced()
-	if err != nil || !gone {
-		return false
+// stale checks, with one stat, that the file the region maps is still the
+// one mapped and whole, and names the reason a room about to bind or send
+// must fail with instead of moving bytes through it: region_replaced for a
+// file deleted or recreated at its path (the engine restarted and has not
+// registered again), transfer_error for one truncated under the layout
+// (its pages would fault). It logs once per generation.
+func (s *regionSlot) stale(m *transfer.Mapping) (poll.Reason, bool) {
+	err := m.Check()
+	var reason poll.Reason
+	switch {
+	case err == nil:
+		return poll.ReasonNone, false
+	case errors.Is(err, transfer.ErrRegionReplaced):
+		reason = poll.ReasonRegionReplaced
+	case errors.Is(err, transfer.ErrRegionTooSmall):
+		reason = poll.ReasonTransferError
+	default:
+		return poll.ReasonNone, false // the stat failed: the transfer finds out
 	}
-	if gen := m.ID().Generation; s.replacedSeen.Swap(gen) != gen {
-		s.log.Warn("region file replaced without RegisterRegion: its rooms fail with region_replaced until the engine registers again",
-			zap.String("region", m.ID().Path), zap.Uint64("generation", gen))
+	if gen := m.ID().Generation; s.staleSeen.Swap(gen) != gen {
+		s.log.Warn("region file changed under its mapping: rooms fail until the engine registers it again",
+			zap.String("region", m.ID().Path), zap.Uint64("generation", gen), zap.String("reason", string(reason)), zap.Error(err))
 	}
-	return true
+	return reason, true
 }
 
 // RegionReplacedRooms is how many rooms failed with region_replaced.

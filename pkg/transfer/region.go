@@ -133,18 +133,25 @@ func (m *Mapping) Close() error {
 	return nil
 }
 
-// Replaced stats path and reports whether the file there is no longer the one mapped (it
-// was deleted, or deleted and recreated: another device or inode). One stat(2), no open;
-// measured in BenchmarkReplacedCheck.
-func (m *Mapping) Replaced() (bool, error) {
+// Check stats path and reports whether the file there is still the one mapped, whole:
+// ErrRegionReplaced when it was deleted or replaced (another device or inode), ErrRegionTooSmall
+// when it was truncated below the layout (touching the pages past its end would fault), nil
+// when it is. One stat(2), no open; BenchmarkRegionCheck measures it.
+func (m *Mapping) Check() error {
 	var st unix.Stat_t
 	if err := unix.Stat(m.id.Path, &st); err != nil {
 		if os.IsNotExist(err) {
-			return true, nil
+			return fmt.Errorf("%w: %s is gone", ErrRegionReplaced, m.id.Path)
 		}
-		return false, fmt.Errorf("stat region: %w", err)
+		return fmt.Errorf("stat region: %w", err)
 	}
-	return uint64(st.Dev) != m.id.Dev || st.Ino != m.id.Ino, nil
+	if uint64(st.Dev) != m.id.Dev || st.Ino != m.id.Ino {
+		return fmt.Errorf("%w: %s is another file (inode %d, mapped %d)", ErrRegionReplaced, m.id.Path, st.Ino, m.id.Ino)
+	}
+	if size := m.layout.Size(); st.Size < size {
+		return fmt.Errorf("%w: %s was truncated to %d bytes, layout needs %d", ErrRegionTooSmall, m.id.Path, st.Size, size)
+	}
+	return nil
 }
 
 // Replace installs next as the Region's mapping with generation gen and returns the one it
