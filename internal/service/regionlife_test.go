@@ -198,6 +198,10 @@ func TestReplacedRegionFileFailsItsRoomsAndNewRoomsUseTheNewFile(t *testing.T) {
 				t.Fatalf("re-register of a recreated file: generation %d inode %d (was %d), rooms_failed %d; want generation 2, a new inode, %d rooms failed",
 					gen, ino, oldIno, failed, len(old))
 			}
+			base := map[string]string{"prefill": p.preHTTP, "decode": p.decHTTP}[side]
+			if got := metric(t, base, `pdlink_region_replaced_total{side="`+side+`"}`); got != "1" {
+				t.Errorf("pdlink_region_replaced_total on %s: %s, want 1", side, got)
+			}
 			for i, room := range old {
 				waitReplacedFailure(t, p, side, room)
 				_, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, StartPosition: 2, Pages: &pb.PageList{Indices: pages(int32(i)*4+2, 2)}, Last: true})

@@ -332,6 +332,10 @@ func (n *DecodeOwner) Region() transfer.RegionID { return n.data.slot.identity()
 // RegionReplacedRooms is how many rooms failed with region_replaced.
 func (n *DecodeOwner) RegionReplacedRooms() uint64 { return n.data.slot.RegionReplacedRooms() }
 
+// RegionReplaced is how many region files were found replaced
+// (pdlink_region_replaced_total).
+func (n *DecodeOwner) RegionReplaced() uint64 { return n.data.slot.RegionReplaced() }
+
 // HasRegion reports whether a region is registered.
 func (n *DecodeOwner) HasRegion() bool { return n.data.slot.get() != nil }
 

@@ -596,5 +596,9 @@ func (n *PrefillOwner) Region() transfer.RegionID { return n.data.slot.identity(
 // RegionReplacedRooms is how many rooms failed with region_replaced.
 func (n *PrefillOwner) RegionReplacedRooms() uint64 { return n.data.slot.RegionReplacedRooms() }
 
+// RegionReplaced is how many region files were found replaced
+// (pdlink_region_replaced_total).
+func (n *PrefillOwner) RegionReplaced() uint64 { return n.data.slot.RegionReplaced() }
+
 // Bytes is the KV bytes this side sent and decode confirmed.
 func (n *PrefillOwner) Bytes() uint64 { return n.data.Bytes() }

@@ -57,9 +57,11 @@ type regionSlot struct {
 
 	log *zap.Logger
 	// staleSeen is the last generation a changed file was logged for;
-	// replacedRooms counts the rooms failed with region_replaced.
+	// replacedRooms counts the rooms failed with region_replaced, and
+	// replacements the files found replaced (RegionReplaced).
 	staleSeen     atomic.Uint64
 	replacedRooms atomic.Uint64
+	replacements  atomic.Uint64
 }
 
 // Registered is what RegisterRegion answers: the region's id, the mapped
@@ -125,14 +127,20 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (Registered, erro
 		return Registered{ID: regionID(layout), File: m.ID()}, nil
 	}
 	var prev *pb.RegionLayout
+	if cur == nil { // unregistered: no room holds a mapping to retire
+		r.Replace(m, gen)
+		prev = s.setVersion(l, gen)
+		if s.onLayout != nil {
+			s.onLayout()
+		}
+		return Registered{ID: regionID(layout), File: m.ID()}, nil
+	}
 	failed := s.retireMapping(r, func() {
 		r.Replace(m, gen)
 		prev = s.setVersion(l, gen)
 	})
-	if cur != nil {
-		s.log.Info("region replaced", zap.String("region", path), zap.Uint64("generation", gen),
-			zap.String("old_region", cur.ID().Path), zap.Uint64("old_generation", cur.ID().Generation), zap.Int("rooms_failed", failed))
-	}
+	s.log.Info("region replaced", zap.String("region", path), zap.Uint64("generation", gen),
+		zap.String("old_region", cur.ID().Path), zap.Uint64("old_generation", cur.ID().Generation), zap.Int("rooms_failed", failed))
 	if s.onLayout != nil && (prev == nil || !layoutsEqual(prev, l)) {
 		s.onLayout()
 	}
@@ -174,6 +182,7 @@ func (s *regionSlot) unregister(rank *pb.Rank) (Unregistered, error) {
 // retireWait, else on the owner when the last one does.
 func (s *regionSlot) retireMapping(r *transfer.Region, swap func()) int {
 	old := r.Current()
+	s.replacements.Add(1)
 	var pending atomic.Int64
 	unmapped := make(chan struct{})
 	release := func() {
@@ -265,6 +274,9 @@ func (s *regionSlot) stale(m *transfer.Mapping) (poll.Reason, bool) {
 		return poll.ReasonNone, false // the stat failed: the transfer finds out
 	}
 	if gen := m.ID().Generation; s.staleSeen.Swap(gen) != gen {
+		if reason == poll.ReasonRegionReplaced {
+			s.replacements.Add(1)
+		}
 		s.log.Warn("region file changed under its mapping: rooms fail until the engine registers it again",
 			zap.String("region", m.ID().Path), zap.Uint64("generation", gen), zap.String("reason", string(reason)), zap.Error(err))
 	}
@@ -273,6 +285,11 @@ func (s *regionSlot) stale(m *transfer.Mapping) (poll.Reason, bool) {
 
 // RegionReplacedRooms is how many rooms failed with region_replaced.
 func (s *regionSlot) RegionReplacedRooms() uint64 { return s.replacedRooms.Load() }
+
+// RegionReplaced is how many region files were found replaced: a new
+// generation registered, a rank unregistered, or a replaced file noticed
+// at a bind or Send (once per generation).
+func (s *regionSlot) RegionReplaced() uint64 { return s.replacements.Load() }
 
 func (s *regionSlot) layouts() []*pb.RegionLayout {
 	s.vmu.Lock()
