@@ -43,6 +43,9 @@ type regionSlot struct {
 	vmu   sync.Mutex
 	proto *pb.RegionLayout
 	gen   uint64
+	// announced is the layout the peers last learned in REGISTER (set
+	// at the first registration, which the link sends on its own).
+	announced *pb.RegionLayout
 
 	// onSet builds the data plane over the region, once.
 	onSet func(*transfer.Region) error
@@ -124,26 +127,22 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (Registered, erro
 		}
 		s.region.Store(r)
 		s.setVersion(l, gen)
+		s.announced = l
 		return Registered{ID: regionID(layout), File: m.ID()}, nil
 	}
-	var prev *pb.RegionLayout
 	if cur == nil { // unregistered: no room holds a mapping to retire
 		r.Replace(m, gen)
-		prev = s.setVersion(l, gen)
-		if s.onLayout != nil {
-			s.onLayout()
-		}
+		s.setVersion(l, gen)
+		s.announce(l)
 		return Registered{ID: regionID(layout), File: m.ID()}, nil
 	}
 	failed := s.retireMapping(r, func() {
 		r.Replace(m, gen)
-		prev = s.setVersion(l, gen)
+		s.setVersion(l, gen)
 	})
 	s.log.Info("region replaced", zap.String("region", path), zap.Uint64("generation", gen),
 		zap.String("old_region", cur.ID().Path), zap.Uint64("old_generation", cur.ID().Generation), zap.Int("rooms_failed", failed))
-	if s.onLayout != nil && (prev == nil || !layoutsEqual(prev, l)) {
-		s.onLayout()
-	}
+	s.announce(l)
 	return Registered{ID: regionID(layout), File: m.ID(), RoomsFailed: failed}, nil
 }
 
@@ -169,10 +168,9 @@ func (s *regionSlot) unregister(rank *pb.Rank) (Unregistered, error) {
 		s.proto = nil
 		s.vmu.Unlock()
 	})
+	// The peers keep the layout: with no region this side opens no room,
+	// and a registration with another layout tells them.
 	s.log.Info("region unregistered", zap.Uint64("generation", gen), zap.Int("rooms_failed", failed))
-	if s.onLayout != nil {
-		s.onLayout()
-	}
 	return Unregistered{Dropped: true, Generation: gen, RoomsFailed: failed}, nil
 }
 
@@ -215,14 +213,23 @@ func (s *regionSlot) retireMapping(r *transfer.Region, swap func()) int {
 	return failed
 }
 
-// setVersion records the registered layout and generation and returns the
-// layout before.
-func (s *regionSlot) setVersion(l *pb.RegionLayout, gen uint64) *pb.RegionLayout {
+// setVersion records the registered layout and generation.
+func (s *regionSlot) setVersion(l *pb.RegionLayout, gen uint64) {
 	s.vmu.Lock()
 	defer s.vmu.Unlock()
-	prev := s.proto
 	s.proto, s.gen = l, gen
-	return prev
+}
+
+// announce sends REGISTER again when l is not the layout the peers have.
+// Under mu.
+func (s *regionSlot) announce(l *pb.RegionLayout) {
+	if s.announced != nil && layoutsEqual(s.announced, l) {
+		return
+	}
+	s.announced = l
+	if s.onLayout != nil {
+		s.onLayout()
+	}
 }
 
 // checkRank refuses a rank this daemon holds no region for
