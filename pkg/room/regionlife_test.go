@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/poll"
 	"github.com/pdlink/pdlink/pkg/transfer"
@@ -124,4 +126,82 @@ func TestUnregisterRegionUnmapsOnlyAfterAWriterMidCopyLetGo(t *testing.T) {
 	if h.pre.Region() != (transfer.RegionID{}) {
 		t.Fatal("a region is still registered after UnregisterRegion")
 	}
+}
+
+// A decode region registered again with another layout reaches the
+// prefill daemons in REGISTER (the link sends it again, also when a
+// REGISTER is still on its way); the same layout in a new file does not.
+func TestNewRegionLayoutReachesThePrefillInRegister(t *testing.T) {
+	small, big := newRegion(t), newRegion(t)
+	big.layout = transfer.UniformLayout(4, 32, 4096, 8, 64) // fewer pages: a compatible layout, another shape
+	var mu sync.Mutex
+	current := layoutPB(small.layout)
+	h := newHarnessWith(t, 1, options{dec: func(c *DecodeConfig) {
+		c.LayoutsFunc = func() []*pdlinkv1.RegionLayout {
+			mu.Lock()
+			defer mu.Unlock()
+			return []*pdlinkv1.RegionLayout{current}
+		}
+	}})
+	peerLayoutPages := func() int64 {
+		peers := h.pre.Peers()
+		if len(peers) != 1 || len(peers[0].Layouts) != 1 {
+			return -1
+		}
+		return int64(peers[0].Layouts[0].Buffers[0].Length / uint64(peers[0].Layouts[0].Buffers[0].ItemLen))
+	}
+	h.open(1, 1)
+	if _, ok := h.until(tBound, func() bool { return peerLayoutPages() == 64 }); !ok {
+		t.Fatalf("prefill has %d pages for the decode layout, want 64", peerLayoutPages())
+	}
+	mu.Lock()
+	current = layoutPB(big.layout)
+	mu.Unlock()
+	h.dec.link.RegisterAgain()
+	if _, ok := h.until(tBound, func() bool { return peerLayoutPages() == 32 }); !ok {
+		t.Fatalf("prefill has %d pages for the decode layout after RegisterAgain, want 32", peerLayoutPages())
+	}
+}
+
+// The slot tells the peers (onLayout) when a registration changes the
+// layout, and not when the same layout comes in a new file or the rank is
+// unregistered.
+func TestRegionSlotAnnouncesOnlyAChangedLayout(t *testing.T) {
+	a, b := newRegion(t), newRegion(t)
+	other := transfer.UniformLayout(4, 32, 4096, 8, 64)
+	announced := 0
+	s := &regionSlot{log: zap.NewNop(), onLayout: func() { announced++ }}
+	for _, step := range []struct {
+		path   string
+		layout transfer.Layout
+		unreg  bool
+		want   int
+		gen    uint64
+	}{
+		{a.path, a.layout, false, 0, 1}, // the first: the link registers on its own
+		{a.path, a.layout, false, 0, 1}, // idempotent
+		{b.path, b.layout, false, 0, 2}, // another file, same layout
+		{a.path, other, false, 1, 3},    // another path and layout
+		{"", transfer.Layout{}, true, 1, 3},
+		{a.path, other, false, 1, 4}, // the peers have it already
+		{b.path, b.layout, false, 2, 5},
+	} {
+		if step.unreg {
+			if un, err := s.unregister(nil); err != nil || !un.Dropped {
+				t.Fatalf("unregister: %+v %v", un, err)
+			}
+		} else {
+			reg, err := s.register(step.path, layoutPB(step.layout))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if reg.File.Generation != step.gen {
+				t.Fatalf("register %s: generation %d, want %d", step.path, reg.File.Generation, step.gen)
+			}
+		}
+		if announced != step.want {
+			t.Fatalf("after %+v: announced %d times, want %d", step, announced, step.want)
+		}
+	}
+	s.close()
 }
