@@ -62,12 +62,12 @@ type PrefillSession struct {
 	registering bool
 	// stale: the layouts changed while a REGISTER was on its way; it goes
 	// again once that one is answered.
-	stale bool
-	lastHeard   int64
-	lastHB      int64
-	up          bool
-	farewell    bool // acknowledged our GOODBYE
-	dd          *dedupe
+	stale     bool
+	lastHeard int64
+	lastHB    int64
+	up        bool
+	farewell  bool // acknowledged our GOODBYE
+	dd        *dedupe
 
 	cancel context.CancelFunc // stops the receive worker (its prefill said goodbye)
 }
