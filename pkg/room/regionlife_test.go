@@ -164,8 +164,8 @@ func TestNewRegionLayoutReachesThePrefillInRegister(t *testing.T) {
 }
 
 // The slot tells the peers (onLayout) when a registration changes the
-// layout, and not when the same layout comes in a new file or the rank is
-// unregistered.
+// layout or follows an unregister, and not when the same layout comes in
+// a new file or the rank is unregistered.
 func TestRegionSlotAnnouncesOnlyAChangedLayout(t *testing.T) {
 	a, b := newRegion(t), newRegion(t)
 	other := transfer.UniformLayout(4, 32, 4096, 8, 64)
@@ -183,8 +183,8 @@ func TestRegionSlotAnnouncesOnlyAChangedLayout(t *testing.T) {
 		{b.path, b.layout, false, 0, 2}, // another file, same layout
 		{a.path, other, false, 1, 3},    // another path and layout
 		{"", transfer.Layout{}, true, 1, 3},
-		{a.path, other, false, 1, 4}, // the peers have it already
-		{b.path, b.layout, false, 2, 5},
+		{a.path, other, false, 2, 4}, // after an unregister: a peer may have registered us meanwhile
+		{b.path, b.layout, false, 3, 5},
 	} {
 		if step.unreg {
 			if un, err := s.unregister(nil); err != nil || !un.Dropped {

@@ -168,8 +168,10 @@ func (s *regionSlot) unregister(rank *pb.Rank) (Unregistered, error) {
 		s.proto = nil
 		s.vmu.Unlock()
 	})
-	// The peers keep the layout: with no region this side opens no room,
-	// and a registration with another layout tells them.
+	// The peers keep the layout they have (no room opens here without a
+	// region); the next registration tells them again, as a peer that
+	// registered us meanwhile got none.
+	s.announced = nil
 	s.log.Info("region unregistered", zap.Uint64("generation", gen), zap.Int("rooms_failed", failed))
 	return Unregistered{Dropped: true, Generation: gen, RoomsFailed: failed}, nil
 }
