@@ -1,6 +1,7 @@
 package service
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"testing"
@@ -199,6 +200,15 @@ func TestReplacedRegionFileFailsItsRoomsAndNewRoomsUseTheNewFile(t *testing.T) {
 					gen, ino, oldIno, failed, len(old))
 			}
 			base := map[string]string{"prefill": p.preHTTP, "decode": p.decHTTP}[side]
+			var dbg struct {
+				Region struct {
+					Generation uint64 `json:"generation"`
+					Ino        uint64 `json:"ino"`
+				} `json:"region"`
+			}
+			if err := json.Unmarshal([]byte(httpGet(t, base+"/debug/rooms")), &dbg); err != nil || dbg.Region.Generation != 2 || dbg.Region.Ino != ino {
+				t.Errorf("/debug/rooms region on %s: %+v %v, want generation 2, inode %d", side, dbg.Region, err, ino)
+			}
 			if got := metric(t, base, `pdlink_region_replaced_total{side="`+side+`"}`); got != "1" {
 				t.Errorf("pdlink_region_replaced_total on %s: %s, want 1", side, got)
 			}

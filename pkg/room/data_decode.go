@@ -327,7 +327,7 @@ func (n *DecodeOwner) UnregisterRegion(rank *pdlinkv1.Rank) (Unregistered, error
 }
 
 // Region is the identity of the mapped region file (zero when none).
-func (n *DecodeOwner) Region() transfer.RegionID { return n.data.slot.identity() }
+func (n *DecodeOwner) Region() RegionFile { return n.data.slot.identity() }
 
 // RegionReplacedRooms is how many rooms failed with region_replaced.
 func (n *DecodeOwner) RegionReplacedRooms() uint64 { return n.data.slot.RegionReplacedRooms() }

@@ -591,7 +591,7 @@ func (n *PrefillOwner) UnregisterRegion(rank *pdlinkv1.Rank) (Unregistered, erro
 }
 
 // Region is the identity of the mapped region file (zero when none).
-func (n *PrefillOwner) Region() transfer.RegionID { return n.data.slot.identity() }
+func (n *PrefillOwner) Region() RegionFile { return n.data.slot.identity() }
 
 // RegionReplacedRooms is how many rooms failed with region_replaced.
 func (n *PrefillOwner) RegionReplacedRooms() uint64 { return n.data.slot.RegionReplacedRooms() }

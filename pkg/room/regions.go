@@ -67,12 +67,16 @@ type regionSlot struct {
 	replacements  atomic.Uint64
 }
 
+// RegionFile is a mapped region file's identity: path, device, inode and
+// generation.
+type RegionFile = transfer.RegionID
+
 // Registered is what RegisterRegion answers: the region's id, the mapped
 // file's identity (generation included) and how many rooms on the previous
 // generation failed with region_replaced.
 type Registered struct {
 	ID          string
-	File        transfer.RegionID
+	File        RegionFile
 	RoomsFailed int
 }
 
