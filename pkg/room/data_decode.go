@@ -34,6 +34,9 @@ type DecodeData struct {
 	kind transfer.Kind
 	rcfg transfer.ReceiverConfig
 	node decodeNode
+	// newSink builds the sink once the region is registered
+	// (transfer.NewSink of kind; a fake in tests).
+	newSink func(*transfer.Region, transfer.ReceiverConfig, transfer.Events) (transfer.Sink, error)
 
 	slot regionSlot
 	// mu guards receiver, set once the region is registered.
@@ -102,8 +105,11 @@ func newDecodeData(kind transfer.Kind, cfg transfer.ReceiverConfig, log *zap.Log
 	d := &DecodeData{log: log, kind: kind, rcfg: cfg, node: node, metadata: map[poll.Key]*sentMetadata{}}
 	d.rcfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
 	d.slot.log = log
+	d.newSink = func(r *transfer.Region, cfg transfer.ReceiverConfig, ev transfer.Events) (transfer.Sink, error) {
+		return transfer.NewSink(d.kind, r, cfg, ev)
+	}
 	d.slot.onSet = func(r *transfer.Region) error {
-		rx, err := transfer.NewSink(d.kind, r, d.rcfg, decodeEvents{d})
+		rx, err := d.newSink(r, d.rcfg, decodeEvents{d})
 		if err != nil {
 			return err
 		}

@@ -33,6 +33,9 @@ type DecodeConfig struct {
 	// DataPlane, if set (tests), replaces the data plane built from
 	// DataTransport: the owner then takes no SubmitMetadata.
 	DataPlane DecodeDataPlane
+	// newSink, if set (tests), builds the data plane's sink over the
+	// region (transfer.NewSink of DataTransport otherwise).
+	newSink func(*transfer.Region, transfer.ReceiverConfig, transfer.Events) (transfer.Sink, error)
 
 	openHook func() // tests: runs in Open between reading the prefill instance and opening the room
 	// roomFrameHook, if set (tests), runs as the link delivers a room frame
@@ -89,6 +92,9 @@ func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
 	c.hooks = n
 	if n.dp == nil {
 		n.data = newDecodeData(cfg.DataTransport, cfg.Receiver, c.log, n)
+		if cfg.newSink != nil {
+			n.data.newSink = cfg.newSink
+		}
 		n.data.slot.retire = func(reason poll.Reason, swap func(), hold func() func()) int {
 			return c.retireRooms(n.data.expectedKeys, reason, swap, hold)
 		}

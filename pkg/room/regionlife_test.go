@@ -2,6 +2,7 @@ package room
 
 import (
 	"context"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -204,4 +205,124 @@ func TestRegionSlotAnnouncesOnlyAChangedLayout(t *testing.T) {
 		}
 	}
 	s.close()
+}
+
+// midWriteSink is a transfer.Sink whose connection goroutine is mid-write
+// into a room's destination pages: it takes a slice of the region at the
+// room's Expect, and its Fence is not done until the test lets the write
+// finish (finishWrite).
+type midWriteSink struct {
+	region     *transfer.Region
+	onFenced   func(transfer.Key)
+	mu         sync.Mutex
+	held       []byte
+	fenceAsked chan transfer.Key
+}
+
+func (s *midWriteSink) Expect(e transfer.Expectation) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held == nil && len(e.Dst) > 0 && len(e.Dst[0]) > 0 {
+		s.held = s.region.Pages(0, e.Dst[0][0])
+	}
+	return nil
+}
+
+func (s *midWriteSink) Fence(k transfer.Key) bool {
+	select {
+	case s.fenceAsked <- k:
+	default: // a later Fence of the same room (Forget)
+	}
+	return false
+}
+
+func (s *midWriteSink) FenceWait(transfer.Key) {}
+func (s *midWriteSink) ServeConn(c net.Conn)   { c.Close() }
+func (s *midWriteSink) Close() error           { return nil }
+
+// finishWrite writes every byte the goroutine holds (a fault, killing the
+// test binary, if the mapping was unmapped under it), then reports the
+// fence done.
+func (s *midWriteSink) finishWrite(k transfer.Key) {
+	s.mu.Lock()
+	for i := range s.held {
+		s.held[i] = 0xab
+	}
+	s.mu.Unlock()
+	s.onFenced(k)
+}
+
+// The decode side of the test above: UnregisterRegion while a write into
+// a room's pages is still landing fails the room with region_replaced
+// (prefill sees aborted:remote naming it), fences it, and unmaps the
+// region only once the write let go.
+func TestDecodeUnregisterRegionUnmapsOnlyAfterAWriteMidCopyLetGo(t *testing.T) {
+	reg := newRegion(t)
+	sink := &midWriteSink{fenceAsked: make(chan transfer.Key, 1)}
+	h := newHarnessWith(t, 1, options{dec: func(c *DecodeConfig) {
+		c.DataPlane = nil
+		c.newSink = func(r *transfer.Region, cfg transfer.ReceiverConfig, _ transfer.Events) (transfer.Sink, error) {
+			sink.region, sink.onFenced = r, cfg.OnFenced
+			return sink, nil
+		}
+	}})
+	if _, err := h.dec.RegisterRegion(reg.path, layoutPB(reg.layout)); err != nil {
+		t.Fatal(err)
+	}
+	const room = 7
+	if _, err := h.pre.Open(room, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.dec.Open(room, prefillAddr, 1); err != nil {
+		t.Fatal(err)
+	}
+	md := &pdlinkv1.SendMetadataRequest{RoomId: room, DstPages: &pdlinkv1.PageList{Indices: []int32{1, 2, 3}}, AuxIndex: 4}
+	if err := h.dec.SubmitMetadata(context.Background(), md); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
+		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
+	}
+
+	answered := make(chan Unregistered, 1)
+	go func() {
+		un, err := h.dec.UnregisterRegion(&pdlinkv1.Rank{TpRank: 0, TpSize: 1})
+		if err != nil {
+			t.Error(err)
+		}
+		answered <- un
+	}()
+	var key transfer.Key
+	select {
+	case key = <-sink.fenceAsked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("UnregisterRegion never fenced the room in flight")
+	}
+	select {
+	case un := <-answered:
+		t.Fatalf("UnregisterRegion answered %+v while a write into the region was still landing", un)
+	default:
+	}
+	if got := h.decState(room); got == poll.Failed {
+		t.Fatal("the room's Failed is visible while a write into its pages is landing (I9)")
+	}
+	sink.finishWrite(key)
+	var un Unregistered
+	select {
+	case un = <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("UnregisterRegion did not answer once the fence was done")
+	}
+	if !un.Dropped || un.RoomsFailed != 1 {
+		t.Fatalf("UnregisterRegion: %+v, want the region dropped and 1 room failed", un)
+	}
+	if _, ok := h.until(tBound, func() bool { return h.decState(room) == poll.Failed && h.preState(room) == poll.Failed }); !ok {
+		t.Fatalf("room %d: decode %v, prefill %v after the fence, want both Failed", room, h.decState(room), h.preState(room))
+	}
+	if r, _ := h.reason(h.dec, room); r != poll.ReasonRegionReplaced {
+		t.Fatalf("decode room %d failed with %q, want region_replaced", room, r)
+	}
+	if r, peer := h.reason(h.pre, room); r != poll.ReasonAbortedRemote || peer != poll.ReasonRegionReplaced {
+		t.Fatalf("prefill room %d failed with %q (peer %q), want aborted:remote naming region_replaced", room, r, peer)
+	}
 }
