@@ -584,8 +584,8 @@ func (n *PrefillOwner) RegisterRegion(path string, l *pdlinkv1.RegionLayout) (Re
 }
 
 // UnregisterRegion drops rank's region: its rooms fail with
-// region_replaced, are fenced, and the file is unmapped. ok is false when
-// the rank had none.
+// region_replaced, are fenced, and the file is unmapped. Dropped is false
+// when the rank had none.
 func (n *PrefillOwner) UnregisterRegion(rank *pdlinkv1.Rank) (Unregistered, error) {
 	return n.data.slot.unregister(rank)
 }

@@ -313,7 +313,7 @@ func (s *regionSlot) layouts() []*pb.RegionLayout {
 	return []*pb.RegionLayout{s.proto}
 }
 
-// generation is the current mapping's identity (zero when none).
+// identity is the current mapping's identity (zero when none).
 func (s *regionSlot) identity() transfer.RegionID {
 	if r := s.region.Load(); r != nil {
 		return r.ID()
