@@ -167,7 +167,8 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SidePrefill)
-	if err := registerMetrics(s, rec, metrics.SidePrefill, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) }, node.RegionRefused); err != nil {
+	if err := registerMetrics(s, rec, metrics.SidePrefill, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) },
+		func() float64 { return float64(node.RegionReplaced()) }, node.RegionRefused); err != nil {
 		return err
 	}
 	addNode(s, "prefill-node", node, rec, func() error {
@@ -227,7 +228,8 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SideDecode)
-	if err := registerMetrics(s, rec, metrics.SideDecode, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) }, node.RegionRefused); err != nil {
+	if err := registerMetrics(s, rec, metrics.SideDecode, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) },
+		func() float64 { return float64(node.RegionReplaced()) }, node.RegionRefused); err != nil {
 		ln.Close()
 		return err
 	}
@@ -266,7 +268,7 @@ func addNode(s *daemon.Server, name string, node RoomOwner, rec *metrics.Recorde
 	})
 }
 
-func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes func() float64, regionRefused func(regionpath.Rule) uint64) error {
+func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes, regionReplaced func() float64, regionRefused func(regionpath.Rule) uint64) error {
 	authRejected, authReloads := authSources(kr)
 	c := metrics.NewCollector(side, metrics.Sources{
 		Rooms:          stats,
@@ -292,7 +294,8 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg d
 				{Labels: []string{"socket"}, Value: float64(z().Restarts)},
 			}
 		},
-		TransferBytes: bytes,
+		TransferBytes:  bytes,
+		RegionReplaced: regionReplaced,
 		InsecureMode: func() float64 {
 			if cfg.InsecureMode() {
 				return 1

@@ -60,11 +60,14 @@ type PrefillSession struct {
 	epoch       uint64
 	registered  bool
 	registering bool
-	lastHeard   int64
-	lastHB      int64
-	up          bool
-	farewell    bool // acknowledged our GOODBYE
-	dd          *dedupe
+	// stale: the layouts changed while a REGISTER was on its way; it goes
+	// again once that one is answered.
+	stale     bool
+	lastHeard int64
+	lastHB    int64
+	up        bool
+	farewell  bool // acknowledged our GOODBYE
+	dd        *dedupe
 
 	cancel context.CancelFunc // stops the receive worker (its prefill said goodbye)
 }
@@ -243,7 +246,12 @@ func (l *DecodeLink) register(s *PrefillSession) {
 		if applied {
 			s.registered = true
 		}
+		again := s.stale && applied
+		s.stale = false
 		l.smu.Unlock()
+		if again {
+			l.register(s) // it carried the layouts before the change
+		}
 		if !applied {
 			l.log.Error("prefill refused registration", zap.String("addr", s.addr), zap.String("reason", a.Reason))
 			return true
@@ -493,5 +501,25 @@ func (s *PrefillSession) close() {
 	s.l.smu.Unlock()
 	if c != nil {
 		_ = c.Close()
+	}
+}
+
+// RegisterAgain sends REGISTER to every prefill daemon this link
+// registered with, or is registering with (after that REGISTER is
+// answered): the region layouts changed.
+func (l *DecodeLink) RegisterAgain() {
+	l.smu.Lock()
+	var ss []*PrefillSession
+	for _, s := range l.sessions {
+		switch {
+		case s.registering:
+			s.stale = true
+		case s.registered:
+			ss = append(ss, s)
+		}
+	}
+	l.smu.Unlock()
+	for _, s := range ss {
+		l.register(s)
 	}
 }

@@ -122,47 +122,73 @@ func (c *Checker) Refused(r Rule) uint64 {
 	return c.refused[r].Load()
 }
 
+// File is the file a check accepted: its device and inode.
+type File struct{ Dev, Ino uint64 }
+
 // Check accepts path or returns why not: a *RefusedError for a broken
 // rule (counted and logged), another error when the path cannot be
-// examined. An accepted path may still be replaced after Check returns;
-// the caller opens it at once.
+// examined. An accepted path may still be replaced after Check returns:
+// a caller that opens it again confirms it got the same file
+// (CheckFile, Confirm).
 func (c *Checker) Check(path string) error {
-	err := c.check(path)
+	_, err := c.CheckFile(path)
+	return err
+}
+
+// CheckFile is Check, returning the file it accepted.
+func (c *Checker) CheckFile(path string) (File, error) {
+	f, err := c.check(path)
+	c.count(path, err)
+	return f, err
+}
+
+// Confirm refuses (RuleChanged) a file the caller opened at path after
+// CheckFile accepted it, when the caller's file (dev, ino) is not the one
+// accepted: the path was swapped between the check and the caller's open.
+func (c *Checker) Confirm(path string, accepted File, dev, ino uint64) error {
+	if accepted == (File{Dev: dev, Ino: ino}) {
+		return nil
+	}
+	err := &RefusedError{Rule: RuleChanged, Path: path, Detail: fmt.Sprintf("replaced between the check and the open (inode %d, checked %d)", ino, accepted.Ino)}
+	c.count(path, err)
+	return err
+}
+
+func (c *Checker) count(path string, err error) {
 	var refused *RefusedError
 	if errors.As(err, &refused) {
 		c.refused[refused.Rule].Add(1)
 		c.log.Warn("region path refused", zap.String("path", path), zap.Stringer("rule", refused.Rule), zap.String("detail", refused.Detail))
 	}
-	return err
 }
 
-func (c *Checker) check(path string) error {
+func (c *Checker) check(path string) (File, error) {
 	refuse := func(r Rule, format string, args ...any) error {
 		return &RefusedError{Rule: r, Path: path, Detail: fmt.Sprintf(format, args...)}
 	}
 	if !filepath.IsAbs(path) {
-		return refuse(RuleRelative, "not an absolute path")
+		return File{}, refuse(RuleRelative, "not an absolute path")
 	}
 	if clean := filepath.Clean(path); clean != path {
-		return refuse(RuleNotClean, "not a clean path (it cleans to %s)", clean)
+		return File{}, refuse(RuleNotClean, "not a clean path (it cleans to %s)", clean)
 	}
 	if !c.under(path) {
-		return refuse(RuleOutsideDirs, "not under a region directory (%s)", strings.Join(c.dirs, ", "))
+		return File{}, refuse(RuleOutsideDirs, "not under a region directory (%s)", strings.Join(c.dirs, ", "))
 	}
 	var st unix.Stat_t
 	for _, p := range components(path) {
 		if err := unix.Lstat(p, &st); err != nil {
-			return &os.PathError{Op: "lstat", Path: p, Err: err}
+			return File{}, &os.PathError{Op: "lstat", Path: p, Err: err}
 		}
 		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
-			return refuse(RuleSymlink, "%s is a symbolic link", p)
+			return File{}, refuse(RuleSymlink, "%s is a symbolic link", p)
 		}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return refuse(RuleNotRegular, "a %s, not a regular file", kind(st.Mode))
+		return File{}, refuse(RuleNotRegular, "a %s, not a regular file", kind(st.Mode))
 	}
 	if !slices.Contains(c.groups, st.Gid) {
-		return refuse(RuleGroup, "group %d is not one of the daemon's groups %v", st.Gid, c.groups)
+		return File{}, refuse(RuleGroup, "group %d is not one of the daemon's groups %v", st.Gid, c.groups)
 	}
 	if c.beforeOpen != nil {
 		c.beforeOpen(path)
@@ -171,19 +197,19 @@ func (c *Checker) check(path string) error {
 	// swap put there); O_NOFOLLOW opens a symlink swapped in as itself.
 	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return &os.PathError{Op: "open", Path: path, Err: err}
+		return File{}, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
 	var opened unix.Stat_t
 	if err := unix.Fstat(fd, &opened); err != nil {
-		return &os.PathError{Op: "fstat", Path: path, Err: err}
+		return File{}, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
 	// The type and group are compared too: a file system may give a file
 	// created in the window the inode number of the one it replaced.
 	if opened.Dev != st.Dev || opened.Ino != st.Ino || opened.Mode != st.Mode || opened.Gid != st.Gid {
-		return refuse(RuleChanged, "replaced between the check and the open (now a %s of group %d)", kind(opened.Mode), opened.Gid)
+		return File{}, refuse(RuleChanged, "replaced between the check and the open (now a %s of group %d)", kind(opened.Mode), opened.Gid)
 	}
-	return nil
+	return File{Dev: uint64(st.Dev), Ino: st.Ino}, nil
 }
 
 // under reports whether path lies strictly below one of the directories.

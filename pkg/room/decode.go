@@ -36,6 +36,9 @@ type DecodeConfig struct {
 	// DataPlane, if set (tests), replaces the data plane built from
 	// DataTransport: the owner then takes no SubmitMetadata.
 	DataPlane DecodeDataPlane
+	// newSink, if set (tests), builds the data plane's sink over the
+	// region (transfer.NewSink of DataTransport otherwise).
+	newSink func(*transfer.Region, transfer.ReceiverConfig, transfer.Events) (transfer.Sink, error)
 
 	openHook func() // tests: runs in Open between reading the prefill instance and opening the room
 	// roomFrameHook, if set (tests), runs on the owner goroutine as it
@@ -98,6 +101,14 @@ func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
 	if n.dp == nil {
 		n.data = newDecodeData(cfg.DataTransport, cfg.Receiver, c.log, n)
 		n.data.slot.paths = paths
+		if cfg.newSink != nil {
+			n.data.newSink = cfg.newSink
+		}
+		n.data.slot.retire = func(reason poll.Reason, swap func(), hold func() func()) int {
+			return c.retireRooms(n.data.expectedKeys, reason, swap, hold)
+		}
+		// A new layout reaches the prefill daemons in REGISTER.
+		n.data.slot.onLayout = link.RegisterAgain
 		n.dp = n.data
 	}
 	return n, nil

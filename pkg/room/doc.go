@@ -37,7 +37,9 @@
 //	                   a last Send's wait for admission, parked on its room
 //	data_decode.go     DecodeData over transfer.Sink: Expect, the receiver's
 //	                   callbacks, SubmitMetadata (retries, conflicts)
-//	regions.go         the region a daemon serves (one rank today)
+//	regions.go         the region a daemon serves (one rank today): its
+//	                   generations, replacement and UnregisterRegion (fail,
+//	                   fence, then unmap) and the per-Send/bind file check
 //	reasons.go         transfer reasons -> room reasons
 //	convert.go         proto <-> transfer conversions (page lists, layouts,
 //	                   ranks, keys): the service does not import transfer

@@ -10,8 +10,6 @@ import (
 var (
 	// ErrNoRegion means the call needs a registered region and none is.
 	ErrNoRegion = errors.New("no region registered: call RegisterRegion first")
-	// ErrRegionTaken means the rank already has another region registered.
-	ErrRegionTaken = errors.New("room: rank already has a region")
 	// ErrUnsupported means the request needs what this build does not do yet (fan-out).
 	ErrUnsupported = errors.New("room: not supported yet")
 	// ErrNotSendable means the room takes no Send in its state now; the message names it.

@@ -91,6 +91,9 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 		if cfg.newTransport != nil {
 			n.data.newTransport = cfg.newTransport
 		}
+		n.data.slot.retire = func(reason poll.Reason, swap func(), hold func() func()) int {
+			return c.retireRooms(n.data.boundKeys, reason, swap, hold)
+		}
 		n.dp = n.data
 	}
 	return n, nil

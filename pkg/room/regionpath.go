@@ -6,6 +6,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pdlink/pdlink/pkg/regionpath"
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // newRegionPaths is the checker of the owner's region directories (nil
@@ -21,11 +22,21 @@ func newRegionPaths(dirs []string, log *zap.Logger) (*regionpath.Checker, error)
 // (ErrRegionPathRefused naming the rule and the path), before the region
 // is opened. A path it cannot examine is a region_path FieldError, as an
 // unopenable region is.
-func checkRegionPath(paths *regionpath.Checker, path string) error {
+func checkRegionPath(paths *regionpath.Checker, path string) (regionpath.File, error) {
 	if paths == nil {
-		return errorf(ErrRegionPathRefused, "region path %s refused: no region directory is configured", path)
+		return regionpath.File{}, errorf(ErrRegionPathRefused, "region path %s refused: no region directory is configured", path)
 	}
-	err := paths.Check(path)
+	f, err := paths.CheckFile(path)
+	return f, regionPathError(err)
+}
+
+// confirmRegionPath refuses a mapped file that is not the one
+// checkRegionPath accepted (the path was swapped between the two opens).
+func confirmRegionPath(paths *regionpath.Checker, path string, accepted regionpath.File, mapped transfer.RegionID) error {
+	return regionPathError(paths.Confirm(path, accepted, mapped.Dev, mapped.Ino))
+}
+
+func regionPathError(err error) error {
 	var refused *regionpath.RefusedError
 	switch {
 	case err == nil:

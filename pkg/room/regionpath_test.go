@@ -69,3 +69,39 @@ func TestRegisterRegionRefusesAPathBeforeOpeningIt(t *testing.T) {
 		t.Fatalf("register of a region inside the directory: %v", err)
 	}
 }
+
+// The path check opens the path, and the mapping opens it again: a file
+// swapped in between (here one outside every region directory, moved in
+// over the checked one) is refused, not mapped.
+func TestRegisterRegionRefusesAFileSwappedInAfterTheCheck(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	l := transfer.UniformLayout(4, 64, 4096, 8, 64)
+	checked, err := transfer.CreateRegionFile(dir, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := transfer.CreateRegionFile(outside, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDecodeData(transfer.KindTCP, transfer.ReceiverConfig{}, zap.NewNop(), nil)
+	defer d.Close()
+	if d.slot.paths, err = newRegionPaths([]string{dir}, zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	d.slot.afterPathCheck = func(path string) {
+		if err := os.Rename(other, path); err != nil {
+			t.Errorf("swap: %v", err)
+		}
+	}
+	_, err = d.slot.register(checked, layoutPB(l))
+	if !errors.Is(err, ErrRegionPathRefused) || !strings.Contains(err.Error(), "rule changed") {
+		t.Fatalf("register of a file swapped after the check: %v, want ErrRegionPathRefused naming rule changed", err)
+	}
+	if d.slot.get() != nil {
+		t.Fatal("the swapped-in file was mapped")
+	}
+	if got := regionRefused(d.slot.paths, regionpath.RuleChanged); got != 1 {
+		t.Fatalf("refused{rule=changed} = %d, want 1", got)
+	}
+}

@@ -469,9 +469,16 @@ type chunkPlan struct {
 // MaxChunkBytes (at least one page each), pagelist.MaxRuns runs and pagelist.MaxPages pages,
 // the bounds the receiver checks each chunk against. A chunk does not end where a buffer
 // does: the pages of a small piece over many buffers travel as one chunk, not one per buffer.
-func (tc *txConn) planChunks(w *piece) []chunkPlan {
+func (tc *txConn) planChunks(w *piece) ([]chunkPlan, bool) {
 	s := tc.p.s
 	cfg := &s.cfg
+	// A piece is checked against the region's mapping at Append; one that
+	// no longer fits was taken before the region was replaced, and its
+	// room fenced before that: nothing of it may be planned or read.
+	layout := s.region.Layout()
+	if len(w.segs) > len(layout.Buffers) {
+		return nil, false
+	}
 	var plans []chunkPlan
 	c := chunkPlan{iov: [][]byte{nil}}
 	flush := func() {
@@ -479,7 +486,7 @@ func (tc *txConn) planChunks(w *piece) []chunkPlan {
 		c = chunkPlan{iov: [][]byte{nil}}
 	}
 	for b, segs := range w.segs {
-		itemLen := s.region.layout.Buffers[b].ItemLen
+		itemLen := layout.Buffers[b].ItemLen
 		i, off := 0, int32(0)
 		for i < len(segs) {
 			if len(c.runs) == pagelist.MaxRuns {
@@ -506,7 +513,7 @@ func (tc *txConn) planChunks(w *piece) []chunkPlan {
 	if len(c.runs) > 0 {
 		flush()
 	}
-	return plans
+	return plans, true
 }
 
 // checksums computes the chunks' crc32c one or two chunks ahead of the
@@ -547,7 +554,10 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 	if cfg.Checksum == ChecksumCRC32C {
 		flags = FlagPayloadCRC
 	}
-	plans := tc.planChunks(w)
+	plans, ok := tc.planChunks(w)
+	if !ok {
+		return false, nil // its region was replaced since Append: the stream is fenced
+	}
 	var crcs <-chan uint32
 	if flags != 0 {
 		quit := make(chan struct{})
