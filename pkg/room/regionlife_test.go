@@ -66,7 +66,7 @@ func TestUnregisterRegionUnmapsOnlyAfterAWriterMidCopyLetGo(t *testing.T) {
 	tr := &midCopyTransport{fakeTransport: newFakeTransport(true), fenceAsked: make(chan transfer.Key, 4)}
 	h := newHarnessWith(t, 1, options{
 		pre: func(c *PrefillConfig) {
-			c.DataPlane = nil
+			c.DataPlane, c.RegionDirs = nil, tempRegionDirs()
 			c.newTransport = func(r *transfer.Region, cfg transfer.SenderConfig) (transfer.Transport, error) {
 				tr.region, tr.onFenced = r, cfg.OnFenced
 				return tr, nil
@@ -172,6 +172,7 @@ func TestRegionSlotAnnouncesOnlyAChangedLayout(t *testing.T) {
 	other := transfer.UniformLayout(4, 32, 4096, 8, 64)
 	announced := 0
 	s := &regionSlot{log: zap.NewNop(), onLayout: func() { announced++ }}
+	allowTempRegions(t, s)
 	for _, step := range []struct {
 		path   string
 		layout transfer.Layout
@@ -260,7 +261,7 @@ func TestDecodeUnregisterRegionUnmapsOnlyAfterAWriteMidCopyLetGo(t *testing.T) {
 	reg := newRegion(t)
 	sink := &midWriteSink{fenceAsked: make(chan transfer.Key, 1)}
 	h := newHarnessWith(t, 1, options{dec: func(c *DecodeConfig) {
-		c.DataPlane = nil
+		c.DataPlane, c.RegionDirs = nil, tempRegionDirs()
 		c.newSink = func(r *transfer.Region, cfg transfer.ReceiverConfig, _ transfer.Events) (transfer.Sink, error) {
 			sink.region, sink.onFenced = r, cfg.OnFenced
 			return sink, nil
