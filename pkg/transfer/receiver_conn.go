@@ -167,7 +167,7 @@ func (c *rxConn) readPages(p []byte) error {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return err
+		return regionIOError(c.r.region, c.r.log, err)
 	}
 	return nil
 }
@@ -305,17 +305,22 @@ func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32) (uint32, int, er
 		c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
 		room.mu.Unlock()
 		var err error
-		for left := c.r.cfg.PieceBytes; left > 0 && i < len(dsts); {
-			p := dsts[i][off:]
-			p = p[:min(len(p), left)]
-			if err = c.readPages(p); err != nil {
-				break
+		fault := touchRegion(c.r.region, c.r.log, c.r.beforeTouch, func() {
+			for left := c.r.cfg.PieceBytes; left > 0 && i < len(dsts); {
+				p := dsts[i][off:]
+				p = p[:min(len(p), left)]
+				if err = c.readPages(p); err != nil {
+					break
+				}
+				crc = crc32.Update(crc, castagnoli, p)
+				n, left, off = n+len(p), left-len(p), off+len(p)
+				for i < len(dsts) && off == len(dsts[i]) {
+					i, off = i+1, 0
+				}
 			}
-			crc = crc32.Update(crc, castagnoli, p)
-			n, left, off = n+len(p), left-len(p), off+len(p)
-			for i < len(dsts) && off == len(dsts[i]) {
-				i, off = i+1, 0
-			}
+		})
+		if fault != nil {
+			err = fault // the stream is cut mid-piece: the connection breaks, its rooms fail
 		}
 		if c.leave(room) {
 			c.r.letGoFence(room)

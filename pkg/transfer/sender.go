@@ -167,6 +167,8 @@ type Sender struct {
 	wg     sync.WaitGroup
 
 	interrupts atomic.Uint64
+	// beforeTouch, for tests, runs before each checksum pass over source pages.
+	beforeTouch func()
 }
 
 // SenderStats counts the sender's fence interventions.

@@ -1,0 +1,264 @@
+//go:build linux
+
+package transfer
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"runtime/debug"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// The tests in this file pin that a region file truncated while its pages are being copied
+// fails the rooms being copied with transfer_error and leaves the daemon serving: without
+// touchRegion the first access past the new end raises SIGBUS and kills the test binary.
+
+// holdFirst returns a hook that blocks its first call until release is closed, after closing
+// held, and lets every later call through.
+func holdFirst() (hook func(), held, release chan struct{}) {
+	held, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(held)
+			<-release
+		})
+	}, held, release
+}
+
+func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not within 10s", what)
+	}
+}
+
+// faultLayout is a room large enough to take several chunks (8 MiB over 2 buffers).
+func faultLayout() Layout { return UniformLayout(2, 64, 64<<10, 4, 64) }
+
+// TestSourceTruncatedMidChecksumFailsRoomNotDaemon: prefill's region file is truncated to 0
+// while a large room's first chunk is about to be checksummed. The room fails with
+// transfer_error (the connection breaks, as a broken write does), the fault is
+// counted once, and once the file has its size again the same Sender sends a second room
+// whose bytes all arrive.
+func TestSourceTruncatedMidChecksumFailsRoomNotDaemon(t *testing.T) {
+	for _, tcp := range []bool{false, true} {
+		t.Run(map[bool]string{false: "mem", true: "tcp"}[tcp], func(t *testing.T) {
+			l := faultLayout()
+			g := newRig(t, l, l, tcp, SenderConfig{MaxChunkBytes: 1 << 20, RedialMin: time.Millisecond}, ReceiverConfig{})
+			hook, held, release := holdFirst()
+			g.snd.beforeTouch = hook
+			all := SamePages(2, []Run{{0, 64}})
+			aux := bytes.Repeat([]byte{5}, 64)
+
+			k1 := Key{Room: 1, Nonce: 1}
+			if err := g.rcv.Expect(Expectation{Key: k1, Dst: all, AuxRow: 0}); err != nil {
+				t.Fatal(err)
+			}
+			done := g.send(t, k1, all, all, aux)
+			waitClosed(t, held, "checksum pass over the first chunk")
+			if err := os.Truncate(g.src.Path(), 0); err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			err := waitDone(t, done)
+			if ReasonOf(err) != ReasonTransferError || !errors.Is(err, ErrRegionFault) {
+				t.Fatalf("room on a truncated source: %v; want transfer_error from a region fault", err)
+			}
+			// Nothing of the room was written before the fault, so the receiver only
+			// learns of it from the control plane (prefill reports it Failed): it must
+			// just never be Complete.
+			if r, ok := g.ev.get(k1); ok && r == "" {
+				t.Fatal("receiver reported the room complete")
+			}
+			if n := g.src.Faults(); n != 1 {
+				t.Fatalf("source region faults %d, want 1", n)
+			}
+			g.rcv.Fence(k1)
+
+			if err := os.Truncate(g.src.Path(), l.Size()); err != nil {
+				t.Fatal(err)
+			}
+			for b := range 2 {
+				fill(g.src.Buffer(b), uint64(b+10))
+			}
+			k2 := Key{Room: 2, Nonce: 1}
+			if err := g.rcv.Expect(Expectation{Key: k2, Dst: all, AuxRow: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if err := waitDone(t, g.send(t, k2, all, all, aux)); err != nil {
+				t.Fatalf("second room: %v", err)
+			}
+			if r := g.ev.wait(t, k2); r != "" {
+				t.Fatalf("second room: receiver outcome %q", r)
+			}
+			for b := range 2 {
+				if !bytes.Equal(g.dst.Buffer(b), g.src.Buffer(b)) {
+					t.Fatalf("second room: buffer %d differs", b)
+				}
+			}
+			g.rcv.Fence(k2)
+		})
+	}
+}
+
+// TestDestinationTruncatedMidChunkFailsRoomReceiverServes: decode's region file is truncated
+// to 0 while a large room's first piece is about to land. That room fails with
+// transfer_error on both sides, the fault is counted, and once the file has its size again
+// the same Receiver takes a second room whole. Over TCP only: on a MemNetwork the copy into
+// the destination happens inside net.Pipe's Read, and a pipe whose reader faulted mid-copy
+// leaves its writer waiting for the count forever (net.Pipe's limit, not the receiver's).
+func TestDestinationTruncatedMidChunkFailsRoomReceiverServes(t *testing.T) {
+	for _, tcp := range []bool{true} {
+		t.Run(map[bool]string{false: "mem", true: "tcp"}[tcp], func(t *testing.T) {
+			l := faultLayout()
+			g := newRig(t, l, l, tcp, SenderConfig{MaxChunkBytes: 1 << 20, RedialMin: time.Millisecond}, ReceiverConfig{})
+			hook, held, release := holdFirst()
+			g.rcv.beforeTouch = hook
+			for b := range 2 {
+				fill(g.src.Buffer(b), uint64(b+1))
+			}
+			all := SamePages(2, []Run{{0, 64}})
+			aux := bytes.Repeat([]byte{6}, 64)
+
+			k1 := Key{Room: 1, Nonce: 1}
+			if err := g.rcv.Expect(Expectation{Key: k1, Dst: all, AuxRow: 0}); err != nil {
+				t.Fatal(err)
+			}
+			done := g.send(t, k1, all, all, aux)
+			waitClosed(t, held, "first piece into destination pages")
+			if err := os.Truncate(g.dst.Path(), 0); err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			if r := g.ev.wait(t, k1); r != ReasonTransferError {
+				t.Fatalf("receiver outcome %q, want transfer_error", r)
+			}
+			if err := waitDone(t, done); ReasonOf(err) != ReasonTransferError {
+				t.Fatalf("sender: %v, want transfer_error", err)
+			}
+			if n := g.dst.Faults(); n < 1 {
+				t.Fatalf("destination region faults %d, want at least 1", n)
+			}
+			g.rcv.Fence(k1)
+
+			if err := os.Truncate(g.dst.Path(), l.Size()); err != nil {
+				t.Fatal(err)
+			}
+			k2 := Key{Room: 2, Nonce: 1}
+			if err := g.rcv.Expect(Expectation{Key: k2, Dst: all, AuxRow: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if err := waitDone(t, g.send(t, k2, all, all, aux)); err != nil {
+				t.Fatalf("second room: %v", err)
+			}
+			if r := g.ev.wait(t, k2); r != "" {
+				t.Fatalf("second room: receiver outcome %q", r)
+			}
+			for b := range 2 {
+				if !bytes.Equal(g.dst.Buffer(b), g.src.Buffer(b)) {
+					t.Fatalf("second room: buffer %d differs", b)
+				}
+			}
+			if !bytes.Equal(g.dst.AuxRow(1), aux) {
+				t.Fatal("second room: aux row not written")
+			}
+			g.rcv.Fence(k2)
+		})
+	}
+}
+
+// fakeFault is what the runtime panics with on a fault under SetPanicOnFault.
+type fakeFault struct{ addr uintptr }
+
+func (f fakeFault) Error() string { return "fake fault" }
+func (f fakeFault) RuntimeError() {}
+func (f fakeFault) Addr() uintptr { return f.addr }
+
+// repanics reports the value fn panicked with, or nil if it returned.
+func repanics(fn func()) (v any) {
+	defer func() { v = recover() }()
+	fn()
+	return nil
+}
+
+// TestFaultOutsideRegionsRepanics: only a fault inside a live mapping is recovered; one
+// anywhere else (and any other panic) is a real bug and panics on with the same value.
+func TestFaultOutsideRegionsRepanics(t *testing.T) {
+	r := openTestRegion(t, UniformLayout(1, 4, 4096, 0, 0))
+	log := zap.NewNop()
+	var outside [64]byte
+	for _, v := range []any{fakeFault{uintptr(unsafe.Pointer(&outside[8]))}, fakeFault{0}, "not a fault", errors.New("plain error")} {
+		if got := repanics(func() { _ = recoverRegionFault(r, log, v) }); got != v {
+			t.Fatalf("recoverRegionFault(%v) panicked with %v, want the same value again", v, got)
+		}
+	}
+	if n := r.Faults(); n != 0 {
+		t.Fatalf("faults counted for panics outside the region: %d", n)
+	}
+	inside := uintptr(unsafe.Pointer(&r.Buffer(0)[100]))
+	var err error
+	if got := repanics(func() { err = recoverRegionFault(r, log, fakeFault{inside}) }); got != nil {
+		t.Fatalf("fault inside the region panicked on: %v", got)
+	}
+	var fe *RegionFaultError
+	if !errors.As(err, &fe) || fe.Path != r.Path() || fe.Addr != inside || !errors.Is(err, ErrRegionFault) {
+		t.Fatalf("fault inside the region: %v", err)
+	}
+	if n := r.Faults(); n != 1 {
+		t.Fatalf("faults %d, want 1", n)
+	}
+}
+
+// TestRealFaultOutsideRegionsRepanics: a real SIGBUS on a mapping that is not a region (a
+// file this test maps itself, then truncates) is not taken for a truncated region: it panics
+// on out of touchRegion, where this test recovers it, instead of failing a room. A real
+// SIGBUS on a region is recovered into an error, and panic-on-fault is off again after both.
+func TestRealFaultOutsideRegionsRepanics(t *testing.T) {
+	r := openTestRegion(t, UniformLayout(1, 4, 4096, 0, 0))
+	log := zap.NewNop()
+	f, err := os.CreateTemp(t.TempDir(), "not-a-region-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(1 << 16); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, 1<<16, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	if err := f.Truncate(0); err != nil {
+		t.Fatal(err)
+	}
+	v := repanics(func() { _ = touchRegion(r, log, nil, func() { mem[4096] = 1 }) })
+	if _, ok := v.(faultAddr); !ok {
+		t.Fatalf("fault outside every region: recovered %v, want the runtime's fault panicking on", v)
+	}
+	if n := r.Faults(); n != 0 {
+		t.Fatalf("a fault outside the region was counted on it: %d", n)
+	}
+
+	if err := os.Truncate(r.Path(), 0); err != nil {
+		t.Fatal(err)
+	}
+	page := r.Buffer(0)[8192:]
+	err = touchRegion(r, log, nil, func() { page[0] = 1 })
+	if !errors.Is(err, ErrRegionFault) || r.Faults() != 1 {
+		t.Fatalf("fault inside the region: %v (faults %d), want a region fault", err, r.Faults())
+	}
+	if was := debug.SetPanicOnFault(false); was {
+		t.Fatal("panic-on-fault left on after touchRegion")
+	}
+}
