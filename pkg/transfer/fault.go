@@ -121,6 +121,19 @@ func touchRegion(region *Region, log *zap.Logger, before func(), access func()) 
 	return nil
 }
 
+// copyRegionBytes returns a copy of b, which may be region memory (an aux row), or the
+// fault that copying it met. It returns nil for an empty b.
+func copyRegionBytes(region *Region, log *zap.Logger, b []byte) (out []byte, err error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	out = make([]byte, len(b))
+	if err := touchRegion(region, log, nil, func() { copy(out, b) }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // regionIOError wraps err as a *RegionFaultError, counted on region, when a system call
 // reading into or writing from region memory failed with EFAULT (the kernel's word for the
 // same truncation); any other error is returned as it is.

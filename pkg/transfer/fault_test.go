@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"runtime/debug"
@@ -261,4 +262,44 @@ func TestRealFaultOutsideRegionsRepanics(t *testing.T) {
 	if was := debug.SetPanicOnFault(false); was {
 		t.Fatal("panic-on-fault left on after touchRegion")
 	}
+}
+
+// TestAuxRowOfTruncatedSourceFailsSendNotDaemon: the daemon hands Send the aux row as a
+// slice of its region, which Append copies; with the file truncated under it that copy
+// faults. The Send fails with transfer_error, nothing is sent, and once the file has its
+// size again the same room key sends whole.
+func TestAuxRowOfTruncatedSourceFailsSendNotDaemon(t *testing.T) {
+	l := UniformLayout(2, 8, 4096, 4, 64)
+	g := newRig(t, l, l, false, SenderConfig{}, ReceiverConfig{})
+	all := SamePages(2, []Run{{0, 8}})
+	k := Key{Room: 1, Nonce: 1}
+	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(g.src.Path(), 0); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := g.snd.Send(ctx, SendRequest{Peer: g.addr, Key: k, Src: all, Dst: all, Aux: g.src.AuxRow(2),
+		Done: func(err error) { t.Errorf("Done(%v) after a Send that failed", err) }})
+	if ReasonOf(err) != ReasonTransferError || !errors.Is(err, ErrRegionFault) {
+		t.Fatalf("Send with the aux row of a truncated region: %v; want transfer_error from a region fault", err)
+	}
+	if n := g.src.Faults(); n != 1 {
+		t.Fatalf("faults %d, want 1", n)
+	}
+
+	if err := os.Truncate(g.src.Path(), l.Size()); err != nil {
+		t.Fatal(err)
+	}
+	fill(g.src.Buffer(0), 3)
+	memset(g.src.AuxRow(2), 9)
+	if err := waitDone(t, g.send(t, k, all, all, g.src.AuxRow(2))); err != nil {
+		t.Fatalf("the room again: %v", err)
+	}
+	if r := g.ev.wait(t, k); r != "" || !bytes.Equal(g.dst.AuxRow(2), g.src.AuxRow(2)) || !bytes.Equal(g.dst.Buffer(0), g.src.Buffer(0)) {
+		t.Fatalf("the room again: outcome %q or bytes differ", r)
+	}
+	g.rcv.Fence(k)
 }
