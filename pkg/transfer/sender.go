@@ -167,7 +167,7 @@ type Sender struct {
 	wg     sync.WaitGroup
 
 	interrupts atomic.Uint64
-	// beforeTouch, for tests, runs before each checksum pass over source pages.
+	// beforeTouch, for tests, runs before each checksum pass over source pages and each write.
 	beforeTouch func()
 }
 

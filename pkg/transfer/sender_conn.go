@@ -432,7 +432,7 @@ func (tc *txConn) writeArmed(iov [][]byte) error {
 	s := tc.p.s
 	bufs := net.Buffers(iov)
 	var err error
-	if fault := touchRegion(s.region, s.log, nil, func() { _, err = bufs.WriteTo(tc.conn) }); fault != nil {
+	if fault := touchRegion(s.region, s.log, s.beforeTouch, func() { _, err = bufs.WriteTo(tc.conn) }); fault != nil {
 		return fault
 	}
 	return regionIOError(s.region, s.log, err)
