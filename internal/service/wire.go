@@ -168,7 +168,7 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SidePrefill)
 	if err := registerMetrics(s, rec, metrics.SidePrefill, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) },
-		func() float64 { return float64(node.RegionReplaced()) }, node.RegionRefused); err != nil {
+		func() float64 { return float64(node.RegionReplaced()) }, func() float64 { return float64(node.RegionFaults()) }, node.RegionRefused); err != nil {
 		return err
 	}
 	addNode(s, "prefill-node", node, rec, func() error {
@@ -229,7 +229,7 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SideDecode)
 	if err := registerMetrics(s, rec, metrics.SideDecode, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) },
-		func() float64 { return float64(node.RegionReplaced()) }, node.RegionRefused); err != nil {
+		func() float64 { return float64(node.RegionReplaced()) }, func() float64 { return float64(node.RegionFaults()) }, node.RegionRefused); err != nil {
 		ln.Close()
 		return err
 	}
@@ -268,7 +268,7 @@ func addNode(s *daemon.Server, name string, node RoomOwner, rec *metrics.Recorde
 	})
 }
 
-func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes, regionReplaced func() float64, regionRefused func(regionpath.Rule) uint64) error {
+func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes, regionReplaced, regionFaults func() float64, regionRefused func(regionpath.Rule) uint64) error {
 	authRejected, authReloads := authSources(kr)
 	c := metrics.NewCollector(side, metrics.Sources{
 		Rooms:          stats,
@@ -296,6 +296,7 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg d
 		},
 		TransferBytes:  bytes,
 		RegionReplaced: regionReplaced,
+		RegionFaults:   regionFaults,
 		InsecureMode: func() float64 {
 			if cfg.InsecureMode() {
 				return 1

@@ -45,6 +45,9 @@ type Sources struct {
 	// at a bind or Send before the engine registered it (once per
 	// generation).
 	RegionReplaced func() float64
+	// RegionFaults returns faults on mapped region memory (a region file
+	// truncated while its pages were copied) recovered into room failures.
+	RegionFaults func() float64
 	// InsecureMode is 1 when the daemon runs without a shared secret on
 	// addresses other hosts can reach (--insecure).
 	InsecureMode func() float64
@@ -80,7 +83,7 @@ type Collector struct {
 	unsent                                                 *prometheus.Desc
 	peerDepartures                                         *prometheus.Desc
 	transferBytes, insecure                                *prometheus.Desc
-	regionReplaced                                         *prometheus.Desc
+	regionReplaced, regionFaults                           *prometheus.Desc
 	authRejected, authReloads                              *prometheus.Desc
 	regionRefused                                          *prometheus.Desc
 }
@@ -122,6 +125,7 @@ func NewCollector(side string, src Sources) *Collector {
 		restarts:       d("worker_restarts_total", "Supervised goroutines restarted after a failure, by worker.", "worker"),
 		transferBytes:  d("transfer_bytes_total", "KV bytes moved (sent on prefill, written and verified on decode)."),
 		regionReplaced: d("region_replaced_total", "Region files found replaced: a new file registered for a rank, a rank unregistered, or a file seen replaced at a bind or Send before the engine registered it (once per generation). The rooms it failed count in room_failures_total{reason=\"region_replaced\"}."),
+		regionFaults:   d("region_faults_total", "Faults on mapped region memory (the region file truncated while its pages were copied), each recovered into a room failure with reason transfer_error instead of a crash."),
 		insecure:       d("insecure_mode", "1 when the daemon is reachable from other hosts without a shared secret (--insecure)."),
 		authRejected:   d("auth_rejected_total", "Control frames and data connections refused by authentication, by reason.", "reason"),
 		authReloads:    d("auth_token_reloads_total", "Token file reloads (SIGHUP), by result.", "result"),
@@ -133,7 +137,7 @@ func NewCollector(side string, src Sources) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.rooms, c.oldest, c.overdue, c.deadline, c.tombstones,
 		c.transitions, c.failures, c.rejectedEvents, c.collisions, c.reaped, c.frames, c.framesRejected,
-		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.regionReplaced, c.insecure, c.authRejected, c.authReloads, c.regionRefused} {
+		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.regionReplaced, c.regionFaults, c.insecure, c.authRejected, c.authReloads, c.regionRefused} {
 		ch <- d
 	}
 }
@@ -205,6 +209,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.src.RegionReplaced != nil {
 		counter(c.regionReplaced, c.src.RegionReplaced())
+	}
+	if c.src.RegionFaults != nil {
+		counter(c.regionFaults, c.src.RegionFaults())
 	}
 	if c.src.InsecureMode != nil {
 		gauge(c.insecure, c.src.InsecureMode())
@@ -285,6 +292,7 @@ func Names() map[string]string {
 		name("peer_departures_total"):      "counter",
 		name("worker_restarts_total"):      "counter",
 		name("transfer_bytes_total"):       "counter",
+		name("region_faults_total"):        "counter",
 		name("insecure_mode"):              "gauge",
 		name("auth_rejected_total"):        "counter",
 		name("auth_token_reloads_total"):   "counter",

@@ -342,6 +342,10 @@ func (n *DecodeOwner) RegionReplacedRooms() uint64 { return n.data.slot.RegionRe
 // (pdlink_region_replaced_total).
 func (n *DecodeOwner) RegionReplaced() uint64 { return n.data.slot.RegionReplaced() }
 
+// RegionFaults is how many faults on the region's memory failed rooms
+// instead of the daemon (pdlink_region_faults_total).
+func (n *DecodeOwner) RegionFaults() uint64 { return n.data.slot.RegionFaults() }
+
 // HasRegion reports whether a region is registered.
 func (n *DecodeOwner) HasRegion() bool { return n.data.slot.get() != nil }
 

@@ -600,5 +600,9 @@ func (n *PrefillOwner) RegionReplacedRooms() uint64 { return n.data.slot.RegionR
 // (pdlink_region_replaced_total).
 func (n *PrefillOwner) RegionReplaced() uint64 { return n.data.slot.RegionReplaced() }
 
+// RegionFaults is how many faults on the region's memory failed rooms
+// instead of the daemon (pdlink_region_faults_total).
+func (n *PrefillOwner) RegionFaults() uint64 { return n.data.slot.RegionFaults() }
+
 // Bytes is the KV bytes this side sent and decode confirmed.
 func (n *PrefillOwner) Bytes() uint64 { return n.data.Bytes() }

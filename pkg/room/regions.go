@@ -322,6 +322,15 @@ func (s *regionSlot) RegionReplacedRooms() uint64 { return s.replacedRooms.Load(
 // at a bind or Send (once per generation).
 func (s *regionSlot) RegionReplaced() uint64 { return s.replacements.Load() }
 
+// RegionFaults is how many faults on the region's memory (its file
+// truncated mid-copy) failed rooms instead of the daemon.
+func (s *regionSlot) RegionFaults() uint64 {
+	if r := s.region.Load(); r != nil {
+		return r.Faults()
+	}
+	return 0
+}
+
 func (s *regionSlot) layouts() []*pb.RegionLayout {
 	s.vmu.Lock()
 	defer s.vmu.Unlock()

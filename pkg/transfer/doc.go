@@ -19,6 +19,16 @@
 // closes the old Mapping only once those fences are done: a worker fenced mid-copy holds
 // slices of the old mapping, which stays mapped until then.
 //
+// A file truncated while its pages are copied makes the next access past its new end fault
+// (SIGBUS; EFAULT from a read or write system call). Every transfer access to region memory
+// (the checksum pass and the chunk write on prefill, the aux row copy at Append, each piece
+// read into destination pages on decode) runs inside touchRegion, with the runtime's
+// panic-on-fault set for just that access: a fault at an address inside a live mapping is an
+// ErrRegionFault that fails the rooms being copied with transfer_error (prefill: the
+// connection breaks, as on a failed write; decode: the landing room only, its frame drained,
+// the connection goes on), logged once per mapping and counted (Region.Faults). A fault
+// anywhere else panics on: it is a bug, not a truncated file.
+//
 // # Wire
 //
 // Pages travel as runs ([]Run{Start, Count}, int32) per buffer. Append pairs the source and

@@ -15,6 +15,9 @@ var (
 	ErrRegionReplaced = errors.New("transfer: region file replaced")
 	// ErrRegionClosed means the region was unmapped.
 	ErrRegionClosed = errors.New("transfer: region closed")
+	// ErrRegionFault means region memory faulted while pages were copied (its file was
+	// truncated under the mapping); the rooms being copied fail with transfer_error.
+	ErrRegionFault = errors.New("transfer: region memory fault")
 )
 
 // Page list errors.

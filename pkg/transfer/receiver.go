@@ -105,6 +105,8 @@ type Receiver struct {
 	wg     sync.WaitGroup
 
 	discardedChunks, discardedBytes, rejected, interrupts atomic.Uint64
+	// beforeTouch, for tests, runs before each piece is read into destination pages.
+	beforeTouch func()
 }
 
 var _ Sink = (*Receiver)(nil)

@@ -154,22 +154,24 @@ func (c *rxConn) readFull(p []byte) error {
 // already holds, then straight from the connection whatever the sizes of the reads the
 // socket returns. Through the buffering every read short of readBufBytes (the tail of each
 // piece, or a socket that hands out less) cost a second copy of the page bytes: 22% of
-// decoded's CPU in the demo bench. The next frame's header refills the buffering.
-func (c *rxConn) readPages(p []byte) error {
+// decoded's CPU in the demo bench. The next frame's header refills the buffering. It
+// returns how many bytes it took from the stream: len(p), or fewer with the error.
+func (c *rxConn) readPages(p []byte) (int, error) {
 	n := 0
 	if c.in.Buffered() > 0 {
 		n, _ = c.in.Read(p) // buffered bytes only: no read from the connection
 	}
 	if n == len(p) {
-		return nil
+		return n, nil
 	}
-	if _, err := io.ReadFull(c.c, p[n:]); err != nil {
+	k, err := io.ReadFull(c.c, p[n:])
+	if err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return err
+		return n + k, regionIOError(c.r.region, c.r.log, err)
 	}
-	return nil
+	return n + k, nil
 }
 
 // drain reads and discards n bytes; nothing is written to region memory.
@@ -264,6 +266,8 @@ func (c *rxConn) chunk(h *Header) error {
 	clear(c.dsts)
 	if err == errFenced {
 		return c.discard(h.PayloadLen - uint64(n))
+	} else if errors.Is(err, ErrRegionFault) {
+		return c.faulted(room, h.PayloadLen-uint64(n), err)
 	} else if err != nil {
 		return err
 	}
@@ -284,7 +288,7 @@ var errFenced = errors.New("room fenced")
 // piece of at most PieceBytes (spanning slices: a chunk of many small runs is one piece) at
 // a time, each piece only while the room is live (the fence protocol, see rxRoom). It
 // returns the crc32c updated over what it wrote and the bytes read, or errFenced with the
-// rest unread.
+// rest unread, or an ErrRegionFault with the bytes taken from the stream so far.
 func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32) (uint32, int, error) {
 	n, i, off := 0, 0, 0
 	for {
@@ -305,17 +309,30 @@ func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32) (uint32, int, er
 		c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
 		room.mu.Unlock()
 		var err error
-		for left := c.r.cfg.PieceBytes; left > 0 && i < len(dsts); {
-			p := dsts[i][off:]
-			p = p[:min(len(p), left)]
-			if err = c.readPages(p); err != nil {
-				break
+		// taken is how much of p the stream gave up before a fault: a fault copying
+		// out of the read buffering leaves its bytes there, one in the checksum pass
+		// comes after all of p was read.
+		taken := 0
+		fault := touchRegion(c.r.region, c.r.log, c.r.beforeTouch, func() {
+			for left := c.r.cfg.PieceBytes; left > 0 && i < len(dsts); {
+				p := dsts[i][off:]
+				p = p[:min(len(p), left)]
+				taken = 0
+				if taken, err = c.readPages(p); err != nil {
+					break
+				}
+				crc = crc32.Update(crc, castagnoli, p)
+				n, left, off, taken = n+len(p), left-len(p), off+len(p), 0
+				for i < len(dsts) && off == len(dsts[i]) {
+					i, off = i+1, 0
+				}
 			}
-			crc = crc32.Update(crc, castagnoli, p)
-			n, left, off = n+len(p), left-len(p), off+len(p)
-			for i < len(dsts) && off == len(dsts[i]) {
-				i, off = i+1, 0
-			}
+		})
+		if fault != nil {
+			err = fault
+		}
+		if errors.Is(err, ErrRegionFault) {
+			n += taken // the caller drains the rest of the frame
 		}
 		if c.leave(room) {
 			c.r.letGoFence(room)
@@ -388,6 +405,8 @@ func (c *rxConn) done(h *Header) error {
 	crc, n, err := c.write(room, [][]byte{aux}, 0)
 	if err == errFenced {
 		return c.discard(uint64(len(aux) - n))
+	} else if errors.Is(err, ErrRegionFault) {
+		return c.faulted(room, uint64(len(aux)-n), err)
 	} else if err != nil {
 		return err
 	}
@@ -405,6 +424,17 @@ func (c *rxConn) done(h *Header) error {
 	r.log.Debug("room complete", zap.Stringer("room", room.key))
 	r.events.Complete(room.key)
 	return c.result(room.key, "")
+}
+
+// faulted fails room with transfer_error after its destination pages faulted (the region
+// file was truncated under them), drains the left bytes of its frame and tells the sender,
+// so the connection and its other rooms go on.
+func (c *rxConn) faulted(room *rxRoom, left uint64, err error) error {
+	c.r.fail(room, ReasonTransferError, err)
+	if err := c.drain(left); err != nil {
+		return err
+	}
+	return c.result(room.key, ReasonTransferError)
 }
 
 func (c *rxConn) addPending(room *rxRoom) {

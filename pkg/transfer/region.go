@@ -29,6 +29,8 @@ import (
 type Region struct {
 	mu  sync.Mutex // serialises Replace and Close
 	cur atomic.Pointer[Mapping]
+	// faults counts faults on its mappings' memory recovered into room failures (fault.go).
+	faults atomic.Uint64
 }
 
 // Mapping is one registered file mapped read-write shared: what a Region serves between two
@@ -40,6 +42,8 @@ type Mapping struct {
 	bufs   [][]byte // one slice per buffer, into mem
 	aux    []byte
 	closed atomic.Bool
+	// faultLogged is set by the first fault on the mapping, which alone is logged.
+	faultLogged atomic.Bool
 }
 
 // RegionID names one mapped file: the path it was opened at, the device and inode the open
@@ -110,6 +114,7 @@ func OpenMapping(path string, layout Layout) (*Mapping, error) {
 		end := a.Offset + a.Rows*a.RowLen
 		m.aux = mem[a.Offset:end:end]
 	}
+	trackMapping(m)
 	return m, nil
 }
 
@@ -127,6 +132,7 @@ func (m *Mapping) Close() error {
 	}
 	mem := m.mem
 	m.bufs, m.aux = nil, nil
+	untrackMapping(m)
 	if err := unix.Munmap(mem); err != nil {
 		return fmt.Errorf("munmap region: %w", err)
 	}

@@ -167,6 +167,8 @@ type Sender struct {
 	wg     sync.WaitGroup
 
 	interrupts atomic.Uint64
+	// beforeTouch, for tests, runs before each checksum pass over source pages and each write.
+	beforeTouch func()
 }
 
 // SenderStats counts the sender's fence interventions.
@@ -319,7 +321,11 @@ func (s *Sender) Append(key Key, pc Piece) error {
 	if n := len(pc.Aux); n != 0 && (!pc.Last || int64(n) != j.peer.layout.Aux.RowLen) {
 		return fmt.Errorf("%w: aux row of %d bytes (last %v), peer rows are %d", ErrAuxMismatch, n, pc.Last, j.peer.layout.Aux.RowLen)
 	}
-	w := &piece{j: j, last: pc.Last, aux: append([]byte(nil), pc.Aux...), segs: make([][]Segment, len(pc.Src))}
+	aux, err := copyRegionBytes(s.region, s.log, pc.Aux) // the daemon's aux row is region memory
+	if err != nil {
+		return fail(ReasonTransferError, err)
+	}
+	w := &piece{j: j, last: pc.Last, aux: aux, segs: make([][]Segment, len(pc.Src))}
 	counts := make([]int64, len(pc.Src))
 	j.mu.Lock()
 	switch {

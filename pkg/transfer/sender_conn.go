@@ -429,9 +429,13 @@ func (tc *txConn) armWrite(n int64) {
 
 // writeArmed writes iov under the deadline armWrite set.
 func (tc *txConn) writeArmed(iov [][]byte) error {
+	s := tc.p.s
 	bufs := net.Buffers(iov)
-	_, err := bufs.WriteTo(tc.conn)
-	return err
+	var err error
+	if fault := touchRegion(s.region, s.log, s.beforeTouch, func() { _, err = bufs.WriteTo(tc.conn) }); fault != nil {
+		return fault
+	}
+	return regionIOError(s.region, s.log, err)
 }
 
 // sendPiece writes a piece's chunks and, for the last, the stream's DONE. It returns an
@@ -521,7 +525,9 @@ func (tc *txConn) planChunks(w *piece) ([]chunkPlan, bool) {
 // overlaps the kernel copy of this one. It reads source pages, so it holds
 // the job like the writer does (I9: Fence waits for it too). The channel
 // closes early if the job is stopped; quit ends it when the writer gives up.
-func checksums(j *job, plans []chunkPlan, quit <-chan struct{}) <-chan uint32 {
+// A fault on the pages (the file truncated under them) is stored in *fault before the
+// channel closes.
+func checksums(j *job, plans []chunkPlan, quit <-chan struct{}, fault *error) <-chan uint32 {
 	out := make(chan uint32, 2)
 	go func() {
 		defer close(out)
@@ -530,10 +536,16 @@ func checksums(j *job, plans []chunkPlan, quit <-chan struct{}) <-chan uint32 {
 				return
 			}
 			var crc uint32
-			for _, p := range c.iov[1:] {
-				crc = crc32.Update(crc, castagnoli, p)
-			}
+			err := touchRegion(j.s.region, j.s.log, j.s.beforeTouch, func() {
+				for _, p := range c.iov[1:] {
+					crc = crc32.Update(crc, castagnoli, p)
+				}
+			})
 			j.release()
+			if err != nil {
+				*fault = err
+				return
+			}
 			select {
 			case out <- crc:
 			case <-quit:
@@ -559,17 +571,18 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 		return false, nil // its region was replaced since Append: the stream is fenced
 	}
 	var crcs <-chan uint32
+	var fault error
 	if flags != 0 {
 		quit := make(chan struct{})
 		defer close(quit)
-		crcs = checksums(j, plans, quit)
+		crcs = checksums(j, plans, quit, &fault)
 	}
 	for i, c := range plans {
 		var crc uint32
 		if crcs != nil {
 			var ok bool
 			if crc, ok = <-crcs; !ok {
-				return false, nil // stopped by Fence
+				return false, fault // stopped by Fence, or the pages faulted: the connection breaks
 			}
 		}
 		tc.meta = AppendRuns(append(tc.meta[:0], zeroHeader[:]...), c.runs)
