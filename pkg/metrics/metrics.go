@@ -292,6 +292,7 @@ func Names() map[string]string {
 		name("peer_departures_total"):      "counter",
 		name("worker_restarts_total"):      "counter",
 		name("transfer_bytes_total"):       "counter",
+		name("region_replaced_total"):      "counter",
 		name("region_faults_total"):        "counter",
 		name("insecure_mode"):              "gauge",
 		name("auth_rejected_total"):        "counter",

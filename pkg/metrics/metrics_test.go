@@ -47,6 +47,7 @@ func allSources(tbl *poll.Table, now *int64) Sources {
 		},
 		WorkerRestarts: func() []Count { return []Count{{[]string{"listener"}, 0}} },
 		TransferBytes:  func() float64 { return 4096 },
+		RegionReplaced: func() float64 { return 0 },
 		RegionFaults:   func() float64 { return 0 },
 		InsecureMode:   func() float64 { return 0 },
 		AuthRejected:   func() []Count { return []Count{{[]string{"mac_invalid"}, 0}} },
