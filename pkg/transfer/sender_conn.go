@@ -16,24 +16,28 @@ import (
 	"github.com/pdlink/pdlink/pkg/pagelist"
 )
 
-// peer is one decode peer: the in-flight byte budget with the pieces waiting for it, and ConnsPerPeer slots, each a queue of admitted pieces and a goroutine that dials,
-// serves one connection until it breaks and redials.
+// peer is one decode peer: the in-flight byte budget with the pieces waiting for it, and
+// ConnsPerPeer slots, each a queue of admitted pieces and a goroutine that dials, serves one
+// connection until it breaks and redials. The budget admits a piece chunk by chunk.
 type peer struct {
 	s      *Sender
 	addr   string
 	layout Layout // immutable
 
 	mu       sync.Mutex
-	waiting  []*piece // appended, not yet admitted, in append order
+	waiting  []*piece // appended, not yet admitted whole, in append order
 	closes   uint64   // streams whose last piece was appended so far; orders nextLocked
 	inflight int64
-	admitted chan struct{} // closed and replaced whenever pieces are admitted
-	slots    []*slot
-	streams  map[*job]struct{} // open streams, failed if the peer closes
-	conns    map[*txConn]struct{}
-	closed   bool
-	closeErr error
-	done     chan struct{} // closed by close
+	admitted chan struct{} // closed and replaced whenever chunks are admitted
+	// closedAdmitted are the streams whose last piece was admitted whole under mu: unlock
+	// tells them (Stream.Admitted) once mu is released.
+	closedAdmitted []*job
+	slots          []*slot
+	streams        map[*job]struct{} // open streams, failed if the peer closes
+	conns          map[*txConn]struct{}
+	closed         bool
+	closeErr       error
+	done           chan struct{} // closed by close
 }
 
 // slot is one connection slot's queue; the streams pinned to it are written by its
@@ -71,10 +75,27 @@ func (p *peer) open(j *job) bool {
 	return true
 }
 
+// unlock releases mu, then calls Stream.Admitted of the streams whose last piece was
+// admitted meanwhile (under no lock: the callback may call the Sender). A stream fenced
+// by then is not told.
+func (p *peer) unlock() {
+	closed := p.closedAdmitted
+	p.closedAdmitted = nil
+	p.mu.Unlock()
+	for _, j := range closed {
+		j.mu.Lock()
+		fenced := j.fenced
+		j.mu.Unlock()
+		if f := j.st.Admitted; f != nil && !fenced {
+			f()
+		}
+	}
+}
+
 // forget drops an ended stream and its queued pieces.
 func (p *peer) forget(j *job) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if _, ok := p.streams[j]; ok {
 		delete(p.streams, j)
 		p.slots[j.slot].streams--
@@ -85,7 +106,7 @@ func (p *peer) forget(j *job) {
 // append queues a piece behind the pieces already waiting for the budget.
 func (p *peer) append(w *piece) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if p.closed {
 		return fmt.Errorf("%w: %s", ErrUnknownPeer, p.addr)
 	}
@@ -153,23 +174,34 @@ func (p *peer) nextWaitingLocked() int {
 	return best
 }
 
-// admitLocked admits waiting pieces, in nextWaitingLocked's order, while the budget has
-// room (a piece larger than the budget alone), each onto its stream's slot.
+// admitLocked admits waiting pieces' chunks, one at a time in nextWaitingLocked's order,
+// while the budget has room (a chunk larger than the budget alone); a piece with a chunk
+// admitted is in its stream's slot's queue. Admitting whole pieces made a closing stream's
+// last chunk wait behind whole pieces of other rooms (32 MiB each in the demo) admitted
+// before it closed; now it waits for one chunk's bytes to come back.
 func (p *peer) admitLocked() {
 	n := 0
 	for len(p.waiting) > 0 {
 		i := p.nextWaitingLocked()
 		w := p.waiting[i]
-		if p.inflight != 0 && p.inflight+w.charge > p.s.cfg.MaxInflightBytes {
+		c := w.charges[w.admitted]
+		if p.inflight != 0 && p.inflight+c > p.s.cfg.MaxInflightBytes {
 			break
 		}
-		p.waiting = slices.Delete(p.waiting, i, i+1)
 		sl := p.slots[w.j.slot]
-		p.inflight += w.charge
-		sl.inflight += w.charge
-		w.left = w.charge
-		w.j.unadmitted--
-		sl.queue = append(sl.queue, w)
+		p.inflight += c
+		sl.inflight += c
+		w.left += c
+		if w.admitted++; w.admitted == len(w.charges) {
+			p.waiting = slices.Delete(p.waiting, i, i+1)
+			if w.j.unadmitted--; w.last {
+				p.closedAdmitted = append(p.closedAdmitted, w.j)
+			}
+		}
+		if !w.queued {
+			w.queued = true
+			sl.queue = append(sl.queue, w)
+		}
 		signal(sl.wake)
 		n++
 	}
@@ -195,7 +227,7 @@ func (p *peer) releaseLocked(w *piece, n int64) {
 func (p *peer) release(w *piece, n int64) {
 	p.mu.Lock()
 	p.releaseLocked(w, n)
-	p.mu.Unlock()
+	p.unlock()
 }
 
 func signal(wake chan struct{}) {
@@ -209,17 +241,24 @@ func signal(wake chan struct{}) {
 // giving their budget back.
 func (p *peer) dropPieces(j *job) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	p.dropLocked(j)
 }
 
+// dropLocked drops j's pieces from the waiting list and its slot's queue, with the budget
+// they hold; a piece its slot's writer holds is the writer's to give back.
 func (p *peer) dropLocked(j *job) {
+	var mine []*piece
 	if j.unadmitted > 0 {
-		p.waiting = slices.DeleteFunc(p.waiting, func(w *piece) bool { return w.j == j })
+		p.waiting = slices.DeleteFunc(p.waiting, func(w *piece) bool {
+			if w.j == j && !w.queued {
+				mine = append(mine, w)
+			}
+			return w.j == j
+		})
 		j.unadmitted = 0
 	}
 	sl := p.slots[j.slot]
-	var mine []*piece
 	sl.queue = slices.DeleteFunc(sl.queue, func(w *piece) bool {
 		if w.j == j {
 			mine = append(mine, w)
@@ -232,9 +271,10 @@ func (p *peer) dropLocked(j *job) {
 }
 
 // pop hands the slot's next piece of a stream that is not stopped to its writer, or nil.
+// The piece stays queued (held by the writer) until the writer lets it go.
 func (p *peer) pop(i int) *piece {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	sl := p.slots[i]
 	for len(sl.queue) > 0 {
 		k := p.nextLocked(sl.queue)
@@ -250,9 +290,57 @@ func (p *peer) pop(i int) *piece {
 			}
 			return w
 		}
+		w.queued = false
 		p.releaseLocked(w, w.left)
+		p.dropLocked(w.j) // its later chunks must not queue it again
 	}
 	return nil
+}
+
+// turn is what a slot's writer does next with its piece.
+type turn int
+
+const (
+	turnWrite turn = iota // write the piece's next chunk: it is admitted
+	turnWait              // wait for the next chunk's admission (on the channel turnOf returns)
+	turnYield             // let the piece go: another piece of the slot goes first
+)
+
+// turnOf gives back give bytes of w's budget (the chunk just written) and decides, under one
+// lock, the writer's turn for w's next chunk. The writer yields to a piece queued on its
+// slot whose stream closed before w's (closing streams first, chunk by chunk), and, while
+// w's next chunk waits for admission, to any piece queued there (its chunks are admitted:
+// waiting instead would hold their budget). A yielded piece with admitted chunks left goes
+// back to the head of the slot's queue; one with none waits to be queued again by admission.
+func (p *peer) turnOf(w *piece, give int64) (turn, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.unlock()
+	p.releaseLocked(w, give)
+	sl := p.slots[w.j.slot]
+	admitted := w.admitted > w.written
+	if !p.preemptsLocked(sl.queue, w) && (admitted || len(sl.queue) == 0) {
+		if admitted {
+			return turnWrite, nil
+		}
+		return turnWait, p.admitted
+	}
+	if admitted {
+		sl.queue = slices.Insert(sl.queue, 0, w)
+	} else {
+		w.queued = false
+	}
+	signal(sl.wake)
+	return turnYield, nil
+}
+
+// preemptsLocked reports whether queue holds a piece of a stream that closed before w's.
+func (p *peer) preemptsLocked(queue []*piece, w *piece) bool {
+	for _, q := range queue {
+		if c := q.j.closedAt; c != 0 && (w.j.closedAt == 0 || c < w.j.closedAt) {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *peer) close(err error) {
@@ -434,18 +522,21 @@ func (tc *txConn) writeArmed(iov [][]byte) error {
 	return err
 }
 
-// sendPiece writes a piece's chunks and, for the last, the stream's DONE. It returns an
-// error only if the connection broke. The piece's budget is given back as its chunks are
-// written, the rest when it ends.
+// sendPiece writes a piece's admitted chunks and, after the last piece's last chunk, the
+// stream's DONE, unless the piece yields (turnOf) or its stream stops. It returns an error
+// only if the connection broke. Each chunk's budget is given back as its write returns, the
+// rest when the piece is abandoned.
 func (tc *txConn) sendPiece(w *piece) error {
 	j := w.j
 	key := j.st.Key
 	tc.mu.Lock()
 	tc.awaiting[key] = j
 	tc.mu.Unlock()
-	sent, err := tc.writePiece(w)
-	tc.p.release(w, w.charge)
-	if !sent && err == nil { // abandoned: stopped by Fence or by a failure result
+	end, err := tc.writePiece(w)
+	if end != pieceYielded {
+		tc.p.release(w, w.chargeLeft())
+	}
+	if end == pieceAbandoned && err == nil { // stopped by Fence or by a failure result
 		tc.mu.Lock()
 		if tc.awaiting[key] == j {
 			delete(tc.awaiting, key)
@@ -455,6 +546,25 @@ func (tc *txConn) sendPiece(w *piece) error {
 	j.setWriting(false)
 	return err
 }
+
+// chargeLeft bounds what the piece can still hold in the budget (releaseLocked gives back at
+// most what it holds).
+func (w *piece) chargeLeft() int64 {
+	var n int64
+	for _, c := range w.charges {
+		n += c
+	}
+	return n
+}
+
+// pieceEnd is how a writer let go of a piece.
+type pieceEnd int
+
+const (
+	pieceWritten   pieceEnd = iota // every chunk, and the DONE after a last piece, is written
+	pieceYielded                   // back to wait for admission or behind a closing stream
+	pieceAbandoned                 // the stream stopped (fenced or failed) or the connection broke
+)
 
 // chunkPlan is one chunk of a stream: the destination runs it names, over any of the
 // piece's buffers, and the source pages it carries.
@@ -469,8 +579,7 @@ type chunkPlan struct {
 // MaxChunkBytes (at least one page each), pagelist.MaxRuns runs and pagelist.MaxPages pages,
 // the bounds the receiver checks each chunk against. A chunk does not end where a buffer
 // does: the pages of a small piece over many buffers travel as one chunk, not one per buffer.
-func (tc *txConn) planChunks(w *piece) []chunkPlan {
-	s := tc.p.s
+func (s *Sender) planChunks(w *piece) []chunkPlan {
 	cfg := &s.cfg
 	var plans []chunkPlan
 	c := chunkPlan{iov: [][]byte{nil}}
@@ -537,9 +646,10 @@ func checksums(j *job, plans []chunkPlan, quit <-chan struct{}) <-chan uint32 {
 	return out
 }
 
-// writePiece writes a piece's chunks, continuing the stream's seq, then the stream's DONE
-// after its last piece. sent is false if the stream was stopped before all of it was written.
-func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
+// writePiece writes a piece's chunks from the first not yet written, continuing the
+// stream's seq, each once admitted, then the stream's DONE after its last piece (in the
+// write of its last chunk).
+func (tc *txConn) writePiece(w *piece) (pieceEnd, error) {
 	j := w.j
 	s := tc.p.s
 	cfg := &s.cfg
@@ -547,19 +657,41 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 	if cfg.Checksum == ChecksumCRC32C {
 		flags = FlagPayloadCRC
 	}
-	plans := tc.planChunks(w)
 	var crcs <-chan uint32
-	if flags != 0 {
+	if flags != 0 && w.written < len(w.plans) {
 		quit := make(chan struct{})
 		defer close(quit)
-		crcs = checksums(j, plans, quit)
+		crcs = checksums(j, w.plans[w.written:], quit)
 	}
-	for i, c := range plans {
+	var give int64 // the budget of the chunk just written, given back in turnOf
+	for w.written < len(w.charges) {
+		switch end, err := tc.awaitTurn(w, give); {
+		case err != nil:
+			return pieceAbandoned, err
+		case end != pieceWritten:
+			return end, nil
+		}
+		i := w.written
+		if len(w.plans) == 0 { // a last piece of no pages: its DONE alone
+			j.mu.Lock()
+			stopped := j.stopped
+			j.mu.Unlock()
+			if stopped {
+				return pieceAbandoned, nil
+			}
+			tc.encodeDone(j, w, flags, j.seq, j.sentPages)
+			if err := tc.write([][]byte{tc.hdr[:], w.aux}, HeaderSize+int64(len(w.aux))); err != nil {
+				return pieceAbandoned, err
+			}
+			w.written++
+			return pieceWritten, nil
+		}
+		c := w.plans[i]
 		var crc uint32
 		if crcs != nil {
 			var ok bool
 			if crc, ok = <-crcs; !ok {
-				return false, nil // stopped by Fence
+				return pieceAbandoned, nil // stopped by Fence
 			}
 		}
 		tc.meta = AppendRuns(append(tc.meta[:0], zeroHeader[:]...), c.runs)
@@ -569,7 +701,7 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 		h.Encode(tc.meta)
 		c.iov[0] = tc.meta
 		iov, n := c.iov, int64(len(tc.meta))+c.bytes
-		if w.last && i == len(plans)-1 {
+		if w.last && i == len(w.plans)-1 {
 			// The stream's DONE goes in the same write as its last chunk: one syscall, and
 			// often one read on the receiver, less per room.
 			tc.encodeDone(j, w, flags, j.seq+1, j.sentPages+c.pages)
@@ -577,34 +709,48 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 			n += HeaderSize + int64(len(w.aux))
 		}
 		if !j.acquireWrite(tc, n) {
-			return false, nil
+			return pieceAbandoned, nil
 		}
 		err := tc.writeArmed(iov)
 		j.release()
 		if err != nil {
-			return false, err
+			return pieceAbandoned, err
 		}
 		j.seq++
 		j.sentPages += c.pages
-		tc.p.release(w, c.bytes)
+		w.written++
+		give = w.charges[i]
 		if progress := j.st.Progress; progress != nil {
 			progress(c.bytes)
 		}
 	}
-	if !w.last || len(plans) > 0 {
-		return true, nil
+	return pieceWritten, nil // sendPiece gives the last chunk's budget back
+}
+
+// awaitTurn gives back give bytes and waits until w's next chunk may be written
+// (pieceWritten), w yields (pieceYielded), its stream stops (pieceAbandoned) or the
+// connection or peer ends (an error).
+func (tc *txConn) awaitTurn(w *piece, give int64) (pieceEnd, error) {
+	for {
+		t, admitted := tc.p.turnOf(w, give)
+		give = 0
+		switch t {
+		case turnWrite:
+			return pieceWritten, nil
+		case turnYield:
+			return pieceYielded, nil
+		}
+		select {
+		case <-admitted:
+		case <-tc.p.slots[tc.slot].wake:
+		case <-w.j.fenceCh:
+			return pieceAbandoned, nil
+		case <-tc.p.done:
+			return pieceAbandoned, tc.p.closeErr
+		case <-tc.dead:
+			return pieceAbandoned, tc.readErr
+		}
 	}
-	j.mu.Lock()
-	stopped := j.stopped
-	j.mu.Unlock()
-	if stopped {
-		return false, nil
-	}
-	tc.encodeDone(j, w, flags, j.seq, j.sentPages)
-	if err := tc.write([][]byte{tc.hdr[:], w.aux}, HeaderSize+int64(len(w.aux))); err != nil {
-		return false, err
-	}
-	return true, nil
 }
 
 // zeroHeader is the room a chunk's header takes before it is encoded.
