@@ -558,6 +558,10 @@ type piece struct {
 	queued   bool
 	// written counts its chunks written so far: only its slot's writer touches it.
 	written int
+	// crcs[:summed] are its chunks' payload crc32c computed so far: only its writer's
+	// checksum goroutine, or the writer while none runs, touches them.
+	crcs   []uint32
+	summed int
 }
 
 // plan packs the piece into chunks and charges each its bytes.

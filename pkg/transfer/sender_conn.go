@@ -492,16 +492,23 @@ func (tc *txConn) writeLoop() error {
 			return tc.readErr
 		case <-tc.p.slots[tc.slot].wake:
 		case <-t.C:
-			if tc.pingAt.Load() == 0 {
-				tc.pingAt.Store(time.Now().UnixNano())
-				(&Header{Type: FramePing}).Encode(tc.hdr[:])
-				if err := tc.write([][]byte{tc.hdr[:]}, HeaderSize); err != nil {
-					return err
-				}
+			if err := tc.ping(); err != nil {
+				return err
 			}
 			t.Reset(cfg.KeepAlive)
 		}
 	}
+}
+
+// ping writes a PING unless one is unanswered.
+func (tc *txConn) ping() error {
+	if tc.pingAt.Load() != 0 {
+		return nil
+	}
+	tc.pingAt.Store(time.Now().UnixNano())
+	var h [HeaderSize]byte // not tc.hdr: a piece waiting mid-stream may hold its DONE there
+	(&Header{Type: FramePing}).Encode(h[:])
+	return tc.write([][]byte{h[:]}, HeaderSize)
 }
 
 // write writes n bytes under a deadline scaled by their size.
@@ -618,24 +625,32 @@ func (s *Sender) planChunks(w *piece) []chunkPlan {
 	return plans
 }
 
-// checksums computes the chunks' crc32c one or two chunks ahead of the
-// writer, on its own goroutine, so the checksum pass over the next chunk
-// overlaps the kernel copy of this one. It reads source pages, so it holds
-// the job like the writer does (I9: Fence waits for it too). The channel
-// closes early if the job is stopped; quit ends it when the writer gives up.
-func checksums(j *job, plans []chunkPlan, quit <-chan struct{}) <-chan uint32 {
-	out := make(chan uint32, 2)
+// checksums computes the piece's chunks' crc32c from the first not yet summed, one or two
+// chunks ahead of the writer, on its own goroutine, so the checksum pass over the next
+// chunk overlaps the kernel copy of this one. It reads source pages, so it holds the job
+// like the writer does (I9: Fence waits for it too). Each sum is kept in the piece, so a
+// piece that yields mid-way and is written again later does not sum its chunks twice. The
+// channel closes early if the job is stopped; quit ends it when the writer lets go, and
+// exited closes once it ended (the piece's sums are the writer's again).
+func checksums(w *piece, quit <-chan struct{}) (sums <-chan uint32, exited <-chan struct{}) {
+	out, done := make(chan uint32, 2), make(chan struct{})
+	if w.crcs == nil {
+		w.crcs = make([]uint32, len(w.plans))
+	}
 	go func() {
+		defer close(done)
 		defer close(out)
-		for _, c := range plans {
-			if !j.acquire() {
+		for w.summed < len(w.plans) {
+			if !w.j.acquire() {
 				return
 			}
 			var crc uint32
-			for _, p := range c.iov[1:] {
+			for _, p := range w.plans[w.summed].iov[1:] {
 				crc = crc32.Update(crc, castagnoli, p)
 			}
-			j.release()
+			w.j.release()
+			w.crcs[w.summed] = crc
+			w.summed++
 			select {
 			case out <- crc:
 			case <-quit:
@@ -643,7 +658,7 @@ func checksums(j *job, plans []chunkPlan, quit <-chan struct{}) <-chan uint32 {
 			}
 		}
 	}()
-	return out
+	return out, done
 }
 
 // writePiece writes a piece's chunks from the first not yet written, continuing the
@@ -658,10 +673,15 @@ func (tc *txConn) writePiece(w *piece) (pieceEnd, error) {
 		flags = FlagPayloadCRC
 	}
 	var crcs <-chan uint32
-	if flags != 0 && w.written < len(w.plans) {
+	summed := w.summed // chunks below it have their sum in w.crcs already
+	if flags != 0 && w.summed < len(w.plans) {
 		quit := make(chan struct{})
-		defer close(quit)
-		crcs = checksums(j, w.plans[w.written:], quit)
+		var exited <-chan struct{}
+		crcs, exited = checksums(w, quit)
+		defer func() {
+			close(quit)
+			<-exited
+		}()
 	}
 	var give int64 // the budget of the chunk just written, given back in turnOf
 	for w.written < len(w.charges) {
@@ -688,7 +708,11 @@ func (tc *txConn) writePiece(w *piece) (pieceEnd, error) {
 		}
 		c := w.plans[i]
 		var crc uint32
-		if crcs != nil {
+		switch {
+		case flags == 0:
+		case i < summed:
+			crc = w.crcs[i]
+		default:
 			var ok bool
 			if crc, ok = <-crcs; !ok {
 				return pieceAbandoned, nil // stopped by Fence
@@ -729,8 +753,15 @@ func (tc *txConn) writePiece(w *piece) (pieceEnd, error) {
 
 // awaitTurn gives back give bytes and waits until w's next chunk may be written
 // (pieceWritten), w yields (pieceYielded), its stream stops (pieceAbandoned) or the
-// connection or peer ends (an error).
+// connection or peer ends (an error). A wait longer than KeepAlive pings, as the idle
+// writer does, so the receiver's idle timeout does not take it for a dead peer.
 func (tc *txConn) awaitTurn(w *piece, give int64) (pieceEnd, error) {
+	var keepAlive *time.Timer
+	defer func() {
+		if keepAlive != nil {
+			keepAlive.Stop()
+		}
+	}()
 	for {
 		t, admitted := tc.p.turnOf(w, give)
 		give = 0
@@ -740,9 +771,17 @@ func (tc *txConn) awaitTurn(w *piece, give int64) (pieceEnd, error) {
 		case turnYield:
 			return pieceYielded, nil
 		}
+		if keepAlive == nil {
+			keepAlive = time.NewTimer(tc.p.s.cfg.KeepAlive)
+		}
 		select {
 		case <-admitted:
 		case <-tc.p.slots[tc.slot].wake:
+		case <-keepAlive.C:
+			if err := tc.ping(); err != nil {
+				return pieceAbandoned, err
+			}
+			keepAlive.Reset(tc.p.s.cfg.KeepAlive)
 		case <-w.j.fenceCh:
 			return pieceAbandoned, nil
 		case <-tc.p.done:
