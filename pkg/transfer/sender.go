@@ -28,9 +28,11 @@ type SenderConfig struct {
 	// backpressure; Stream.Admitted reports the end of the wait), closing streams' first in
 	// the order they closed, then in append order, the slot holding the fewest admitted
 	// bytes first; a slot's writer also writes a closing stream's admitted chunks before an
-	// open stream's. A chunk larger than the bound is admitted alone. 256 MiB admitted by
-	// whole pieces made last chunk -> Success 140-180 ms at the bench's 2-3 GB/s. Default
-	// 64 MiB.
+	// open stream's. A chunk larger than the bound is admitted alone. The bound is about
+	// the backlog a last Send's final chunk, once admitted, can still wait behind: 256 MiB
+	// admitted by whole pieces made last chunk -> Success 140-180 ms at the bench's 2-3
+	// GB/s, 64 MiB 22-30 ms; admitted by chunks, 16 MiB gives 8-10 ms and keeps both
+	// connections fed (PLAN.md section 0, session 20). Default 16 MiB.
 	MaxInflightBytes int64
 	// DialTimeout bounds a dial plus the Authenticator preface. Default 5s.
 	DialTimeout time.Duration
@@ -79,7 +81,7 @@ func (c *SenderConfig) setDefaults() error {
 		c.MaxChunkBytes = 1 << 20
 	}
 	if c.MaxInflightBytes == 0 {
-		c.MaxInflightBytes = 64 << 20
+		c.MaxInflightBytes = 16 << 20
 	}
 	if c.MinWriteRate == 0 {
 		c.MinWriteRate = 64 << 20
@@ -559,9 +561,11 @@ type piece struct {
 	// written counts its chunks written so far: only its slot's writer touches it.
 	written int
 	// crcs[:summed] are its chunks' payload crc32c computed so far: only its writer's
-	// checksum goroutine, or the writer while none runs, touches them.
-	crcs   []uint32
-	summed int
+	// checksum goroutine, or the writer once summing (that goroutine's exit) closed,
+	// touches them.
+	crcs    []uint32
+	summed  int
+	summing <-chan struct{}
 }
 
 // plan packs the piece into chunks and charges each its bytes.

@@ -630,17 +630,26 @@ func (s *Sender) planChunks(w *piece) []chunkPlan {
 // chunk overlaps the kernel copy of this one. It reads source pages, so it holds the job
 // like the writer does (I9: Fence waits for it too). Each sum is kept in the piece, so a
 // piece that yields mid-way and is written again later does not sum its chunks twice. The
-// channel closes early if the job is stopped; quit ends it when the writer lets go, and
-// exited closes once it ended (the piece's sums are the writer's again).
+// channel closes early if the job is stopped; quit ends it when the writer lets go (after
+// the sum in progress), and exited closes once it ended (the piece's sums are the writer's
+// again). The Sender's WaitGroup counts it, so Close returns after it.
 func checksums(w *piece, quit <-chan struct{}) (sums <-chan uint32, exited <-chan struct{}) {
 	out, done := make(chan uint32, 2), make(chan struct{})
 	if w.crcs == nil {
 		w.crcs = make([]uint32, len(w.plans))
 	}
+	s := w.j.s
+	s.wg.Add(1) // Close waits for it: it reads the region's pages
 	go func() {
+		defer s.wg.Done()
 		defer close(done)
 		defer close(out)
 		for w.summed < len(w.plans) {
+			select {
+			case <-quit:
+				return
+			default:
+			}
 			if !w.j.acquire() {
 				return
 			}
@@ -664,7 +673,7 @@ func checksums(w *piece, quit <-chan struct{}) (sums <-chan uint32, exited <-cha
 // writePiece writes a piece's chunks from the first not yet written, continuing the
 // stream's seq, each once admitted, then the stream's DONE after its last piece (in the
 // write of its last chunk).
-func (tc *txConn) writePiece(w *piece) (pieceEnd, error) {
+func (tc *txConn) writePiece(w *piece) (end pieceEnd, err error) {
 	j := w.j
 	s := tc.p.s
 	cfg := &s.cfg
@@ -672,15 +681,22 @@ func (tc *txConn) writePiece(w *piece) (pieceEnd, error) {
 	if cfg.Checksum == ChecksumCRC32C {
 		flags = FlagPayloadCRC
 	}
+	if w.summing != nil {
+		// The checksum goroutine of the piece's last turn: ended, or about to, once told
+		// to quit; not waited for as the piece yielded, so a yield costs the writer no crc.
+		<-w.summing
+		w.summing = nil
+	}
 	var crcs <-chan uint32
 	summed := w.summed // chunks below it have their sum in w.crcs already
 	if flags != 0 && w.summed < len(w.plans) {
 		quit := make(chan struct{})
-		var exited <-chan struct{}
-		crcs, exited = checksums(w, quit)
+		crcs, w.summing = checksums(w, quit)
 		defer func() {
 			close(quit)
-			<-exited
+			if end != pieceYielded {
+				<-w.summing // no read of the piece's pages outlives its writer's turn
+			}
 		}()
 	}
 	var give int64 // the budget of the chunk just written, given back in turnOf
