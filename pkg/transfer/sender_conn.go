@@ -205,9 +205,15 @@ func (p *peer) admitLocked() {
 		signal(sl.wake)
 		n++
 	}
-	if n == 0 {
-		return
+	if n > 0 {
+		p.wakeWaitersLocked()
 	}
+}
+
+// wakeWaitersLocked wakes the WaitAdmitted calls and writers waiting for admission: a
+// stream's count of waiting pieces changed. A stream that failed with pieces waiting has
+// none any more: its WaitAdmitted returns at once (Done says why), not at its ctx's end.
+func (p *peer) wakeWaitersLocked() {
 	close(p.admitted)
 	p.admitted = make(chan struct{})
 }
@@ -257,6 +263,7 @@ func (p *peer) dropLocked(j *job) {
 			return w.j == j
 		})
 		j.unadmitted = 0
+		p.wakeWaitersLocked()
 	}
 	sl := p.slots[j.slot]
 	sl.queue = slices.DeleteFunc(sl.queue, func(w *piece) bool {
@@ -295,6 +302,22 @@ func (p *peer) pop(i int) *piece {
 		p.dropLocked(w.j) // its later chunks must not queue it again
 	}
 	return nil
+}
+
+// abandon takes a piece its writer let go of unwritten (its stream stopped or its
+// connection broke) off the waiting list and gives back what it holds: admitting its later
+// chunks would hold budget no writer gives back (dropLocked leaves a piece a writer holds
+// to that writer).
+func (p *peer) abandon(w *piece) {
+	p.mu.Lock()
+	defer p.unlock()
+	if i := slices.Index(p.waiting, w); i >= 0 {
+		p.waiting = slices.Delete(p.waiting, i, i+1)
+		w.j.unadmitted--
+		p.wakeWaitersLocked()
+	}
+	w.queued = false
+	p.releaseLocked(w, w.left)
 }
 
 // turn is what a slot's writer does next with its piece.
@@ -540,8 +563,11 @@ func (tc *txConn) sendPiece(w *piece) error {
 	tc.awaiting[key] = j
 	tc.mu.Unlock()
 	end, err := tc.writePiece(w)
-	if end != pieceYielded {
+	switch end {
+	case pieceWritten:
 		tc.p.release(w, w.chargeLeft())
+	case pieceAbandoned:
+		tc.p.abandon(w)
 	}
 	if end == pieceAbandoned && err == nil { // stopped by Fence or by a failure result
 		tc.mu.Lock()
