@@ -41,9 +41,10 @@ func TestStalledSchedulerFiresOverdueAlertOnRealDaemons(t *testing.T) {
 	// where 8 s left 0.3 s and one failed scrape would have reset the
 	// alert's pending timer until the rooms timed out.
 	deadlines := []string{"--bootstrap-timeout=16s", "--waiting-timeout=16s", "--heartbeat-interval=200ms"}
+	regions := t.TempDir() // the engines' regions: the daemons' --region-dir
 	start := func(name string, extra ...string) *proc.Process {
 		args := append([]string{"--grpc-listen=unix://" + filepath.Join(t.TempDir(), name+".sock"),
-			"--http-listen=127.0.0.1:0"}, append(extra, deadlines...)...)
+			"--http-listen=127.0.0.1:0", "--region-dir=" + regions}, append(extra, deadlines...)...)
 		p, err := proc.Start(ctx, filepath.Join(bins, name), args, 20*time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -83,7 +84,7 @@ scrape_configs:
 
 	// The decode engine's memory, registered so rooms can open.
 	layout := transfer.UniformLayout(2, 16, 4096, 4, 64)
-	region, err := transfer.CreateRegionFile(t.TempDir(), layout)
+	region, err := transfer.CreateRegionFile(regions, layout)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -233,28 +233,28 @@ func sharedTempDir(t *testing.T) string {
 	return dir
 }
 
-// newExampleSim connects the simulated engines to both daemons: regions in
-// the prefill pod's /dev/shm volume (both simulated engines share it),
-// created as the pod's user as an engine in the pod would; the bootstrap
+// newExampleSim connects the simulated engines to both daemons: each
+// engine's region in its pod's region volume (the daemon's
+// PDLINK_REGION_DIR), created as the pod's user as an engine in the pod
+// would; the bootstrap
 // address is the prefill pod's IP with the rendered port, as a router
 // would hand it to the decode engine.
 func newExampleSim(ctx context.Context, t *testing.T, pre, dec *examplePod) *sim.Sim {
 	t.Helper()
-	shm := ""
-	for _, m := range pre.side.VolumeMounts {
-		if m.MountPath == "/dev/shm" {
-			shm = pre.vols[m.Name]
+	regionDir := func(p *examplePod) string {
+		dir := env(p.side, "PDLINK_REGION_DIR")
+		if dir == "" || strings.Contains(dir, ",") || p.hostPath(dir) == dir {
+			t.Fatalf("%s: PDLINK_REGION_DIR %q: want one directory on a volume", p.comp, dir)
 		}
-	}
-	if shm == "" {
-		t.Fatal("prefill: no /dev/shm volume")
+		return p.hostPath(dir)
 	}
 	bootstrap := "tcp://" + net.JoinHostPort(pre.ip, fmt.Sprint(pre.port(t, "bootstrap")))
 	cfg := sim.Config{
 		PrefillGRPC: pre.hostPath(env(pre.side, "PDLINK_GRPC_LISTEN")),
 		DecodeGRPC:  dec.hostPath(env(dec.side, "PDLINK_GRPC_LISTEN")),
 		Bootstrap:   bootstrap,
-		Dir:         shm,
+		Dir:         regionDir(pre),
+		DecodeDir:   regionDir(dec),
 		Layout:      sim.TestLayout(),
 	}
 	uid, gid, _ := pre.ids(t)

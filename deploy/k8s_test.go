@@ -310,12 +310,17 @@ func checkPods(t testing.TB, objs []object) {
 			t.Errorf("%s: want enableServiceLinks: false (the daemon's environment is what the manifest says)", d.Name)
 		}
 		checkTokenMount(t, d.Name, spec, side, engine, secrets)
-		// Shared memory and socket directory, in both containers.
+		// The region directories and the socket directory: shared memory,
+		// in both containers.
 		vols := map[string]corev1.Volume{}
 		for _, v := range spec.Volumes {
 			vols[v.Name] = v
 		}
-		for _, path := range []string{"/dev/shm", "/run/pdlink"} {
+		regionDirs := env(side, "PDLINK_REGION_DIR")
+		if regionDirs == "" {
+			t.Errorf("%s: no PDLINK_REGION_DIR: the daemon maps regions only from --region-dir (default %s)", d.Name, daemon.DefaultRegionDir)
+		}
+		for _, path := range append(strings.Split(regionDirs, ","), "/run/pdlink") {
 			vs, ve := mountVolume(side, path), mountVolume(engine, path)
 			if vs == "" || vs != ve {
 				t.Errorf("%s: %s not shared by %s and engine (%q, %q)", d.Name, path, side.Name, vs, ve)
@@ -494,6 +499,8 @@ func TestPodChecksCatchMistakes(t *testing.T) {
 		{"misspelt variable", "name: PDLINK_DRAIN_TIMEOUT", "name: PDLINK_DRAIN_TIMEOUTS"},
 		{"readiness on /healthz", "path: /readyz", "path: /healthz"},
 		{"shm on disk", "emptyDir:\n            medium: Memory\n            sizeLimit: 64Gi", "emptyDir:\n            sizeLimit: 64Gi"},
+		{"no region dir", "            - name: PDLINK_REGION_DIR\n              value: /dev/shm/pdlink\n", ""},
+		{"region dir the engine does not mount", "            - name: pdlink-regions\n              mountPath: /dev/shm/pdlink\n            - name: pdlink-run\n              mountPath: /run/pdlink\n      volumes:", "            - name: pdlink-run\n              mountPath: /run/pdlink\n      volumes:"},
 		{"metrics port off the listener", "value: 0.0.0.0:9400", "value: 0.0.0.0:9402"},
 		{"no token file", "            - name: PDLINK_AUTH_TOKEN_FILE\n              value: /etc/pdlink/auth/token\n", ""},
 		{"token mounted writable", "mountPath: /etc/pdlink/auth\n              readOnly: true", "mountPath: /etc/pdlink/auth\n              readOnly: false"},

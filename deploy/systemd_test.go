@@ -118,6 +118,8 @@ func TestUnitsKeepTheContract(t *testing.T) {
 				"AmbientCapabilities":   "",
 				"ReadOnlyPaths":         "/dev/shm",
 				"ReadWritePaths":        "/dev/shm/pdlink",
+				// RegisterRegion maps files only from there (issue 15).
+				"Environment": "PDLINK_REGION_DIR=" + daemon.DefaultRegionDir,
 				// RemoveIPC=yes deletes every file under /dev/shm of the
 				// pdlink user or group when the last pdlink unit stops: the
 				// region directory and the engine's KV regions in it.
@@ -129,6 +131,14 @@ func TestUnitsKeepTheContract(t *testing.T) {
 				if got := u.one(t, "Service", k); got != v {
 					t.Errorf("%s=%q, want %q", k, got, v)
 				}
+			}
+			// The region directory is the one tmpfiles.d makes, the engine's
+			// group owning it, setgid so its regions stay in the group.
+			if tmpfiles := "d " + daemon.DefaultRegionDir + " 2770 root pdlink -"; !strings.Contains(string(readFile(t, "systemd/pdlink.tmpfiles.conf")), "\n"+tmpfiles+"\n") {
+				t.Errorf("pdlink.tmpfiles.conf does not make the region directory: want a line %q", tmpfiles)
+			}
+			if got := cfg.RegionDirs; len(got) != 1 || got[0] != u.one(t, "Service", "ReadWritePaths") {
+				t.Errorf("default --region-dir %q is not the unit's ReadWritePaths", got)
 			}
 			// The default scheduler socket lives in the RuntimeDirectory.
 			if got, want := cfg.GRPCListen, "unix:///run/pdlink/"+string(role)+".sock"; got != want {

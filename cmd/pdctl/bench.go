@@ -131,7 +131,7 @@ func newBenchCommand() *cobra.Command {
 	f.IntVar(&cfg.Layout.Layers, "layers", cfg.Layout.Layers, "model layers (K and V buffer each)")
 	f.Int64Var(&cfg.Layout.Pages, "pages", cfg.Layout.Pages, "KV pages per buffer in each engine's region")
 	f.Int64Var(&cfg.Layout.BytesPerToken, "bytes-per-token", cfg.Layout.BytesPerToken, "KV bytes per token across all buffers (small values make small rooms)")
-	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the engines' region files go")
+	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the run makes its private region directory (the daemons' --region-dir, removed at the end)")
 	f.BoolVar(&cfg.NoVerify, "no-verify", true, "skip filling and checking page contents (bytes still move)")
 	f.BoolVar(&cfg.LayerWise, "layer-wise", false, "send each chunk one layer at a time (a Send naming the layer's K and V buffers)")
 	f.Float64Var(&cfg.PrefixFraction, "prefix-fraction", 0, "fraction of each request's pages decode already holds (prefix_len, 0..1): they stay untouched and move no bytes")
@@ -151,6 +151,11 @@ func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*b
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
+	regions, err := newRegionDir(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(regions)
 	var profiles []string
 	if profileDir != "" {
 		if err := os.MkdirAll(profileDir, 0o755); err != nil {
@@ -166,7 +171,7 @@ func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*b
 	}
 	quiet := *cmd
 	quiet.SetOut(new(bytes.Buffer))
-	procs, err := startPair(&quiet, binDir, tmp, nil, profiles, &cfg)
+	procs, err := startPair(&quiet, binDir, tmp, []string{"--region-dir=" + regions}, profiles, &cfg)
 	defer stopAll(procs)
 	if err != nil {
 		return nil, err

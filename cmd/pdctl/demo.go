@@ -40,7 +40,7 @@ func newDemoCommand() *cobra.Command {
 	f.IntVar(&cfg.Layout.Layers, "layers", cfg.Layout.Layers, "model layers (K and V buffer each)")
 	f.Int64Var(&cfg.Layout.BytesPerToken, "bytes-per-token", cfg.Layout.BytesPerToken, "KV bytes per token across all layers")
 	f.Int64Var(&cfg.Layout.Pages, "pages", cfg.Layout.Pages, "KV pages per buffer in each engine's region")
-	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the engines' region files go")
+	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the run makes its private region directory (the daemons' --region-dir, removed at the end)")
 	f.BoolVar(&cfg.LayerWise, "layer-wise", false, "send each chunk one layer at a time (a Send naming the layer's K and V buffers)")
 	f.Float64Var(&cfg.PrefixFraction, "prefix-fraction", 0, "fraction of each request's pages decode already holds (prefix_len, 0..1): they stay untouched and move no bytes")
 	return cmd
@@ -76,6 +76,11 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 		return err
 	}
 	defer os.RemoveAll(tmp)
+	regions, err := newRegionDir(&cfg)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(regions)
 
 	deadlines := []string{"--bootstrap-timeout=10s", "--waiting-timeout=10s", "--transfer-idle-timeout=5s"}
 	if faults {
@@ -84,7 +89,7 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 		deadlines = []string{"--bootstrap-timeout=2s", "--waiting-timeout=2s", "--transfer-idle-timeout=2s"}
 		cfg.Faults = sim.Faults{AbortPrefill: 0.05, AbortDecode: 0.05, StallDecode: 0.03, StallPrefill: 0.03}
 	}
-	procs, err := startPair(cmd, binDir, tmp, deadlines, nil, &cfg)
+	procs, err := startPair(cmd, binDir, tmp, append(deadlines, "--region-dir="+regions), nil, &cfg)
 	defer stopAll(procs)
 	if err != nil {
 		return err
@@ -224,6 +229,31 @@ func stopAll(procs []*proc.Process) {
 	for _, p := range procs {
 		_ = p.Stop(15 * time.Second)
 	}
+}
+
+// newRegionDir makes the run's private region directory under cfg.Dir
+// (--shm-dir) and points cfg at it: the engines create their regions there
+// and the daemons, given it as --region-dir, map nothing else. Symlinks on
+// the way are resolved first, since the daemons refuse a path through one.
+// The caller removes it.
+func newRegionDir(cfg *sim.Config) (string, error) {
+	parent := cfg.Dir
+	if parent == "" {
+		parent = "/dev/shm"
+	}
+	parent, err := filepath.Abs(parent)
+	if err != nil {
+		return "", fmt.Errorf("--shm-dir: %w", err)
+	}
+	if parent, err = filepath.EvalSymlinks(parent); err != nil {
+		return "", fmt.Errorf("--shm-dir: %w", err)
+	}
+	dir, err := os.MkdirTemp(parent, "pdlink-regions-")
+	if err != nil {
+		return "", fmt.Errorf("--shm-dir: %w", err)
+	}
+	cfg.Dir = dir
+	return dir, nil
 }
 
 // startPair starts prefilld and decoded as child processes on loopback

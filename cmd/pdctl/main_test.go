@@ -75,12 +75,12 @@ func TestSingleDashHelpPrintsTheHelpOfEachCommand(t *testing.T) {
 // corrupt room otherwise), every other page arrives through a Send per
 // layer.
 func TestDemoVerifiesEveryByteWithPrefixSkipAndLayerWise(t *testing.T) {
-	bin := daemons(t)
+	bin, shm := daemons(t), t.TempDir()
 	root := newRootCommand()
 	var out bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&out)
-	root.SetArgs([]string{"demo", "--bin-dir", bin, "--shm-dir", t.TempDir(), "--requests", "12", "--concurrency", "4",
+	root.SetArgs([]string{"demo", "--bin-dir", bin, "--shm-dir", shm, "--requests", "12", "--concurrency", "4",
 		"--layers", "2", "--bytes-per-token", "1024", "--pages", "256", "--min-tokens", "64", "--max-tokens", "512",
 		"--prefix-fraction", "0.5", "--layer-wise"})
 	if err := root.Execute(); err != nil {
@@ -88,5 +88,10 @@ func TestDemoVerifiesEveryByteWithPrefixSkipAndLayerWise(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "verified:     12 rooms byte for byte, 0 corrupt") {
 		t.Fatalf("pdctl demo did not verify every room:\n%s", out.String())
+	}
+	// The regions lived in the demo's private --region-dir under
+	// --shm-dir, which goes with them.
+	if left, err := os.ReadDir(shm); err != nil || len(left) != 0 {
+		t.Fatalf("after the demo --shm-dir holds %v (err %v), want nothing", left, err)
 	}
 }

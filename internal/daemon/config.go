@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/pdlink/pdlink/pkg/auth"
+	"github.com/pdlink/pdlink/pkg/regionpath"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -87,10 +88,19 @@ type Config struct {
 	// one of transfer.Kinds, checked at start.
 	DataTransport transfer.Kind
 
+	// RegionDirs are the directories a RegisterRegion path must lie under
+	// (--region-dir, repeatable or comma-separated; pkg/regionpath has the
+	// other rules): a scheduler client can name no other file.
+	RegionDirs []string
+
 	// CPUProfile is where a CPU profile of the whole run is written
 	// ("" = none): profile.go.
 	CPUProfile string
 }
+
+// DefaultRegionDir is where the systemd units have tmpfiles.d make the
+// region directory (group pdlink, setgid).
+const DefaultRegionDir = "/dev/shm/pdlink"
 
 // DefaultConfig returns the defaults for a role; the flags show them.
 func DefaultConfig(role Role) Config {
@@ -120,6 +130,7 @@ func DefaultConfig(role Role) Config {
 		GRPCMaxConnections:    1024,
 
 		DataTransport: transfer.KindTCP,
+		RegionDirs:    []string{DefaultRegionDir},
 	}
 	switch role {
 	case RolePrefill:
@@ -160,6 +171,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.GRPCKeepaliveTimeout, "grpc-keepalive-timeout", c.GRPCKeepaliveTimeout, "close a gRPC connection whose ping is not acked within this")
 	fs.DurationVar(&c.GRPCKeepaliveMinTime, "grpc-keepalive-min-time", c.GRPCKeepaliveMinTime, "clients may ping at most this often; faster gets GOAWAY (too_many_pings)")
 	fs.IntVar(&c.GRPCMaxConnections, "grpc-max-connections", c.GRPCMaxConnections, "most gRPC connections open at once; more are closed on accept")
+	fs.Var(&regionDirsFlag{dirs: &c.RegionDirs}, "region-dir", "directory a RegisterRegion file must lie under: a regular file of the daemon's group, no symlink on the way (repeat the flag or separate by commas for more)")
 	fs.StringVar((*string)(&c.DataTransport), "data-transport", string(c.DataTransport), "how KV pages move between the daemons: "+transfer.KindNames())
 	c.bindProfileFlags(fs)
 	switch c.Role {
@@ -256,6 +268,14 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxRooms < 1 {
 		return &FlagError{"max-rooms", fmt.Sprint(c.MaxRooms), "must be at least 1"}
+	}
+	if len(c.RegionDirs) == 0 {
+		return &FlagError{"region-dir", "", "at least one region directory is required"}
+	}
+	for _, d := range c.RegionDirs {
+		if err := regionpath.ValidateDir(d); err != nil {
+			return &FlagError{"region-dir", d, err.Error()}
+		}
 	}
 	kind, err := transfer.ParseKind(string(c.DataTransport))
 	if err != nil {
@@ -388,4 +408,27 @@ func checkZMQEndpoint(ep string) error {
 		return errors.New("want tcp://host:port")
 	}
 	return checkHostPort(u.Host)
+}
+
+// regionDirsFlag is --region-dir: the first value given replaces the
+// default and later ones add to it; a value may hold several directories
+// separated by commas (the form of PDLINK_REGION_DIR).
+type regionDirsFlag struct {
+	dirs *[]string
+	set  bool
+}
+
+func (f *regionDirsFlag) String() string { return strings.Join(*f.dirs, ",") }
+func (f *regionDirsFlag) Type() string   { return "dirs" }
+
+func (f *regionDirsFlag) Set(v string) error {
+	if !f.set {
+		*f.dirs, f.set = nil, true
+	}
+	for _, d := range strings.Split(v, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			*f.dirs = append(*f.dirs, d)
+		}
+	}
+	return nil
 }

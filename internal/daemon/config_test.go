@@ -88,6 +88,10 @@ func TestBadFlagValuesAreRefusedNamingTheFlag(t *testing.T) {
 		{RoleDecode, "--grpc-max-connections=0", "grpc-max-connections"},
 		{RolePrefill, "--data-transport=udp", "data-transport"},
 		{RoleDecode, "--data-transport=", "data-transport"},
+		{RolePrefill, "--region-dir=", "region-dir"},
+		{RolePrefill, "--region-dir=relative/dir", "region-dir"},
+		{RoleDecode, "--region-dir=/dev/shm/pdlink/", "region-dir"},
+		{RoleDecode, "--region-dir=/dev/shm/../etc", "region-dir"},
 	}
 	for _, c := range cases {
 		_, err := parse(t, c.role, []string{c.arg}, nil)
@@ -197,6 +201,35 @@ func TestWildcardDataListenNeedsAnAdvertiseAddress(t *testing.T) {
 		}
 		if _, err := parse(t, RoleDecode, []string{"--data-listen=" + listen, "--insecure", "--data-advertise=10.0.0.5:9500"}, nil); err != nil {
 			t.Errorf("--data-listen=%s with --data-advertise: %v", listen, err)
+		}
+	}
+}
+
+// --region-dir defaults to the unit's directory; given once it replaces the
+// default, given again (or comma-separated, as PDLINK_REGION_DIR in an env
+// file) it adds more; the command line wins over the environment.
+func TestRegionDirsDefaultRepeatAndCommas(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"default", nil, nil, DefaultRegionDir},
+		{"one flag replaces the default", []string{"--region-dir=/srv/regions"}, nil, "/srv/regions"},
+		{"repeated", []string{"--region-dir=/a", "--region-dir=/b"}, nil, "/a,/b"},
+		{"comma-separated", []string{"--region-dir=/a,/b"}, nil, "/a,/b"},
+		{"environment", nil, map[string]string{"PDLINK_REGION_DIR": "/dev/shm/pdlink,/dev/shm/pdlink-rank1"}, "/dev/shm/pdlink,/dev/shm/pdlink-rank1"},
+		{"command line wins", []string{"--region-dir=/a"}, map[string]string{"PDLINK_REGION_DIR": "/b"}, "/a"},
+	} {
+		for _, role := range []Role{RolePrefill, RoleDecode} {
+			cfg, err := parse(t, role, tc.args, tc.env)
+			if err != nil {
+				t.Fatalf("%s %s: %v", tc.name, role, err)
+			}
+			if got := strings.Join(cfg.RegionDirs, ","); got != tc.want {
+				t.Errorf("%s %s: region dirs %q, want %q", tc.name, role, got, tc.want)
+			}
 		}
 	}
 }

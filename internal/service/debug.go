@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/room"
 )
 
 type debugRoom struct {
@@ -70,9 +71,17 @@ func DebugRooms(a *AdminServer) http.Handler {
 		}
 		now := a.Now()
 		out := struct {
-			Rooms     []debugRoom `json:"rooms"`
-			Truncated bool        `json:"truncated"`
+			// Region is the mapped region file (generation included), so
+			// an engine restart shows here as a new generation.
+			Region    *room.RegionFile `json:"region,omitempty"`
+			Rooms     []debugRoom      `json:"rooms"`
+			Truncated bool             `json:"truncated"`
 		}{Rooms: []debugRoom{}, Truncated: next != ""}
+		if ro, ok := a.Owner.(interface{ Region() room.RegionFile }); ok {
+			if id := ro.Region(); id.Generation != 0 {
+				out.Region = &id
+			}
+		}
 		for _, in := range infos {
 			created := a.Owner.WallTime(in.CreatedAt)
 			r := debugRoom{

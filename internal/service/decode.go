@@ -26,11 +26,25 @@ func (s *DecodeServer) RegisterRegion(_ context.Context, req *pb.DecodeServiceRe
 	if err := validateRank("layout.rank", req.Layout.GetRank()); err != nil {
 		return nil, err
 	}
-	id, err := s.Node.RegisterRegion(req.RegionPath, req.Layout)
+	reg, err := s.Node.RegisterRegion(req.RegionPath, req.Layout)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &pb.DecodeServiceRegisterRegionResponse{RegionId: id}, nil
+	return &pb.DecodeServiceRegisterRegionResponse{RegionId: reg.ID, Generation: reg.File.Generation, Device: reg.File.Dev,
+		Inode: reg.File.Ino, RoomsFailed: uint32(reg.RoomsFailed)}, nil
+}
+
+// UnregisterRegion implements DecodeService: OK also for a rank with no
+// region (unregistered false), so a retry after a lost answer is harmless.
+func (s *DecodeServer) UnregisterRegion(_ context.Context, req *pb.DecodeServiceUnregisterRegionRequest) (*pb.DecodeServiceUnregisterRegionResponse, error) {
+	if err := validateRank("rank", req.Rank); err != nil {
+		return nil, err
+	}
+	un, err := s.Node.UnregisterRegion(req.Rank)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.DecodeServiceUnregisterRegionResponse{Unregistered: un.Dropped, Generation: un.Generation, RoomsFailed: uint32(un.RoomsFailed)}, nil
 }
 
 // OpenReceiver implements DecodeService.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -47,6 +48,8 @@ func testDaemonConfig(t testing.TB, role daemon.Role) daemon.Config {
 	cfg.TransferIdleTimeout = 5 * time.Second
 	cfg.HeartbeatInterval = 200 * time.Millisecond
 	cfg.DrainTimeout = 3 * time.Second
+	// newRegion and the tests' own regions are made under t.TempDir().
+	cfg.RegionDirs = []string{filepath.Clean(os.TempDir())}
 	switch role {
 	case daemon.RolePrefill:
 		cfg.BootstrapListen = "tcp://127.0.0.1:0"

@@ -26,11 +26,25 @@ func (s *PrefillServer) RegisterRegion(_ context.Context, req *pb.PrefillService
 	if err := validateRank("layout.rank", req.Layout.GetRank()); err != nil {
 		return nil, err
 	}
-	id, err := s.Node.RegisterRegion(req.RegionPath, req.Layout)
+	reg, err := s.Node.RegisterRegion(req.RegionPath, req.Layout)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &pb.PrefillServiceRegisterRegionResponse{RegionId: id}, nil
+	return &pb.PrefillServiceRegisterRegionResponse{RegionId: reg.ID, Generation: reg.File.Generation, Device: reg.File.Dev,
+		Inode: reg.File.Ino, RoomsFailed: uint32(reg.RoomsFailed)}, nil
+}
+
+// UnregisterRegion implements PrefillService: OK also for a rank with no
+// region (unregistered false), so a retry after a lost answer is harmless.
+func (s *PrefillServer) UnregisterRegion(_ context.Context, req *pb.PrefillServiceUnregisterRegionRequest) (*pb.PrefillServiceUnregisterRegionResponse, error) {
+	if err := validateRank("rank", req.Rank); err != nil {
+		return nil, err
+	}
+	un, err := s.Node.UnregisterRegion(req.Rank)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.PrefillServiceUnregisterRegionResponse{Unregistered: un.Dropped, Generation: un.Generation, RoomsFailed: uint32(un.RoomsFailed)}, nil
 }
 
 // OpenSender implements PrefillService.

@@ -121,10 +121,12 @@ func toStatus(err error) error {
 		errors.Is(err, poll.ErrNonceMismatch), errors.Is(err, room.ErrNoRegion), errors.Is(err, room.ErrNotSendable),
 		errors.Is(err, room.ErrTransferRefused):
 		code = codes.FailedPrecondition
-	case errors.Is(err, room.ErrRegionTaken), errors.Is(err, room.ErrMetadataConflict):
+	case errors.Is(err, room.ErrMetadataConflict):
 		code = codes.AlreadyExists
 	case errors.Is(err, room.ErrUnsupported):
 		code = codes.Unimplemented
+	case errors.Is(err, room.ErrRegionPathRefused):
+		code = codes.PermissionDenied
 	case errors.Is(err, poll.ErrInvalidEvent), errors.Is(err, conn.ErrBadArgument):
 		code = codes.InvalidArgument
 	case errors.Is(err, conn.ErrClosedNode):

@@ -16,6 +16,7 @@ import (
 	"github.com/pdlink/pdlink/pkg/conn/zmtp"
 	"github.com/pdlink/pdlink/pkg/metrics"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/regionpath"
 	"github.com/pdlink/pdlink/pkg/room"
 )
 
@@ -147,6 +148,7 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		Config:        nodeConfig(cfg, poll.Prefill, tr, log.Named("conn")),
 		ListenAddr:    cfg.BootstrapListen,
 		DataTransport: cfg.DataTransport,
+		RegionDirs:    cfg.RegionDirs,
 	}
 	pcfg.Sender.Logger, pcfg.Sender.IdleTimeout = log.Named("transfer"), cfg.TransferIdleTimeout
 	if kr != nil {
@@ -165,7 +167,8 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SidePrefill)
-	if err := registerMetrics(s, rec, metrics.SidePrefill, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) }); err != nil {
+	if err := registerMetrics(s, rec, metrics.SidePrefill, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) },
+		func() float64 { return float64(node.RegionReplaced()) }, node.RegionRefused); err != nil {
 		return err
 	}
 	addNode(s, "prefill-node", node, rec, func() error {
@@ -208,6 +211,7 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		Config:        nodeConfig(cfg, poll.Decode, tr, log.Named("conn")),
 		DataEndpoint:  advertise,
 		DataTransport: cfg.DataTransport,
+		RegionDirs:    cfg.RegionDirs,
 	}
 	dcfg.Receiver.Logger, dcfg.Receiver.IdleTimeout = log.Named("transfer"), cfg.TransferIdleTimeout
 	if kr != nil {
@@ -224,7 +228,8 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SideDecode)
-	if err := registerMetrics(s, rec, metrics.SideDecode, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) }); err != nil {
+	if err := registerMetrics(s, rec, metrics.SideDecode, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) },
+		func() float64 { return float64(node.RegionReplaced()) }, node.RegionRefused); err != nil {
 		ln.Close()
 		return err
 	}
@@ -263,7 +268,7 @@ func addNode(s *daemon.Server, name string, node RoomOwner, rec *metrics.Recorde
 	})
 }
 
-func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes func() float64) error {
+func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes, regionReplaced func() float64, regionRefused func(regionpath.Rule) uint64) error {
 	authRejected, authReloads := authSources(kr)
 	c := metrics.NewCollector(side, metrics.Sources{
 		Rooms:          stats,
@@ -289,7 +294,8 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg d
 				{Labels: []string{"socket"}, Value: float64(z().Restarts)},
 			}
 		},
-		TransferBytes: bytes,
+		TransferBytes:  bytes,
+		RegionReplaced: regionReplaced,
 		InsecureMode: func() float64 {
 			if cfg.InsecureMode() {
 				return 1
@@ -298,6 +304,13 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg d
 		},
 		AuthRejected: authRejected,
 		AuthReloads:  authReloads,
+		RegionRefused: func() []metrics.Count {
+			var out []metrics.Count
+			for _, r := range regionpath.AllRules() {
+				out = append(out, metrics.Count{Labels: []string{r.String()}, Value: float64(regionRefused(r))})
+			}
+			return out
+		},
 	})
 	return metrics.Register(s.Registry, c, rec)
 }

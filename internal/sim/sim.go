@@ -27,9 +27,13 @@ type Config struct {
 	// ("unix:///path" or "host:port"); Bootstrap is prefilld's ZeroMQ
 	// address that decode rooms name.
 	PrefillGRPC, DecodeGRPC, Bootstrap string
-	// Dir holds the region files (default /dev/shm).
-	Dir    string
-	Layout Layout
+	// Dir holds the region files (default /dev/shm): it must lie under
+	// both daemons' --region-dir. DecodeDir, if set, holds the decode
+	// engine's instead, for daemons that share no region directory (two
+	// pods).
+	Dir       string
+	DecodeDir string
+	Layout    Layout
 	// Requests of MinTokens..MaxTokens tokens, at most Concurrency at once.
 	Requests             int
 	MinTokens, MaxTokens int
@@ -197,6 +201,9 @@ func (c *Config) defaults() {
 	if c.Dir == "" {
 		c.Dir = "/dev/shm"
 	}
+	if c.DecodeDir == "" {
+		c.DecodeDir = c.Dir
+	}
 	if c.Layout.Layers == 0 {
 		c.Layout = DemoLayout()
 	}
@@ -298,7 +305,8 @@ type Sim struct {
 	runs      sync.WaitGroup
 }
 
-// New creates both engines' regions under cfg.Dir, connects to the
+// New creates both engines' regions under cfg.Dir (decode's under
+// cfg.DecodeDir if set), connects to the
 // daemons and registers the regions. Close releases them.
 func New(ctx context.Context, cfg Config) (*Sim, error) {
 	cfg.defaults()
@@ -316,7 +324,7 @@ func New(ctx context.Context, cfg Config) (*Sim, error) {
 	if s.pre, err = newEngine(cfg.Dir, tl); err != nil {
 		return nil, err
 	}
-	if s.dec, err = newEngine(cfg.Dir, tl); err != nil {
+	if s.dec, err = newEngine(cfg.DecodeDir, tl); err != nil {
 		return nil, err
 	}
 	pconn, err := dial(cfg.PrefillGRPC)

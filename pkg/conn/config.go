@@ -48,6 +48,12 @@ type Config struct {
 	PeerForgetAfter time.Duration
 	// SubscriberBuffer is the default Subscribe buffer.
 	SubscriberBuffer int
+	// MaxUnansweredFrames and MaxUnansweredBytes bound the room frames
+	// handed to the room owner and not yet answered (AckToken), by count
+	// and by encoded size; past either a reader drops a room frame
+	// unanswered and counts it (RejectOwnerBusy): the peer retransmits.
+	MaxUnansweredFrames int
+	MaxUnansweredBytes  int
 	// Seed seeds the retransmit jitter (0: random).
 	Seed uint64
 
@@ -69,6 +75,10 @@ func DefaultConfig() Config {
 		MaxPeers:          1024,
 		PeerForgetAfter:   10 * time.Minute,
 		SubscriberBuffer:  1024,
+		// A METADATA is a few KiB, so the count bounds the common case;
+		// the bytes bound a peer sending frames near MaxFrameSize.
+		MaxUnansweredFrames: 4096,
+		MaxUnansweredBytes:  64 << 20,
 	}
 }
 
@@ -114,6 +124,8 @@ func (c Config) withDefaults(side poll.Side) (Config, error) {
 	setInt(&c.DedupeWindow, d.DedupeWindow)
 	setInt(&c.MaxPeers, d.MaxPeers)
 	setInt(&c.SubscriberBuffer, d.SubscriberBuffer)
+	setInt(&c.MaxUnansweredFrames, d.MaxUnansweredFrames)
+	setInt(&c.MaxUnansweredBytes, d.MaxUnansweredBytes)
 	if c.RetryMax < c.RetryBase {
 		c.RetryMax = c.RetryBase
 	}

@@ -28,14 +28,28 @@
 //	                          workers, counters, the node's Clock
 //
 // The seam is one place (link.go): a link delivers to its room side only
-// through RoomSide (FrameIn, whose answer is the frame's ACK; PeerLost,
-// PeerRestarted, PeerGone; LiveRooms for heartbeats), as a direct call on
-// the goroutine that read the frame or on the tick worker; the room side
-// reaches peers only through its link (Target handles, Link.Send,
-// DecodeLink.SendFollowing/Session, Peers, Counters). Package room turns
-// each delivery into an input of its owner goroutine and the reader waits
-// for the answer, at most for the owner's CPU; the reader still sends the
-// ACK itself (PLAN step 3 leaves ACK as an owner effect for later).
+// through RoomSide (FrameIn, PeerLost, PeerRestarted, PeerGone; LiveRooms
+// for heartbeats); the room side reaches peers only through its link
+// (Target handles, Link.Send, Link.Ack, Link.Cancel,
+// DecodeLink.SendFollowing/Session, Peers, Counters).
+//
+// A room frame is handed over, not waited for: the reader gives FrameIn
+// the frame and an AckToken and goes back to its socket; package room
+// queues it for its owner goroutine, which steps it, performs the effects
+// in table order and sends the frame's ACK last (Link.Ack: the ACK is an
+// effect of the step), or gives the token back unanswered (Link.Cancel:
+// the owner stopped, or the step panicked). While a token is out, a
+// retransmit of its frame is dropped as a duplicate, neither stepped
+// again nor answered early: the owner's ACK answers it, or the next
+// retransmit finds the answer in the dedupe window. At most
+// Config.MaxUnansweredFrames (and MaxUnansweredBytes) are out; a room
+// frame past that is dropped unanswered and counted (RejectOwnerBusy,
+// pdlink_frames_rejected_total{reason="owner_busy"}), and the peer
+// retransmits it. Heartbeats, ACKs, REGISTER and duplicates are the
+// link's own and never queue behind the owner; an ACK's answer to a
+// METADATA is posted to the owner (DecodeLink.SendFollowing's onAck must
+// not wait). PeerRestarted and PeerGone, once per peer incarnation, are
+// the only deliveries a reader waits for.
 //
 // # Protocol
 //
@@ -109,18 +123,19 @@
 // restarts the worker with backoff (R6):
 //   - prefill: one listener worker (PrefillLink.Listen), the only reader
 //     of the bootstrap socket (re-binds the address if the socket dies);
-//     the room frames it reads run the room side on it;
 //   - decode: one worker per prefill address (DecodeLink.Session), the
 //     only reader of its Conn (dials again if the Conn dies, then
-//     registers again); the room frames it reads run the room side on it;
+//     registers again);
 //   - the room side's tick worker (package room) runs under the same
 //     supervisor and calls Link.Tick: retransmits, heartbeats, liveness.
+//     It queues the owner's part of the tick without waiting for it.
 //
-// So a room side that blocks in a delivery holds that reader (its peer's
-// frames wait), never the tick worker: heartbeats keep leaving and the
-// peer keeps counting this node up. The peer/session mutex and the outbox
-// mutex are never held together, and no transport call is made under
-// either (except the sends of MemNetwork, which never block).
+// So a busy room owner (a 100k-room drain step, a large METADATA, a test
+// holding it) holds no reader and no tick worker: its peer's frames are
+// read, heartbeats keep leaving and arriving, and nobody is declared lost
+// while its frames sit in our own socket. The peer/session mutex and the
+// outbox mutex are never held together, and no transport call is made
+// under either (except the sends of MemNetwork, which never block).
 //
 // Time comes from a Clock: RealClock in the daemons, FakeClock in tests,
 // which makes every scenario deterministic (node time, Link.Now, is

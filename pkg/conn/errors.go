@@ -49,12 +49,16 @@ const (
 	RejectForeignRoom
 	RejectStaleEpoch
 	RejectTooManyPeers
+	// RejectOwnerBusy: a room frame arrived with Config.MaxUnansweredFrames
+	// already waiting for the room owner; it is dropped unanswered and the
+	// peer retransmits it.
+	RejectOwnerBusy
 	numRejectReasons
 )
 
 var rejectNames = [numRejectReasons]string{
 	"decode", "version", "invalid", "too_large", "auth", "duplicate",
-	"unknown_peer", "foreign_room", "stale_epoch", "too_many_peers",
+	"unknown_peer", "foreign_room", "stale_epoch", "too_many_peers", "owner_busy",
 }
 
 func (r RejectReason) String() string {

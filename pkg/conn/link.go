@@ -60,6 +60,11 @@ type core struct {
 
 	limiter logLimiter
 
+	// unansweredFrames and unansweredBytes are the room frames out with
+	// the room side (AckToken), against MaxUnansweredFrames and Bytes.
+	unansweredFrames atomic.Int64
+	unansweredBytes  atomic.Int64
+
 	// frameHook, if set (tests, from Config.FrameHook), runs before each
 	// received frame is handled.
 	frameHook func(FrameType)
@@ -203,18 +208,21 @@ func (l Link) Departed(id poll.PeerID) int {
 // SayGoodbye tells the peers this node is leaving (goodbye.go).
 func (l Link) SayGoodbye(ctx context.Context) { l.sayGoodbye(ctx) }
 
-// RoomSide is what a link delivers to its room side and asks of it. Every
-// delivery is a direct call on the goroutine that read the frame (the
-// listener worker, a session's receive worker) or on the tick worker
-// (package room hands it to its owner goroutine and waits for the
-// answer). A peer's frames are delivered one at a time in the order its
-// connection delivered them, duplicates never.
+// RoomSide is what a link delivers to its room side and asks of it. A
+// peer's room frames are delivered one at a time in the order its
+// connection delivered them, duplicates never, and FrameIn never waits for
+// the room owner: the reader goes back to its socket at once, so
+// heartbeats and ACKs keep flowing however busy the owner is. PeerLost
+// comes from the tick worker and must not wait either; PeerRestarted and
+// PeerGone (once per peer incarnation) may.
 type RoomSide interface {
-	// FrameIn is a valid, non-duplicate room frame (METADATA, ABORT,
-	// STATUS, ABORT_ACK, or one this side never receives) from the peer
-	// behind from; its answer is the frame's ACK. from is the handle to
-	// send replies about the frame to.
-	FrameIn(from Target, ft FrameType, env *pdlinkv1.Envelope) AckResult
+	// FrameIn hands over a valid, non-duplicate room frame (METADATA,
+	// ABORT, STATUS, ABORT_ACK, or one this side never receives) from the
+	// peer behind from, to be stepped later; from is the handle to send
+	// replies about the frame to. The room side answers it with Ack(tok)
+	// once the frame's effects are performed, or Cancel(tok) if it never
+	// steps it; false: it takes no frames any more (the link cancels tok).
+	FrameIn(from Target, ft FrameType, env *pdlinkv1.Envelope, tok *AckToken) bool
 	// PeerLost: the peer id was silent for HeartbeatMisses intervals.
 	PeerLost(id poll.PeerID)
 	// PeerRestarted: a new incarnation replaced old. On decode the
@@ -225,11 +233,96 @@ type RoomSide interface {
 	PeerRestarted(old, id poll.PeerID)
 	// PeerGone: the peer id said goodbye; the link forgot it.
 	PeerGone(id poll.PeerID, fields ...zap.Field)
-	// LiveRooms is the live-room count heartbeats carry.
+	// LiveRooms is the live-room count heartbeats carry (tick worker: it
+	// must not wait for the owner's queue).
 	LiveRooms() uint32
 }
 
-// finishFrame counts a rejection, remembers a final answer and sends it.
+// AckToken is a room frame the link handed to its room side, until the
+// room side answers it (Link.Ack: the frame's ACK, an effect of stepping
+// it) or gives it back unanswered (Link.Cancel). While it is out, a
+// retransmit of the frame is dropped (counted as a duplicate): the answer
+// to the first copy answers it, or the retransmit after that finds the
+// answer in the dedupe window.
+type AckToken struct {
+	dest Target
+	from string // the peer, for logs and counters
+	seq  uint64
+	size int // encoded bytes, in the MaxUnansweredBytes budget
+	// dd is the dedupe window of the peer incarnation that sent the
+	// frame, guarded by mu (the link's peer or session mutex).
+	dd       *dedupe
+	mu       *sync.Mutex
+	answered atomic.Bool
+}
+
+// Ack answers the room frame of tok with a: the answer is remembered for
+// retransmits (if final) and the ACK sent. A second answer is ignored.
+func (l Link) Ack(tok *AckToken, a AckResult) {
+	if !l.settle(tok, &a) {
+		return
+	}
+	l.finishFrame(tok.dest, tok.from, tok.seq, a, nil)
+}
+
+// Cancel gives back the room frame of tok unanswered (the owner stopped
+// or the step panicked): no ACK leaves, and the peer's retransmit is
+// delivered again, to this node if it runs or to its next incarnation.
+func (l Link) Cancel(tok *AckToken) { l.settle(tok, nil) }
+
+// Unanswered counts the room frames handed to the room side and not
+// answered yet.
+func (l Link) Unanswered() int { return int(l.unansweredFrames.Load()) }
+
+// deliverRoomFrame hands a room frame to the room side without waiting
+// for it. A frame that finds MaxUnansweredFrames (or Bytes) already out
+// is dropped unanswered and counted (RejectOwnerBusy): the peer
+// retransmits it. The caller checked under mu that seq is neither
+// answered nor out (a peer's frames are read by one goroutine, so no
+// other copy of seq can be marked in between). Decode's session readers
+// check the budget concurrently, so it may be passed by one frame per
+// prefill session at most.
+func (c *core) deliverRoomFrame(room RoomSide, dest Target, from string, ft FrameType, env *pdlinkv1.Envelope, size int, dd *dedupe, mu *sync.Mutex) {
+	if c.unansweredFrames.Load() >= int64(c.cfg.MaxUnansweredFrames) || c.unansweredBytes.Load()+int64(size) > int64(c.cfg.MaxUnansweredBytes) {
+		c.reject(RejectOwnerBusy, from, nil)
+		return
+	}
+	c.unansweredFrames.Add(1)
+	c.unansweredBytes.Add(int64(size))
+	tok := &AckToken{dest: dest, from: from, seq: env.GetSeq(), size: size, dd: dd, mu: mu}
+	if tok.seq != 0 {
+		mu.Lock()
+		dd.withOwner[tok.seq] = struct{}{}
+		mu.Unlock()
+	}
+	if !room.FrameIn(dest, ft, env, tok) {
+		c.settle(tok, nil)
+	}
+}
+
+// settle ends tok once: the frame leaves the owner's budget and its
+// withOwner mark, and a final answer enters the dedupe window in the same
+// critical section (so a retransmit sees one or the other). It reports
+// whether this call ended tok.
+func (c *core) settle(tok *AckToken, a *AckResult) bool {
+	if !tok.answered.CompareAndSwap(false, true) {
+		return false
+	}
+	c.unansweredFrames.Add(-1)
+	c.unansweredBytes.Add(-int64(tok.size))
+	if tok.seq != 0 {
+		tok.mu.Lock()
+		delete(tok.dd.withOwner, tok.seq)
+		if a != nil && a.final() {
+			tok.dd.put(tok.seq, *a)
+		}
+		tok.mu.Unlock()
+	}
+	return true
+}
+
+// finishFrame counts a rejection, remembers a final answer (remember, if
+// set) and sends it.
 func (c *core) finishFrame(dest Target, from string, seq uint64, a AckResult, remember func(uint64, AckResult)) {
 	if a.Result == pdlinkv1.AckResult_ACK_RESULT_REJECTED {
 		r := RejectInvalid
@@ -243,7 +336,7 @@ func (c *core) finishFrame(dest Target, from string, seq uint64, a AckResult, re
 	if seq == 0 {
 		return
 	}
-	if a.final() {
+	if a.final() && remember != nil {
 		remember(seq, a)
 	}
 	c.sendAck(dest, seq, a)

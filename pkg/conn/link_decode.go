@@ -60,11 +60,14 @@ type PrefillSession struct {
 	epoch       uint64
 	registered  bool
 	registering bool
-	lastHeard   int64
-	lastHB      int64
-	up          bool
-	farewell    bool // acknowledged our GOODBYE
-	dd          *dedupe
+	// stale: the layouts changed while a REGISTER was on its way; it goes
+	// again once that one is answered.
+	stale     bool
+	lastHeard int64
+	lastHB    int64
+	up        bool
+	farewell  bool // acknowledged our GOODBYE
+	dd        *dedupe
 
 	cancel context.CancelFunc // stops the receive worker (its prefill said goodbye)
 }
@@ -243,7 +246,12 @@ func (l *DecodeLink) register(s *PrefillSession) {
 		if applied {
 			s.registered = true
 		}
+		again := s.stale && applied
+		s.stale = false
 		l.smu.Unlock()
+		if again {
+			l.register(s) // it carried the layouts before the change
+		}
 		if !applied {
 			l.log.Error("prefill refused registration", zap.String("addr", s.addr), zap.String("reason", a.Reason))
 			return true
@@ -369,9 +377,11 @@ func (l *DecodeLink) handle(s *PrefillSession, frame []byte) {
 	}
 	t := sessTarget{s: s, id: s.id}
 	var dupAck AckResult
-	dup := false
+	dup, withOwner := false, false
+	dd := s.dd
 	if seq != 0 {
-		dupAck, dup = s.dd.get(seq)
+		dupAck, dup = dd.get(seq)
+		withOwner = !dup && dd.heldByOwner(seq)
 	}
 	l.smu.Unlock()
 
@@ -390,9 +400,11 @@ func (l *DecodeLink) handle(s *PrefillSession, frame []byte) {
 		delete(l.byID, restarted)
 		l.smu.Unlock()
 	}
-	if dup {
+	if dup || withOwner {
 		l.reject(RejectDuplicate, s.addr, nil)
-		l.sendAck(t, seq, dupAck)
+		if dup {
+			l.sendAck(t, seq, dupAck)
+		} // else the first copy is with the owner: its ACK answers this one
 		return
 	}
 	var a AckResult
@@ -405,7 +417,8 @@ func (l *DecodeLink) handle(s *PrefillSession, frame []byte) {
 	case FrameGoodbye:
 		a = l.handleGoodbye(s, t)
 	default:
-		a = l.room.FrameIn(t, ft, env)
+		l.deliverRoomFrame(l.room, t, s.addr, ft, env, len(frame), dd, &l.smu)
+		return
 	}
 	l.finishFrame(t, s.addr, seq, a, func(seq uint64, a AckResult) {
 		l.smu.Lock()
@@ -488,5 +501,25 @@ func (s *PrefillSession) close() {
 	s.l.smu.Unlock()
 	if c != nil {
 		_ = c.Close()
+	}
+}
+
+// RegisterAgain sends REGISTER to every prefill daemon this link
+// registered with, or is registering with (after that REGISTER is
+// answered): the region layouts changed.
+func (l *DecodeLink) RegisterAgain() {
+	l.smu.Lock()
+	var ss []*PrefillSession
+	for _, s := range l.sessions {
+		switch {
+		case s.registering:
+			s.stale = true
+		case s.registered:
+			ss = append(ss, s)
+		}
+	}
+	l.smu.Unlock()
+	for _, s := range ss {
+		l.register(s)
 	}
 }

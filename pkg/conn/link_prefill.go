@@ -294,6 +294,13 @@ func (l *PrefillLink) handle(route Route, frame []byte) {
 			l.sendAck(p, seq, a)
 			return
 		}
+		if p.dd.heldByOwner(seq) {
+			// The first copy is still with the owner: its ACK answers
+			// this one too, and it must not be applied twice.
+			l.pmu.Unlock()
+			l.reject(RejectDuplicate, p.instance, nil)
+			return
+		}
 		// Only a fresh reliable frame may move where we answer this peer:
 		// a replayed HEARTBEAT or ACK (seq 0) or a duplicate from another
 		// connection must not redirect its frames to whoever replayed it.
@@ -308,7 +315,8 @@ func (l *PrefillLink) handle(route Route, frame []byte) {
 	case FrameRegister:
 		a = l.updateRegistration(p, env.GetRegister())
 	case FrameMetadata, FrameAbort, FrameStatus, FrameAbortAck:
-		a = l.room.FrameIn(p, ft, env)
+		l.deliverRoomFrame(l.room, p, p.instance, ft, env, len(frame), p.dd, &l.pmu)
+		return
 	case FrameAck:
 		l.handleAck(p.id, env.GetAck())
 		return

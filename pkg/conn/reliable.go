@@ -296,14 +296,25 @@ func (o *outbox) roomFrames() int {
 // bounded window: the oldest answers are forgotten first; a frame older
 // than the window is processed again, which the handlers make harmless
 // (they are idempotent).
+//
+// It also knows the frames handed to the room owner and not answered yet
+// (withOwner): a retransmit of one is neither delivered again nor answered
+// early; the owner's answer (Link.Ack) moves it into the window.
 type dedupe struct {
-	seen  map[uint64]AckResult
-	order []uint64
-	head  int
+	seen      map[uint64]AckResult
+	order     []uint64
+	head      int
+	withOwner map[uint64]struct{}
 }
 
 func newDedupe(window int) *dedupe {
-	return &dedupe{seen: make(map[uint64]AckResult), order: make([]uint64, 0, window)}
+	return &dedupe{seen: make(map[uint64]AckResult), order: make([]uint64, 0, window), withOwner: make(map[uint64]struct{})}
+}
+
+// heldByOwner reports whether the frame seq is with the room owner.
+func (d *dedupe) heldByOwner(seq uint64) bool {
+	_, ok := d.withOwner[seq]
+	return ok
 }
 
 func (d *dedupe) get(seq uint64) (AckResult, bool) {

@@ -14,7 +14,7 @@
 // into histograms (Recorder).
 //
 // Every label value of a closed set (states, failure reasons, reject
-// reasons) is exported from the start at zero, so rate() and absent()
+// reasons, region refusal rules) is exported from the start at zero, so rate() and absent()
 // behave in alerts before the first failure.
 //
 // # Goroutines

@@ -40,6 +40,11 @@ type Sources struct {
 	// TransferBytes returns KV bytes moved by this side (sent on prefill,
 	// written on decode).
 	TransferBytes func() float64
+	// RegionReplaced returns region files found replaced: a new file
+	// registered for a rank, a rank unregistered, or a file seen replaced
+	// at a bind or Send before the engine registered it (once per
+	// generation).
+	RegionReplaced func() float64
 	// InsecureMode is 1 when the daemon runs without a shared secret on
 	// addresses other hosts can reach (--insecure).
 	InsecureMode func() float64
@@ -48,6 +53,9 @@ type Sources struct {
 	// (result) "ok" or "error".
 	AuthRejected func() []Count
 	AuthReloads  func() []Count
+	// RegionRefused returns RegisterRegion paths refused, by the (rule)
+	// they broke (pkg/regionpath's closed set).
+	RegionRefused func() []Count
 }
 
 // Side label values.
@@ -72,7 +80,9 @@ type Collector struct {
 	unsent                                                 *prometheus.Desc
 	peerDepartures                                         *prometheus.Desc
 	transferBytes, insecure                                *prometheus.Desc
+	regionReplaced                                         *prometheus.Desc
 	authRejected, authReloads                              *prometheus.Desc
+	regionRefused                                          *prometheus.Desc
 }
 
 // NewCollector builds the scrape-time collector for one daemon side.
@@ -111,9 +121,11 @@ func NewCollector(side string, src Sources) *Collector {
 		peerDepartures: d("peer_departures_total", "Peers that went away, by reason: goodbye (a planned stop), lost (heartbeats missed), restarted (a new instance behind the same address).", "reason"),
 		restarts:       d("worker_restarts_total", "Supervised goroutines restarted after a failure, by worker.", "worker"),
 		transferBytes:  d("transfer_bytes_total", "KV bytes moved (sent on prefill, written and verified on decode)."),
+		regionReplaced: d("region_replaced_total", "Region files found replaced: a new file registered for a rank, a rank unregistered, or a file seen replaced at a bind or Send before the engine registered it (once per generation). The rooms it failed count in room_failures_total{reason=\"region_replaced\"}."),
 		insecure:       d("insecure_mode", "1 when the daemon is reachable from other hosts without a shared secret (--insecure)."),
 		authRejected:   d("auth_rejected_total", "Control frames and data connections refused by authentication, by reason.", "reason"),
 		authReloads:    d("auth_token_reloads_total", "Token file reloads (SIGHUP), by result.", "result"),
+		regionRefused:  d("region_refused_total", "RegisterRegion paths refused (PermissionDenied), by the rule they broke: relative, not_clean, outside_dirs, symlink, not_regular, group, changed.", "rule"),
 	}
 }
 
@@ -121,7 +133,7 @@ func NewCollector(side string, src Sources) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.rooms, c.oldest, c.overdue, c.deadline, c.tombstones,
 		c.transitions, c.failures, c.rejectedEvents, c.collisions, c.reaped, c.frames, c.framesRejected,
-		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.insecure, c.authRejected, c.authReloads} {
+		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.regionReplaced, c.insecure, c.authRejected, c.authReloads, c.regionRefused} {
 		ch <- d
 	}
 }
@@ -181,6 +193,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.src.WorkerRestarts, c.restarts, prometheus.CounterValue)
 	emit(c.src.AuthRejected, c.authRejected, prometheus.CounterValue)
 	emit(c.src.AuthReloads, c.authReloads, prometheus.CounterValue)
+	emit(c.src.RegionRefused, c.regionRefused, prometheus.CounterValue)
 	if c.src.Retransmits != nil {
 		counter(c.retransmits, c.src.Retransmits())
 	}
@@ -189,6 +202,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.src.TransferBytes != nil {
 		counter(c.transferBytes, c.src.TransferBytes())
+	}
+	if c.src.RegionReplaced != nil {
+		counter(c.regionReplaced, c.src.RegionReplaced())
 	}
 	if c.src.InsecureMode != nil {
 		gauge(c.insecure, c.src.InsecureMode())
@@ -272,6 +288,7 @@ func Names() map[string]string {
 		name("insecure_mode"):              "gauge",
 		name("auth_rejected_total"):        "counter",
 		name("auth_token_reloads_total"):   "counter",
+		name("region_refused_total"):       "counter",
 		name("room_duration_seconds"):      "histogram",
 		name("transfer_duration_seconds"):  "histogram",
 		name("build_info"):                 "gauge",

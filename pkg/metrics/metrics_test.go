@@ -50,6 +50,7 @@ func allSources(tbl *poll.Table, now *int64) Sources {
 		InsecureMode:   func() float64 { return 0 },
 		AuthRejected:   func() []Count { return []Count{{[]string{"mac_invalid"}, 0}} },
 		AuthReloads:    func() []Count { return []Count{{[]string{"ok"}, 0}} },
+		RegionRefused:  func() []Count { return []Count{{[]string{"symlink"}, 0}} },
 	}
 }
 

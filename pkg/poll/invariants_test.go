@@ -174,7 +174,7 @@ func TestReadSide(t *testing.T) {
 
 func TestReasonsAreAClosedSet(t *testing.T) {
 	all := AllReasons()
-	if len(all) != 12 {
+	if len(all) != 13 {
 		t.Fatalf("%d failure reasons", len(all))
 	}
 	for _, r := range all {

@@ -19,6 +19,10 @@ const (
 	ReasonChecksum               Reason = "checksum"
 	ReasonShutdown               Reason = "shutdown"
 	ReasonInvalid                Reason = "invalid"
+	// ReasonRegionReplaced: the engine replaced or unregistered the
+	// region file the room's pages live in (an engine restart); its bytes
+	// would be in a dead inode.
+	ReasonRegionReplaced Reason = "region_replaced"
 	// ReasonUncleared is a removal reason, not a failure reason: a terminal
 	// room the scheduler never cleared was reaped (I7).
 	ReasonUncleared Reason = "uncleared"
@@ -27,14 +31,14 @@ const (
 // reasonCode is the compact form stored in rooms, history and counters.
 type reasonCode uint8
 
-const numReasonCodes = 14
+const numReasonCodes = 15
 
 var reasonByCode = [numReasonCodes]Reason{
 	ReasonNone,
 	ReasonTimeoutBootstrapping, ReasonTimeoutWaitingForInput, ReasonTimeoutTransferring,
 	ReasonAbortedLocal, ReasonAbortedRemote, ReasonPeerLost, ReasonPeerRestarted,
 	ReasonCollision, ReasonTransferError, ReasonChecksum, ReasonShutdown, ReasonInvalid,
-	ReasonUncleared,
+	ReasonRegionReplaced, ReasonUncleared,
 }
 
 const (

@@ -82,12 +82,12 @@ func (f *fakeTransport) stream(room poll.RoomID) (transfer.Stream, bool) {
 
 // newHarnessOverTransport is a harness whose prefill runs its real data plane (PrefillData)
 // over tr, with a region registered and decode advertising its layout.
-func newHarnessOverTransport(t *testing.T, tr transfer.Transport) *harness {
+func newHarnessOverTransport(t testing.TB, tr transfer.Transport) *harness {
 	t.Helper()
 	reg := newRegion(t)
 	h := newHarnessWith(t, 1, options{
 		pre: func(c *PrefillConfig) {
-			c.DataPlane = nil
+			c.DataPlane, c.RegionDirs = nil, tempRegionDirs()
 			c.newTransport = func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
 		},
 		dec: func(c *DecodeConfig) { c.Layouts = []*pdlinkv1.RegionLayout{layoutPB(reg.layout)} },

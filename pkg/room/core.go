@@ -68,6 +68,11 @@ type core struct {
 	performHook func([]poll.Effect)
 	// publishHook, if set (tests), runs as each transition is published.
 	publishHook func(Transition)
+	// syncTicks (tests: the script harness, set before Start) makes the
+	// tick worker wait for the owner's part of each tick before the
+	// link's, as one step: with two nodes on one FakeClock, a tick then
+	// ends before the other node's starts, so the trace is one order.
+	syncTicks bool
 }
 
 func newCore(lk conn.Link, performHook func([]poll.Effect), publishHook func(Transition)) (*core, error) {
@@ -262,16 +267,33 @@ func (c *core) tickLoop(ctx context.Context, t conn.Ticker) error {
 	}
 }
 
-// onTick expires deadlines and retries fences (one input of the owner),
-// then lets the link retransmit, send heartbeats and find lost peers on
-// the tick worker: what the link delivers from it goes to the owner as
-// inputs of their own.
+// onTick queues the owner's part of the tick (deadlines, fence retries:
+// one input, coalesced while one waits) and lets the link retransmit, send
+// heartbeats and find lost peers on the tick worker without waiting for
+// it: a busy owner delays its deadlines, never this node's heartbeats.
+// What the link delivers from here goes to the owner as inputs of their
+// own, after the tick's.
 func (c *core) onTick() {
-	c.exec(func() {
+	ownerPart := func() {
 		c.applyOwned(func() { c.t.Tick(c.now()) })
 		c.retryFences()
-	})
+	}
+	if c.syncTicks {
+		c.exec(ownerPart)
+	} else {
+		c.postTick(ownerPart)
+	}
 	c.lk.Tick(c.now())
+}
+
+// fromTickWorker queues an input the link raised on the tick worker
+// (PeerLost) without waiting for it (but see syncTicks).
+func (c *core) fromTickWorker(fn func()) {
+	if c.syncTicks {
+		c.exec(fn)
+		return
+	}
+	c.post(fn)
 }
 
 // answer turns the outcome of stepping a peer's frame into its ACK. echo
@@ -317,14 +339,9 @@ func answer(err error, effs []poll.Effect, ev poll.Event) (a conn.AckResult, ech
 	return conn.AckRejected(conn.RejectInvalid), false
 }
 
-// stepFrame steps a peer's frame event and returns the ACK answer, as
-// one input of the owner: the reader that delivered the frame waits for
-// the owner's CPU, never for a fence.
-func (c *core) stepFrame(ev poll.Event) (a conn.AckResult, err error) {
-	c.exec(func() { a, err = c.stepFrameOwned(ev) })
-	return a, err
-}
-
+// stepFrameOwned steps a peer's frame event inside the frame's owner
+// input (deliver), performs its effects and returns the frame's answer,
+// which the input sends last (the ACK is the step's last effect).
 func (c *core) stepFrameOwned(ev poll.Event) (conn.AckResult, error) {
 	var err error
 	var effs []poll.Effect
@@ -347,13 +364,27 @@ func (c *core) stepFrameOwned(ev poll.Event) (conn.AckResult, error) {
 	return a, err
 }
 
-// roomDeadline returns the room's current deadline (node time), or false.
-func (c *core) roomDeadline(id poll.RoomID) (int64, poll.State, bool) {
-	info, err := c.Get(id)
+// roomStateNow returns the room's state read under the table's lock, not
+// through the owner's queue: the link's goroutines (the tick worker's
+// retransmits, a reader's ACK) ask it and wait at most for the step the
+// owner is in, never for the inputs queued before.
+func (c *core) roomStateNow(id poll.RoomID) (poll.State, bool) {
+	var info poll.RoomInfo
+	var err error
+	c.withTable(func() { info, err = c.t.Get(id) })
 	if err != nil {
-		return 0, poll.StateNone, false
+		return poll.StateNone, false
 	}
-	return info.Deadline, info.State, true
+	return info.State, true
+}
+
+// liveRoomsNow is the live-room count heartbeats carry, read under the
+// table's lock (see roomStateNow) so the tick worker's heartbeats never
+// wait for the owner's queue.
+func (c *core) liveRoomsNow() uint32 {
+	var st poll.Stats
+	c.withTable(func() { st = c.t.Stats(c.now()) })
+	return uint32(st.Inflight)
 }
 
 // doneContext is an already cancelled context: Close says goodbye once

@@ -34,6 +34,9 @@ type DecodeData struct {
 	kind transfer.Kind
 	rcfg transfer.ReceiverConfig
 	node decodeNode
+	// newSink builds the sink once the region is registered
+	// (transfer.NewSink of kind; a fake in tests).
+	newSink func(*transfer.Region, transfer.ReceiverConfig, transfer.Events) (transfer.Sink, error)
 
 	slot regionSlot
 	// mu guards receiver, set once the region is registered.
@@ -101,8 +104,12 @@ var _ DecodeDataPlane = (*DecodeData)(nil)
 func newDecodeData(kind transfer.Kind, cfg transfer.ReceiverConfig, log *zap.Logger, node decodeNode) *DecodeData {
 	d := &DecodeData{log: log, kind: kind, rcfg: cfg, node: node, metadata: map[poll.Key]*sentMetadata{}}
 	d.rcfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
+	d.slot.log = log
+	d.newSink = func(r *transfer.Region, cfg transfer.ReceiverConfig, ev transfer.Events) (transfer.Sink, error) {
+		return transfer.NewSink(d.kind, r, cfg, ev)
+	}
 	d.slot.onSet = func(r *transfer.Region) error {
-		rx, err := transfer.NewSink(d.kind, r, d.rcfg, decodeEvents{d})
+		rx, err := d.newSink(r, d.rcfg, decodeEvents{d})
 		if err != nil {
 			return err
 		}
@@ -113,6 +120,16 @@ func newDecodeData(kind transfer.Kind, cfg transfer.ReceiverConfig, log *zap.Log
 		return nil
 	}
 	return d
+}
+
+// expectedKeys are the rooms with metadata on this side's data plane: the
+// ones a region replacement fails. On the owner.
+func (d *DecodeData) expectedKeys() []poll.Key {
+	keys := make([]poll.Key, 0, len(d.metadata))
+	for k := range d.metadata {
+		keys = append(keys, k)
+	}
+	return keys
 }
 
 // Layouts returns the registered region layouts (for REGISTER).
@@ -226,6 +243,13 @@ func (n *DecodeOwner) SubmitMetadata(ctx context.Context, req *pdlinkv1.SendMeta
 	if err := d.slot.checkRank("rank", req.Rank); err != nil {
 		return err
 	}
+	if m := region.Current(); m != nil {
+		if reason, stale := d.slot.stale(m); stale {
+			// The engine recreated (or truncated) its file and has not
+			// registered it: these pages would be written into the dead inode.
+			return n.failStale(ctx, poll.RoomID(req.RoomId), reason)
+		}
+	}
 	l := region.Layout()
 	dst, err := pageRuns("dst_pages", req.DstPages, l.Buffers[0].Pages())
 	if err != nil {
@@ -276,12 +300,47 @@ func (n *DecodeOwner) SubmitMetadata(ctx context.Context, req *pdlinkv1.SendMeta
 	return err
 }
 
-// RegisterRegion maps the engine's region and builds the data plane over
-// it; it returns the region's id. Registering the same region again is a
-// no-op.
-func (n *DecodeOwner) RegisterRegion(path string, l *pdlinkv1.RegionLayout) (string, error) {
+// failStale fails a room whose region file changed under it with reason
+// (the peer is told) and answers with its state.
+func (n *DecodeOwner) failStale(ctx context.Context, id poll.RoomID, reason poll.Reason) error {
+	if err := n.Abort(ctx, id, reason); err != nil {
+		return err
+	}
+	if reason == poll.ReasonRegionReplaced {
+		n.data.slot.replacedRooms.Add(1)
+	}
+	in, err := n.Get(id)
+	if err != nil {
+		return err
+	}
+	return &EndedError{Info: in}
+}
+
+// RegisterRegion maps the engine's region (building the data plane over it
+// the first time) and answers its id and file identity. Registering the
+// same file again is a no-op; a replaced file, another path or another
+// layout is a new generation and fails the rooms on the old one with
+// region_replaced (regionSlot); a new layout goes to the prefill daemons
+// in REGISTER.
+func (n *DecodeOwner) RegisterRegion(path string, l *pdlinkv1.RegionLayout) (Registered, error) {
 	return n.data.slot.register(path, l)
 }
+
+// UnregisterRegion drops rank's region: its rooms fail with
+// region_replaced, are fenced, and the file is unmapped.
+func (n *DecodeOwner) UnregisterRegion(rank *pdlinkv1.Rank) (Unregistered, error) {
+	return n.data.slot.unregister(rank)
+}
+
+// Region is the identity of the mapped region file (zero when none).
+func (n *DecodeOwner) Region() RegionFile { return n.data.slot.identity() }
+
+// RegionReplacedRooms is how many rooms failed with region_replaced.
+func (n *DecodeOwner) RegionReplacedRooms() uint64 { return n.data.slot.RegionReplacedRooms() }
+
+// RegionReplaced is how many region files were found replaced
+// (pdlink_region_replaced_total).
+func (n *DecodeOwner) RegionReplaced() uint64 { return n.data.slot.RegionReplaced() }
 
 // HasRegion reports whether a region is registered.
 func (n *DecodeOwner) HasRegion() bool { return n.data.slot.get() != nil }

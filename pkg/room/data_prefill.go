@@ -190,6 +190,7 @@ func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logg
 		return transfer.NewTransport(d.kind, r, cfg)
 	}
 	d.scfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
+	d.slot.log = log
 	d.slot.onSet = func(r *transfer.Region) error {
 		s, err := d.newTransport(r, d.scfg)
 		if err != nil {
@@ -206,6 +207,16 @@ func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logg
 
 // Bytes is the KV bytes this side sent and decode confirmed.
 func (d *PrefillData) Bytes() uint64 { return d.bytes.Load() }
+
+// boundKeys are the rooms bound to decode on this side's data plane: the
+// ones a region replacement fails. On the owner.
+func (d *PrefillData) boundKeys() []poll.Key {
+	keys := make([]poll.Key, 0, len(d.rooms))
+	for _, r := range d.rooms {
+		keys = append(keys, r.key)
+	}
+	return keys
+}
 
 func (d *PrefillData) transport() transfer.Transport {
 	d.senderMu.Lock()
@@ -293,6 +304,13 @@ func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error
 	if err := d.slot.checkRank("rank", req.Rank); err != nil {
 		return err
 	}
+	if m := region.Current(); m != nil {
+		if reason, stale := d.slot.stale(m); stale {
+			// The engine recreated (or truncated) its file and has not
+			// registered it: these pages would be read from the dead inode.
+			return d.failStale(ctx, poll.RoomID(req.RoomId), reason)
+		}
+	}
 	buffers, err := bufferSet("buffers", req.Buffers, len(region.Layout().Buffers))
 	if err != nil {
 		return err
@@ -318,6 +336,15 @@ func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error
 		return nil
 	}
 	return d.awaitAdmission(ctx, out)
+}
+
+// failStale fails a room whose region file changed under it with reason
+// (the peer is told) and answers with its state.
+func (d *PrefillData) failStale(ctx context.Context, id poll.RoomID, reason poll.Reason) error {
+	if err := d.node.Abort(ctx, id, reason); err == nil && reason == poll.ReasonRegionReplaced {
+		d.slot.replacedRooms.Add(1)
+	}
+	return d.notSendableNow(id)
 }
 
 // sendOf is a Send checked at the edge: its source pages as runs and the
@@ -579,12 +606,31 @@ func (n *PrefillOwner) Send(ctx context.Context, req *pdlinkv1.SendRequest) erro
 	return n.data.send(ctx, req)
 }
 
-// RegisterRegion maps the engine's region and builds the data plane over
-// it; it returns the region's id. Registering the same region again is a
-// no-op.
-func (n *PrefillOwner) RegisterRegion(path string, l *pdlinkv1.RegionLayout) (string, error) {
+// RegisterRegion maps the engine's region (building the data plane over it
+// the first time) and answers its id and file identity. Registering the
+// same file again is a no-op; a replaced file, another path or another
+// layout is a new generation and fails the rooms on the old one with
+// region_replaced (regionSlot).
+func (n *PrefillOwner) RegisterRegion(path string, l *pdlinkv1.RegionLayout) (Registered, error) {
 	return n.data.slot.register(path, l)
 }
+
+// UnregisterRegion drops rank's region: its rooms fail with
+// region_replaced, are fenced, and the file is unmapped. Dropped is false
+// when the rank had none.
+func (n *PrefillOwner) UnregisterRegion(rank *pdlinkv1.Rank) (Unregistered, error) {
+	return n.data.slot.unregister(rank)
+}
+
+// Region is the identity of the mapped region file (zero when none).
+func (n *PrefillOwner) Region() RegionFile { return n.data.slot.identity() }
+
+// RegionReplacedRooms is how many rooms failed with region_replaced.
+func (n *PrefillOwner) RegionReplacedRooms() uint64 { return n.data.slot.RegionReplacedRooms() }
+
+// RegionReplaced is how many region files were found replaced
+// (pdlink_region_replaced_total).
+func (n *PrefillOwner) RegionReplaced() uint64 { return n.data.slot.RegionReplaced() }
 
 // Bytes is the KV bytes this side sent and decode confirmed.
 func (n *PrefillOwner) Bytes() uint64 { return n.data.Bytes() }

@@ -211,6 +211,7 @@ func TestDecodeFenceEndsTheExpectationOfItsRank(t *testing.T) {
 	reg := newRegion(t)
 	d := newDecodeData(transfer.KindTCP, transfer.ReceiverConfig{}, zaptest.NewLogger(t), nil)
 	d.node = &tableNode{}
+	allowTempRegions(t, &d.slot)
 	if _, err := d.slot.register(reg.path, layoutPB(reg.layout)); err != nil {
 		t.Fatal(err)
 	}
@@ -251,6 +252,7 @@ func TestDataPlaneReadyLogNamesTheTransport(t *testing.T) {
 				slot, closeData = &d.slot, d.Close
 			}
 			defer closeData()
+			allowTempRegions(t, slot)
 			if _, err := slot.register(r.path, layoutPB(r.layout)); err != nil {
 				t.Fatal(err)
 			}
@@ -273,6 +275,7 @@ func TestAnUnknownKindRefusesTheRegionNotTheProcess(t *testing.T) {
 	d := newDecodeData(transfer.Kind("carrier-pigeon"), transfer.ReceiverConfig{}, zap.NewNop(), nil)
 	defer d.Close()
 	r := newRegion(t)
+	allowTempRegions(t, &d.slot)
 	_, err := d.slot.register(r.path, layoutPB(r.layout))
 	if err == nil || !strings.Contains(err.Error(), "carrier-pigeon") {
 		t.Fatalf("register with an unknown kind: %v, want an error naming it", err)

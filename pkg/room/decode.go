@@ -30,13 +30,20 @@ type DecodeConfig struct {
 	// registered, and REGISTER carries that region's layout.
 	DataTransport transfer.Kind
 	Receiver      transfer.ReceiverConfig
+	// RegionDirs are the directories a region file must lie under
+	// (--region-dir, pkg/regionpath); with none every region is refused.
+	RegionDirs []string
 	// DataPlane, if set (tests), replaces the data plane built from
 	// DataTransport: the owner then takes no SubmitMetadata.
 	DataPlane DecodeDataPlane
+	// newSink, if set (tests), builds the data plane's sink over the
+	// region (transfer.NewSink of DataTransport otherwise).
+	newSink func(*transfer.Region, transfer.ReceiverConfig, transfer.Events) (transfer.Sink, error)
 
 	openHook func() // tests: runs in Open between reading the prefill instance and opening the room
-	// roomFrameHook, if set (tests), runs as the link delivers a room frame
-	// to the node, on the session's receive worker.
+	// roomFrameHook, if set (tests), runs on the owner goroutine as it
+	// starts stepping a room frame the link delivered (blocking in it
+	// holds the owner, not the reader).
 	roomFrameHook func(from poll.PeerID, seq uint64, ft conn.FrameType)
 	// performHook (tests) runs on the owner goroutine after a batch's
 	// transitions are published, before its effects are performed.
@@ -76,6 +83,10 @@ func (n *DecodeOwner) layouts() []*pdlinkv1.RegionLayout {
 
 // NewDecodeOwner returns a node; Start starts its workers.
 func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
+	paths, err := newRegionPaths(cfg.RegionDirs, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
 	n := &DecodeOwner{dcfg: cfg, dp: cfg.DataPlane}
 	link, err := conn.NewDecodeLink(cfg.Config, cfg.DataEndpoint, n.layouts, decodeSide{n})
 	if err != nil {
@@ -89,6 +100,15 @@ func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
 	c.hooks = n
 	if n.dp == nil {
 		n.data = newDecodeData(cfg.DataTransport, cfg.Receiver, c.log, n)
+		n.data.slot.paths = paths
+		if cfg.newSink != nil {
+			n.data.newSink = cfg.newSink
+		}
+		n.data.slot.retire = func(reason poll.Reason, swap func(), hold func() func()) int {
+			return c.retireRooms(n.data.expectedKeys, reason, swap, hold)
+		}
+		// A new layout reaches the prefill daemons in REGISTER.
+		n.data.slot.onLayout = link.RegisterAgain
 		n.dp = n.data
 	}
 	return n, nil

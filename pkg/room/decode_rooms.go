@@ -44,8 +44,10 @@ func (n *DecodeOwner) SendMetadata(room poll.RoomID, req MetadataRequest) error 
 		RoomId: uint64(room), Nonce: uint64(info.Key.Nonce), Rank: rank.proto(),
 		DstPages: req.DstPages, AuxIndex: req.AuxIndex, ExpectedSenders: uint32(md.ExpectedRanks), PrefixLen: req.PrefixLen}}}
 	key := info.Key
+	// Asked by the tick worker before each retransmit: it reads the
+	// table, never waits for the owner's queue.
 	want := func() bool {
-		_, st, ok := n.roomDeadline(key.Room)
+		st, ok := n.roomStateNow(key.Room)
 		return ok && st == poll.Bootstrapping
 	}
 	n.link.SendFollowing(s, env, key, info.Deadline, want, func(from poll.PeerID, a conn.AckResult) bool {
@@ -56,27 +58,33 @@ func (n *DecodeOwner) SendMetadata(room poll.RoomID, req MetadataRequest) error 
 
 // metadataAcked applies the answer of prefill instance from to a
 // METADATA; false retries it. The link answered unknown_peer itself
-// (register, then retry).
+// (register, then retry). It runs on the session's reader, so what it
+// steps is posted to the owner, never waited for.
 func (n *DecodeOwner) metadataAcked(from poll.PeerID, key poll.Key, a conn.AckResult) bool {
+	var ev poll.Event
 	switch a.Result {
 	case pdlinkv1.AckResult_ACK_RESULT_APPLIED:
-		_ = n.step(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: from})
+		ev = poll.Event{Kind: poll.EvMetadata, Key: key, Peer: from}
 	case pdlinkv1.AckResult_ACK_RESULT_NOT_OPEN:
-		_, st, ok := n.roomDeadline(key.Room)
+		st, ok := n.roomStateNow(key.Room)
 		return !(ok && st == poll.Bootstrapping)
 	case pdlinkv1.AckResult_ACK_RESULT_ENDED:
-		if a.Reason != "" {
-			r, _ := poll.ParseReason(a.Reason)
-			_ = n.step(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from, Reason: r})
+		if a.Reason == "" {
+			return true
 		}
+		r, _ := poll.ParseReason(a.Reason)
+		ev = poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from, Reason: r}
 	case pdlinkv1.AckResult_ACK_RESULT_REJECTED:
 		reason := poll.ReasonInvalid
 		if a.Reason == conn.RejectForeignRoom.String() {
 			reason = poll.ReasonCollision
 		}
 		n.log.Warn("prefill rejected metadata", zap.Uint64("room", uint64(key.Room)), zap.String("reason", a.Reason))
-		_ = n.step(poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
+		ev = poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason}
+	default:
+		return true
 	}
+	n.post(func() { n.applyOwned(func() { _ = n.t.Step(n.now(), ev) }) })
 	return true
 }
 
@@ -194,8 +202,9 @@ func (n *DecodeOwner) forget(k poll.Key)     { n.dp.Forget(k) }
 
 // The room side of the decode link (conn.RoomSide, through decodeSide).
 
+// peerLost is posted, not waited for: the tick worker reports it.
 func (n *DecodeOwner) peerLost(id poll.PeerID) {
-	_ = n.step(poll.Event{Kind: poll.EvPeerLost, Peer: id})
+	n.fromTickWorker(func() { n.applyOwned(func() { _ = n.t.Step(n.now(), poll.Event{Kind: poll.EvPeerLost, Peer: id}) }) })
 }
 
 func (n *DecodeOwner) peerRestarted(old, id poll.PeerID) {
@@ -204,20 +213,21 @@ func (n *DecodeOwner) peerRestarted(old, id poll.PeerID) {
 
 func (n *DecodeOwner) peerGone(id poll.PeerID, fields ...zap.Field) { n.peerDeparted(id, fields...) }
 
-func (n *DecodeOwner) liveRooms() uint32 { return uint32(n.Stats().Inflight) }
+func (n *DecodeOwner) liveRooms() uint32 { return n.liveRoomsNow() }
 
 // decodeSide is the node as its link's conn.RoomSide (see prefillSide).
 type decodeSide struct{ n *DecodeOwner }
 
-func (s decodeSide) FrameIn(from conn.Target, ft conn.FrameType, env *pdlinkv1.Envelope) conn.AckResult {
-	return s.n.frameIn(from, ft, env)
+func (s decodeSide) FrameIn(from conn.Target, ft conn.FrameType, env *pdlinkv1.Envelope, tok *conn.AckToken) bool {
+	return s.n.deliver(tok, func() conn.AckResult { return s.n.frameIn(from, ft, env) })
 }
 func (s decodeSide) PeerLost(id poll.PeerID)                      { s.n.peerLost(id) }
 func (s decodeSide) PeerRestarted(old, id poll.PeerID)            { s.n.peerRestarted(old, id) }
 func (s decodeSide) PeerGone(id poll.PeerID, fields ...zap.Field) { s.n.peerGone(id, fields...) }
 func (s decodeSide) LiveRooms() uint32                            { return s.n.liveRooms() }
 
-// frameIn applies a room frame from the prefill instance behind from.
+// frameIn steps a room frame from the prefill instance behind from, on
+// the owner goroutine (one input, deliver), and returns its ACK.
 func (n *DecodeOwner) frameIn(from conn.Target, ft conn.FrameType, env *pdlinkv1.Envelope) conn.AckResult {
 	if n.dcfg.roomFrameHook != nil {
 		n.dcfg.roomFrameHook(from.PeerID(), env.GetSeq(), ft)
@@ -233,7 +243,7 @@ func (n *DecodeOwner) frameIn(from conn.Target, ft conn.FrameType, env *pdlinkv1
 		}
 		r, _ := poll.ParseReason(st.GetReason())
 		key := poll.Key{Room: poll.RoomID(st.GetRoomId()), Nonce: poll.Nonce(st.GetNonce())}
-		a, _ := n.stepFrame(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from.PeerID(), Reason: r})
+		a, _ := n.stepFrameOwned(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from.PeerID(), Reason: r})
 		return a
 	case conn.FrameAbortAck:
 		n.log.Debug("abort acknowledged", zap.Uint64("room", env.GetAbortAck().GetRoomId()), zap.Uint32("peer", uint32(from.PeerID())))

@@ -14,9 +14,10 @@
 //
 //	owner.go           the owner goroutine: the input queue, exec (a call
 //	                   waits for its answer), post (an event nobody waits
-//	                   for), withTable, stop
+//	                   for), deliver (a link's room frame: its ACK is the
+//	                   input's last effect), withTable, stop
 //	core.go            the effect driver (perform), publication, the tick
-//	                   worker, frame events and their ACK (stepFrame,
+//	                   worker, frame events and their ACK (stepFrameOwned,
 //	                   answer)
 //	fence.go           fences (never waited for), Fenced, parked Abort
 //	                   calls, AwaitFailedVisible
@@ -36,7 +37,9 @@
 //	                   a last Send's wait for admission, parked on its room
 //	data_decode.go     DecodeData over transfer.Sink: Expect, the receiver's
 //	                   callbacks, SubmitMetadata (retries, conflicts)
-//	regions.go         the region a daemon serves (one rank today)
+//	regions.go         the region a daemon serves (one rank today): its
+//	                   generations, replacement and UnregisterRegion (fail,
+//	                   fence, then unmap) and the per-Send/bind file check
 //	reasons.go         transfer reasons -> room reasons
 //	convert.go         proto <-> transfer conversions (page lists, layouts,
 //	                   ranks, keys): the service does not import transfer

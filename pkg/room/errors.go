@@ -10,8 +10,6 @@ import (
 var (
 	// ErrNoRegion means the call needs a registered region and none is.
 	ErrNoRegion = errors.New("no region registered: call RegisterRegion first")
-	// ErrRegionTaken means the rank already has another region registered.
-	ErrRegionTaken = errors.New("room: rank already has a region")
 	// ErrUnsupported means the request needs what this build does not do yet (fan-out).
 	ErrUnsupported = errors.New("room: not supported yet")
 	// ErrNotSendable means the room takes no Send in its state now; the message names it.
@@ -22,6 +20,8 @@ var (
 	ErrMetadataConflict = errors.New("room: other metadata already sent")
 	// ErrDataPlane means the data plane could not be started for a region.
 	ErrDataPlane = errors.New("room: cannot start data plane")
+	// ErrRegionPathRefused means a region path is no file a region may be (pkg/regionpath's rules).
+	ErrRegionPathRefused = errors.New("room: region path refused")
 )
 
 // FieldError is a request field the room refused: the edge answers it as

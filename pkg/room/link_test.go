@@ -88,13 +88,12 @@ func TestLinkDeliversFramesInOrderPerPeer(t *testing.T) {
 	}
 }
 
-// TestLinkKeepsPeersUpWhileTheRoomSideBlocks is the direct-call form of
-// "nobody reading events": one side's room side is stuck inside the
-// delivery of a frame (the reader that delivered it waits with it), and
-// that side's link work goes on: heartbeats leave every interval, so the
-// other side keeps counting it up for many heartbeat bounds and loses
-// nobody. (The blocked side cannot hear its peer until the delivery
-// returns: the bounded event queue of PLAN step 3 is what lifts that.)
+// TestLinkKeepsPeersUpWhileTheRoomSideBlocks: one side's owner is stuck
+// inside the step of a frame (roomFrameHook runs on the owner), and that
+// side's link work goes on: heartbeats leave every interval, so the other
+// side keeps counting it up for many heartbeat bounds and loses nobody.
+// (That the blocked side keeps hearing its peer, and answers every frame
+// once released, is TestHeldOwnerKeepsItsPeerUpAndAnswersEveryFrameOnceInOrder.)
 func TestLinkKeepsPeersUpWhileTheRoomSideBlocks(t *testing.T) {
 	for _, side := range []poll.Side{poll.Decode, poll.Prefill} {
 		t.Run(side.String(), func(t *testing.T) {

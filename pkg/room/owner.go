@@ -7,25 +7,30 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
 // The owner goroutine (PLAN section 1, etcd raft's node.run): one per
 // node, from construction until the node stops, the only goroutine that
 // touches the table and the per-room state beside it while it runs. Every
-// input reaches it through one FIFO queue: scheduler calls and link
-// deliveries are requests whose caller waits for the reply (at most for
-// the owner's CPU: the owner never waits, a fence included), data-plane
-// callbacks are events nobody waits for (a transfer goroutine that calls
-// back while it holds a lock of its own must not wait for an owner that
-// may be asking that data plane to fence). Each input steps the table,
+// input reaches it through one FIFO queue: scheduler calls are requests
+// whose caller waits for the reply (at most for the owner's CPU: the owner
+// never waits, a fence included); a link's room frames are handed over
+// with an ack token and nobody waits for them (deliver: the owner sends
+// the ACK as the input's last effect, so a socket reader never waits for
+// a busy owner); ticks, lost peers and data-plane callbacks are events
+// nobody waits for (a transfer goroutine that calls back while it holds a
+// lock of its own must not wait for an owner that may be asking that data
+// plane to fence). Each input steps the table,
 // publishes the visible transitions to Watch and performs the effects in
 // table order, all on the owner goroutine; so a room's transitions reach
 // every subscriber in the order the table made them.
 //
 // Once the owner stopped (Close), the inputs still run, on their callers'
 // goroutines one at a time (owner.inline), as before the owner: a closed
-// node still answers Poll and Get.
+// node still answers Poll and Get. A room frame is not: its token is
+// cancelled unanswered, as by a crashed node (the peer retransmits).
 
 // ownerState is where the owner goroutine is in its life.
 type ownerState int32
@@ -41,6 +46,9 @@ const (
 type input struct {
 	fn   func()
 	done chan struct{}
+	// cancel, if set, runs if fn panicked (a link frame: its ACK token
+	// goes back unanswered, so the peer's retransmit is stepped again).
+	cancel func()
 	// panicked is what fn panicked with, re-raised on the caller.
 	panicked any
 }
@@ -59,6 +67,9 @@ type owner struct {
 	progressQueued map[poll.Key]struct{}
 	// progressDropped counts the progress events coalesced or dropped.
 	progressDropped atomic.Uint64
+	// tickQueued: a tick is in the queue (guarded by mu); the next one
+	// coalesces into it (it reads the clock when it runs).
+	tickQueued bool
 	// inline serialises the inputs that run on their callers once the
 	// owner stopped, so the per-room state beside the table (the data
 	// plane's bindings and metadata) still has one writer at a time.
@@ -177,6 +188,48 @@ func (c *core) postProgress(key poll.Key, fn func()) {
 	}
 }
 
+// deliver queues a link's room frame for the owner without waiting:
+// step runs on the owner goroutine and returns the frame's answer, which
+// the owner sends as the input's last effect (Link.Ack), after the effects
+// of the step; a panic in step gives the token back unanswered. false:
+// the owner stopped and takes no frames (the link cancels the token: the
+// peer retransmits, as to a crashed node).
+func (c *core) deliver(tok *conn.AckToken, step func() conn.AckResult) bool {
+	return c.enqueue(&input{
+		fn:     func() { c.lk.Ack(tok, step()) },
+		cancel: func() { c.lk.Cancel(tok) },
+	})
+}
+
+// postTick queues the owner's part of a tick (deadlines, fence retries)
+// without waiting, at most one at a time: the tick worker goes on with
+// retransmits and heartbeats however busy the owner is.
+func (c *core) postTick(fn func()) {
+	o := c.own
+	o.mu.Lock()
+	if ownerState(o.state.Load()) == ownerStopped {
+		o.mu.Unlock()
+		c.post(fn)
+		return
+	}
+	if o.tickQueued {
+		o.mu.Unlock()
+		return
+	}
+	o.tickQueued = true
+	o.queue = append(o.queue, &input{fn: func() {
+		o.mu.Lock()
+		o.tickQueued = false
+		o.mu.Unlock()
+		fn()
+	}})
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
 // ProgressDropped is how many data-plane progress events were coalesced
 // into one already queued for their room, or dropped with the owner's
 // queue full.
@@ -199,6 +252,13 @@ func (c *core) runOwner() {
 		o.busy = len(batch) > 0
 		o.mu.Unlock()
 		for _, in := range batch {
+			if in.cancel != nil && ownerState(o.state.Load()) == ownerStopping {
+				// A link frame not stepped before the stop: its token
+				// goes back unanswered, as from a crashed node, and the
+				// peer retransmits to our next incarnation or gives up.
+				in.cancel()
+				continue
+			}
 			c.runInput(in)
 		}
 		if len(batch) > 0 {
@@ -216,11 +276,14 @@ func (c *core) runOwner() {
 func (c *core) runInput(in *input) {
 	defer func() {
 		if p := recover(); p != nil {
+			if in.cancel != nil {
+				in.cancel()
+			}
 			if in.done != nil {
 				in.panicked = p
 			} else {
 				c.lk.CountWorkerRestart()
-				c.log.Error("data-plane event panicked on the room owner", zap.String("panic", fmt.Sprint(p)))
+				c.log.Error("owner input panicked", zap.String("panic", fmt.Sprint(p)))
 			}
 		}
 		if in.done != nil {
@@ -230,8 +293,9 @@ func (c *core) runInput(in *input) {
 	in.fn()
 }
 
-// stopOwner lets the owner run what is queued, then stop; later inputs
-// run on their callers.
+// stopOwner lets the owner run what is queued (link frames excepted:
+// their tokens are cancelled), then stop; later inputs run on their
+// callers.
 func (c *core) stopOwner() {
 	o := c.own
 	o.mu.Lock()

@@ -23,6 +23,9 @@ type PrefillConfig struct {
 	// its configuration: the owner builds it when the region is registered.
 	DataTransport transfer.Kind
 	Sender        transfer.SenderConfig
+	// RegionDirs are the directories a region file must lie under
+	// (--region-dir, pkg/regionpath); with none every region is refused.
+	RegionDirs []string
 	// DataPlane, if set (tests), replaces the data plane built from
 	// DataTransport: the owner then takes no Send.
 	DataPlane PrefillDataPlane
@@ -33,8 +36,9 @@ type PrefillConfig struct {
 	// newTransport, if set (tests), builds the data plane's transport
 	// instead of transfer.NewTransport of DataTransport.
 	newTransport func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error)
-	// roomFrameHook, if set (tests), runs as the link delivers a room frame
-	// to the node, on the listener worker.
+	// roomFrameHook, if set (tests), runs on the owner goroutine as it
+	// starts stepping a room frame the link delivered (blocking in it
+	// holds the owner, not the reader).
 	roomFrameHook func(from poll.PeerID, seq uint64, ft conn.FrameType)
 	// performHook (tests) runs on the owner goroutine after a batch's
 	// transitions are published, before its effects are performed.
@@ -66,6 +70,10 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 	if cfg.ListenAddr == "" {
 		return nil, fmt.Errorf("%w: PrefillConfig needs ListenAddr", conn.ErrBadArgument)
 	}
+	paths, err := newRegionPaths(cfg.RegionDirs, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
 	n := &PrefillOwner{pcfg: cfg, dp: cfg.DataPlane}
 	link, err := conn.NewPrefillLink(cfg.Config, cfg.ListenAddr, cfg.AcceptRegister, prefillSide{n})
 	if err != nil {
@@ -79,8 +87,12 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 	c.hooks = n
 	if n.dp == nil {
 		n.data = newPrefillData(cfg.DataTransport, cfg.Sender, c.log, n)
+		n.data.slot.paths = paths
 		if cfg.newTransport != nil {
 			n.data.newTransport = cfg.newTransport
+		}
+		n.data.slot.retire = func(reason poll.Reason, swap func(), hold func() func()) int {
+			return c.retireRooms(n.data.boundKeys, reason, swap, hold)
 		}
 		n.dp = n.data
 	}

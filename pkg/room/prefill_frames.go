@@ -20,22 +20,19 @@ func (n *PrefillOwner) handleMetadata(p conn.Target, m *pdlinkv1.Metadata) conn.
 	md := Metadata{Key: key, Rank: rankOf(m.GetRank()),
 		DstPages: m.GetDstPages(), AuxIndex: m.GetAuxIndex(), PrefixLen: m.GetPrefixLen(), ExpectedRanks: int(m.GetExpectedSenders())}
 	info := n.link.PeerInfo(p)
-	var a conn.AckResult
 	// Applied and bound in one input: a Send that sees the room
 	// WaitingForInput finds its binding.
-	n.exec(func() {
-		var err error
-		a, err = n.stepFrameOwned(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: p.PeerID(), Ranks: uint8(m.GetExpectedSenders())})
-		if a == conn.AckApplied && (err == nil || errors.Is(err, poll.ErrIllegalTransition)) {
-			n.dp.Bind(info, md)
-		}
-	})
+	a, err := n.stepFrameOwned(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: p.PeerID(), Ranks: uint8(m.GetExpectedSenders())})
+	if a == conn.AckApplied && (err == nil || errors.Is(err, poll.ErrIllegalTransition)) {
+		n.dp.Bind(info, md)
+	}
 	return a
 }
 
 // The room side of the prefill link (conn.RoomSide, through prefillSide).
 
-// frameIn applies a room frame from the decode peer behind from.
+// frameIn steps a room frame from the decode peer behind from, on the
+// owner goroutine (one input, deliver), and returns its ACK.
 func (n *PrefillOwner) frameIn(from conn.Target, ft conn.FrameType, env *pdlinkv1.Envelope) conn.AckResult {
 	p := from
 	if n.pcfg.roomFrameHook != nil {
@@ -57,8 +54,9 @@ func (n *PrefillOwner) frameIn(from conn.Target, ft conn.FrameType, env *pdlinkv
 	return conn.AckResult{}
 }
 
+// peerLost is posted, not waited for: the tick worker reports it.
 func (n *PrefillOwner) peerLost(id poll.PeerID) {
-	_ = n.step(poll.Event{Kind: poll.EvPeerLost, Peer: id})
+	n.fromTickWorker(func() { n.applyOwned(func() { _ = n.t.Step(n.now(), poll.Event{Kind: poll.EvPeerLost, Peer: id}) }) })
 }
 
 func (n *PrefillOwner) peerRestarted(old, _ poll.PeerID) {
@@ -67,14 +65,14 @@ func (n *PrefillOwner) peerRestarted(old, _ poll.PeerID) {
 
 func (n *PrefillOwner) peerGone(id poll.PeerID, fields ...zap.Field) { n.peerDeparted(id, fields...) }
 
-func (n *PrefillOwner) liveRooms() uint32 { return uint32(n.Stats().Inflight) }
+func (n *PrefillOwner) liveRooms() uint32 { return n.liveRoomsNow() }
 
 // prefillSide is the node as its link's conn.RoomSide: the link delivers
 // through it, and the node's own API does not carry the delivery calls.
 type prefillSide struct{ n *PrefillOwner }
 
-func (s prefillSide) FrameIn(from conn.Target, ft conn.FrameType, env *pdlinkv1.Envelope) conn.AckResult {
-	return s.n.frameIn(from, ft, env)
+func (s prefillSide) FrameIn(from conn.Target, ft conn.FrameType, env *pdlinkv1.Envelope, tok *conn.AckToken) bool {
+	return s.n.deliver(tok, func() conn.AckResult { return s.n.frameIn(from, ft, env) })
 }
 func (s prefillSide) PeerLost(id poll.PeerID)                      { s.n.peerLost(id) }
 func (s prefillSide) PeerRestarted(old, id poll.PeerID)            { s.n.peerRestarted(old, id) }
@@ -86,7 +84,7 @@ func (s prefillSide) LiveRooms() uint32                            { return s.n.
 // frame's ACK does not wait for the fence: a reader never does.
 func (c *core) handleAbort(dest conn.Target, key poll.Key, reason string) conn.AckResult {
 	r, _ := poll.ParseReason(reason)
-	a, _ := c.stepFrame(poll.Event{Kind: poll.EvAbortRemote, Key: key, Peer: dest.PeerID(), Reason: r})
+	a, _ := c.stepFrameOwned(poll.Event{Kind: poll.EvAbortRemote, Key: key, Peer: dest.PeerID(), Reason: r})
 	if a == conn.AckApplied {
 		c.afterFence(key, func() {
 			env := &pdlinkv1.Envelope{Body: &pdlinkv1.Envelope_AbortAck{AbortAck: &pdlinkv1.AbortAck{RoomId: uint64(key.Room), Nonce: uint64(key.Nonce)}}}
@@ -107,21 +105,24 @@ func (n *PrefillOwner) handleStatus(p conn.Target, s *pdlinkv1.Status) conn.AckR
 	key := poll.Key{Room: poll.RoomID(s.GetRoomId()), Nonce: poll.Nonce(s.GetNonce())}
 	if s.GetState() == pdlinkv1.RoomState_ROOM_STATE_FAILED {
 		r, _ := poll.ParseReason(s.GetReason())
-		a, _ := n.stepFrame(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: p.PeerID(), Reason: r})
+		a, _ := n.stepFrameOwned(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: p.PeerID(), Reason: r})
 		return a
 	}
 	ranks := 1
-	if info, err := n.Get(key.Room); err == nil && info.Key == key && info.Peer == p.PeerID() {
+	var info poll.RoomInfo
+	var err error
+	n.withTable(func() { info, err = n.t.Get(key.Room) })
+	if err == nil && info.Key == key && info.Peer == p.PeerID() {
 		ranks = max(info.Ranks, 1)
 		if info.State == poll.WaitingForInput {
 			// Decode has every page: the scheduler's Send happened even if
 			// its FirstSend has not reached us yet.
-			_ = n.step(poll.Event{Kind: poll.EvFirstChunk, Key: key})
+			n.applyOwned(func() { _ = n.t.Step(n.now(), poll.Event{Kind: poll.EvFirstChunk, Key: key}) })
 		}
 	}
 	var a conn.AckResult
 	for rank := range ranks {
-		a, _ = n.stepFrame(poll.Event{Kind: poll.EvDone, Key: key, Peer: p.PeerID(), Rank: uint8(rank)})
+		a, _ = n.stepFrameOwned(poll.Event{Kind: poll.EvDone, Key: key, Peer: p.PeerID(), Rank: uint8(rank)})
 		if a != conn.AckApplied {
 			break
 		}

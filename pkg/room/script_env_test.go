@@ -164,7 +164,7 @@ func (e *scriptEnv) start(s scriptSide) {
 		pcfg := PrefillConfig{Config: cfg, ListenAddr: prefillAddr, DataPlane: dp}
 		if e.transportDP {
 			tr := newScriptTransport(e)
-			e.tr, pcfg.DataPlane = tr, nil
+			e.tr, pcfg.DataPlane, pcfg.RegionDirs = tr, nil, tempRegionDirs()
 			pcfg.newTransport = func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
 		}
 		n, err := NewPrefillOwner(pcfg)
@@ -172,6 +172,7 @@ func (e *scriptEnv) start(s scriptSide) {
 			e.t.Fatal(err)
 		}
 		fixJitter(n.core)
+		n.core.syncTicks = true
 		if err := n.Start(context.Background()); err != nil {
 			e.t.Fatal(err)
 		}
@@ -191,6 +192,7 @@ func (e *scriptEnv) start(s scriptSide) {
 			e.t.Fatal(err)
 		}
 		fixJitter(n.core)
+		n.core.syncTicks = true
 		if err := n.Start(context.Background()); err != nil {
 			e.t.Fatal(err)
 		}

@@ -89,15 +89,26 @@ type armedDrop struct {
 
 func (a *armedDrop) matches(f *heldFrame) bool { return !a.typed || (f.typed && f.ft == a.ft) }
 
-// enqueue is where every frame a node sends lands.
+// enqueue is where every frame a node sends lands. An ACK is traced as
+// it is sent ("prefill sends ack ..."): a room frame's ACK is the owner's
+// last effect of stepping it, so it shows after the effects it answers;
+// the link's own (REGISTER, GOODBYE, duplicates, strangers) show where
+// the reader sent them.
 func (e *scriptEnv) enqueue(d linkDir, f *heldFrame) {
 	env := &pdlinkv1.Envelope{}
 	if proto.Unmarshal(f.frame, env) == nil {
 		f.ft, f.typed = conn.FrameTypeOf(env)
 		f.seq = env.GetSeq()
 	}
+	var sent string
+	if f.typed && f.ft == conn.FrameAck && !f.injected {
+		sent = fmt.Sprintf("%v sends %s", d.sender(), e.describe(d, f.frame))
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if sent != "" {
+		e.appendLocked(sent)
+	}
 	e.queues[d] = append(e.queues[d], f)
 }
 

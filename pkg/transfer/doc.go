@@ -11,6 +11,14 @@
 // its own; Layout.Compatible checks, at REGISTER time on both sides, that buffer count, page
 // sizes and aux row size match, and names the first mismatch.
 //
+// A Region is a handle onto one Mapping at a time: a registered file, identified by path,
+// device, inode and generation (RegionID). Mapping.Check stats the path (one stat(2)) and
+// says whether the file there was replaced (ErrRegionReplaced) or truncated
+// (ErrRegionTooSmall). To serve a new file the caller fences every room on the old mapping,
+// installs the new one with Region.Replace (Senders and Receivers keep their Region), and
+// closes the old Mapping only once those fences are done: a worker fenced mid-copy holds
+// slices of the old mapping, which stays mapped until then.
+//
 // # Wire
 //
 // Pages travel as runs ([]Run{Start, Count}, int32) per buffer. Append pairs the source and

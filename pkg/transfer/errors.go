@@ -11,6 +11,8 @@ var (
 	ErrIncompatibleLayout = errors.New("transfer: incompatible layouts")
 	// ErrRegionTooSmall means the region file is shorter than its layout needs.
 	ErrRegionTooSmall = errors.New("transfer: region file smaller than layout")
+	// ErrRegionReplaced means the file at a region's path is no longer the mapped one.
+	ErrRegionReplaced = errors.New("transfer: region file replaced")
 	// ErrRegionClosed means the region was unmapped.
 	ErrRegionClosed = errors.New("transfer: region closed")
 )

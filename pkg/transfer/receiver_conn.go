@@ -248,11 +248,18 @@ func (c *rxConn) chunk(h *Header) error {
 	if err != nil {
 		return c.reject(room, h.PayloadLen, err)
 	}
-	c.addPending(room)
 	c.dsts = c.dsts[:0]
 	for _, run := range runs {
-		c.dsts = append(c.dsts, r.region.Pages(int(run.Buffer), run.Run))
+		dst := r.region.Pages(int(run.Buffer), run.Run)
+		if dst == nil {
+			// Claimed against a mapping the region no longer serves: the
+			// room was fenced before the region was replaced.
+			clear(c.dsts)
+			return c.discard(h.PayloadLen)
+		}
+		c.dsts = append(c.dsts, dst)
 	}
+	c.addPending(room)
 	crc, n, err := c.write(room, c.dsts, 0)
 	clear(c.dsts)
 	if err == errFenced {

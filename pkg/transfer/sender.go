@@ -374,7 +374,11 @@ func (s *Sender) Append(key Key, pc Piece) error {
 	if w.pages == 0 && !w.last {
 		return nil
 	}
-	w.plan(s)
+	if !w.plan(s) {
+		// The region was replaced since the checks above: the room is fenced before
+		// the old mapping goes, and nothing of the piece may be read.
+		return fail(ReasonFenced, ErrFenced)
+	}
 	return j.peer.append(w)
 }
 
@@ -568,14 +572,19 @@ type piece struct {
 	summing <-chan struct{}
 }
 
-// plan packs the piece into chunks and charges each its bytes.
-func (w *piece) plan(s *Sender) {
-	w.plans = s.planChunks(w)
+// plan packs the piece into chunks and charges each its bytes; false if the region's
+// mapping no longer fits the piece.
+func (w *piece) plan(s *Sender) bool {
+	var ok bool
+	if w.plans, ok = s.planChunks(w); !ok {
+		return false
+	}
 	w.charges = make([]int64, max(len(w.plans), 1))
 	for i, c := range w.plans {
 		w.charges[i] = c.bytes
 	}
 	w.charges[len(w.charges)-1] = max(w.charges[len(w.charges)-1]+int64(len(w.aux)), 1)
+	return true
 }
 
 // acquire marks a read of the source pages as started, unless the job is stopped.

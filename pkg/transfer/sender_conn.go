@@ -612,8 +612,15 @@ type chunkPlan struct {
 // MaxChunkBytes (at least one page each), pagelist.MaxRuns runs and pagelist.MaxPages pages,
 // the bounds the receiver checks each chunk against. A chunk does not end where a buffer
 // does: the pages of a small piece over many buffers travel as one chunk, not one per buffer.
-func (s *Sender) planChunks(w *piece) []chunkPlan {
+func (s *Sender) planChunks(w *piece) ([]chunkPlan, bool) {
 	cfg := &s.cfg
+	// A piece is checked against the region's mapping at Append; one that
+	// no longer fits was taken before the region was replaced, and its
+	// room fenced before that: nothing of it may be planned or read.
+	layout := s.region.Layout()
+	if len(w.segs) > len(layout.Buffers) {
+		return nil, false
+	}
 	var plans []chunkPlan
 	c := chunkPlan{iov: [][]byte{nil}}
 	flush := func() {
@@ -621,7 +628,7 @@ func (s *Sender) planChunks(w *piece) []chunkPlan {
 		c = chunkPlan{iov: [][]byte{nil}}
 	}
 	for b, segs := range w.segs {
-		itemLen := s.region.layout.Buffers[b].ItemLen
+		itemLen := layout.Buffers[b].ItemLen
 		i, off := 0, int32(0)
 		for i < len(segs) {
 			if len(c.runs) == pagelist.MaxRuns {
@@ -648,7 +655,7 @@ func (s *Sender) planChunks(w *piece) []chunkPlan {
 	if len(c.runs) > 0 {
 		flush()
 	}
-	return plans
+	return plans, true
 }
 
 // checksums computes the piece's chunks' crc32c from the first not yet summed, one or two

@@ -59,7 +59,12 @@ func newCluster(t *testing.T, o clusterOpts) *cluster {
 	c := &cluster{t: t, tm: o.tm, client: &http.Client{Timeout: 5 * time.Second}}
 	t.Cleanup(c.client.CloseIdleConnections)
 
-	common := append([]string{"--http-listen=127.0.0.1:0"}, o.tm.Args()...)
+	// The engines' regions, and the only directory the daemons map them from.
+	regions := filepath.Join(dir, "regions")
+	if err := os.Mkdir(regions, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	common := append([]string{"--http-listen=127.0.0.1:0", "--region-dir=" + regions}, o.tm.Args()...)
 	c.pre = startDaemon(t, "prefilld", append([]string{"--grpc-listen=unix://" + filepath.Join(dir, "prefilld.sock"),
 		"--bootstrap-listen=tcp://127.0.0.1:0"}, common...), c.client)
 	c.bootstrap = c.pre.Proc().LogField("bootstrap socket bound", "addr")
@@ -93,7 +98,7 @@ func newCluster(t *testing.T, o clusterOpts) *cluster {
 
 	c.cfg = sim.Config{
 		PrefillGRPC: "unix://" + c.pre.Proc().GRPCAddr, DecodeGRPC: "unix://" + c.dec.Proc().GRPCAddr,
-		Bootstrap: roomBootstrap, Dir: dir, Layout: testbed.Layout(),
+		Bootstrap: roomBootstrap, Dir: regions, Layout: testbed.Layout(),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -20,7 +20,7 @@ func pairProcs(t *testing.T, extra ...string) (pre, dec *proc.Process, cfg sim.C
 	cfg = sim.Config{
 		PrefillGRPC: "unix://" + pre.GRPCAddr, DecodeGRPC: "unix://" + dec.GRPCAddr,
 		Bootstrap: pre.LogField("bootstrap socket bound", "addr"),
-		Dir:       t.TempDir(), Layout: sim.TestLayout(), Tick: time.Millisecond,
+		Dir:       regionDir(t), Layout: sim.TestLayout(), Tick: time.Millisecond,
 	}
 	if cfg.Bootstrap == "" {
 		t.Fatalf("prefilld logged no bootstrap address:\n%s", pre.Logs())

@@ -68,7 +68,7 @@ func TestSIGTERMDecodeIsForgottenKilledDecodeIsLost(t *testing.T) {
 	defer cancel()
 	cfg := sim.Config{
 		PrefillGRPC: "unix://" + pre.GRPCAddr, DecodeGRPC: "unix://" + dec.GRPCAddr, Bootstrap: bootstrap,
-		Dir: t.TempDir(), Layout: sim.TestLayout(), Tick: time.Millisecond, Requests: 3, Concurrency: 1,
+		Dir: regionDir(t), Layout: sim.TestLayout(), Tick: time.Millisecond, Requests: 3, Concurrency: 1,
 	}
 	engines, err := sim.New(ctx, cfg)
 	if err != nil {

@@ -23,6 +23,7 @@ func startDaemon(t *testing.T, name string, extra ...string) *proc.Process {
 	args := append([]string{
 		"--grpc-listen=unix://" + filepath.Join(t.TempDir(), name+".sock"),
 		"--http-listen=127.0.0.1:0",
+		"--region-dir=" + regionRoot,
 	}, extra...)
 	p, err := proc.Start(context.Background(), bin(name), args, 30*time.Second)
 	if err != nil {

@@ -10,6 +10,10 @@ import (
 
 var binDir string
 
+// regionRoot is every daemon's --region-dir: the suite's regions are made
+// in a directory of their test under it (regionDir).
+var regionRoot string
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "pdlink-e2e-bin-")
 	if err != nil {
@@ -24,9 +28,29 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
+	regions, err := os.MkdirTemp("/dev/shm", "pdlink-e2e-regions-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "region directory:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	regionRoot = regions
 	code := m.Run()
 	os.RemoveAll(dir)
+	os.RemoveAll(regions)
 	os.Exit(code)
+}
+
+// regionDir is a directory for the test's regions under the daemons'
+// --region-dir, removed when the test ends.
+func regionDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp(regionRoot, "test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 func bin(name string) string { return filepath.Join(binDir, name) }

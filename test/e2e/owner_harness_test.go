@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -46,11 +45,7 @@ func newOwnerPair(t *testing.T, layout transfer.Layout, preArgs, decArgs []strin
 	p.prefill = pb.NewPrefillServiceClient(grpcConn(t, p.pre.GRPCAddr))
 	p.decode = pb.NewDecodeServiceClient(grpcConn(t, p.dec.GRPCAddr))
 
-	dir, err := os.MkdirTemp("/dev/shm", "pdlink-e2e-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := regionDir(t)
 	for _, side := range []string{"prefill", "decode"} {
 		path, err := transfer.CreateRegionFile(dir, layout)
 		if err != nil {

@@ -86,7 +86,7 @@ func TestOneRoomAcrossTwoProcesses(t *testing.T) {
 		lp.Buffers = append(lp.Buffers, &pb.BufferSpec{Offset: uint64(b.Offset), Length: uint64(b.Length), ItemLen: uint32(b.ItemLen)})
 	}
 	for _, side := range []string{"prefill", "decode"} {
-		path, err := transfer.CreateRegionFile(t.TempDir(), layout)
+		path, err := transfer.CreateRegionFile(regionDir(t), layout)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -77,13 +77,13 @@ type clusterOpts struct {
 	smallSocketBuffers bool
 }
 
-// daemonArgs are each daemon's arguments with the shared token file and
-// the unix socket its engine uses under dir.
+// daemonArgs are each daemon's arguments with the shared token file, and
+// the unix socket its engine uses and its region directory under dir.
 func daemonArgs(tm testbed.Timings, dir, token string) (pre, dec []string) {
 	pre = append([]string{"--grpc-listen=unix://" + filepath.Join(dir, "prefilld.sock"), "--http-listen=" + prefillHTTP,
-		"--bootstrap-listen=" + bootstrapAddr}, tm.Args()...)
+		"--bootstrap-listen=" + bootstrapAddr, "--region-dir=" + dir}, tm.Args()...)
 	dec = append([]string{"--grpc-listen=unix://" + filepath.Join(dir, "decoded.sock"), "--http-listen=" + decodeHTTP,
-		"--data-listen=" + dataListen, "--data-advertise=" + dataAdvertise}, tm.Args()...)
+		"--data-listen=" + dataListen, "--data-advertise=" + dataAdvertise, "--region-dir=" + dir}, tm.Args()...)
 	if token != "" {
 		pre = append(pre, "--auth-token-file="+token)
 		dec = append(dec, "--auth-token-file="+token)

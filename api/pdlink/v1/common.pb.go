@@ -501,7 +501,8 @@ type RoomStatus struct {
 	State RoomState `protobuf:"varint,4,opt,name=state,proto3,enum=pdlink.v1.RoomState" json:"state,omitempty"`
 	// reason is set when state is FAILED: one of the closed set
 	// timeout:<state>, aborted:local, aborted:remote, peer_lost, peer_restarted,
-	// collision, transfer_error, checksum, shutdown, invalid.
+	// collision, transfer_error, checksum, shutdown, invalid, region_replaced
+	// (the engine replaced or unregistered the region file the room used).
 	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	// peer_reason is set when state is FAILED because the peer daemon failed
 	// the room (reason is then aborted:remote): the reason the peer gave, from

@@ -75,8 +75,19 @@ func (x *DecodeServiceRegisterRegionRequest) GetLayout() *RegionLayout {
 }
 
 type DecodeServiceRegisterRegionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RegionId      string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RegionId string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	// generation is this daemon's number for the mapped file of the rank: 1
+	// for the first, one more for each replacement (another file, path or
+	// layout), unchanged for an idempotent repeat.
+	Generation uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// device and inode identify the file the daemon mapped (stat st_dev and
+	// st_ino), so an engine can check it is the file it created.
+	Device uint64 `protobuf:"varint,3,opt,name=device,proto3" json:"device,omitempty"`
+	Inode  uint64 `protobuf:"varint,4,opt,name=inode,proto3" json:"inode,omitempty"`
+	// rooms_failed is how many rooms on the previous generation failed with
+	// region_replaced because of this call.
+	RoomsFailed   uint32 `protobuf:"varint,5,opt,name=rooms_failed,json=roomsFailed,proto3" json:"rooms_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -118,6 +129,142 @@ func (x *DecodeServiceRegisterRegionResponse) GetRegionId() string {
 	return ""
 }
 
+func (x *DecodeServiceRegisterRegionResponse) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *DecodeServiceRegisterRegionResponse) GetDevice() uint64 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
+func (x *DecodeServiceRegisterRegionResponse) GetInode() uint64 {
+	if x != nil {
+		return x.Inode
+	}
+	return 0
+}
+
+func (x *DecodeServiceRegisterRegionResponse) GetRoomsFailed() uint32 {
+	if x != nil {
+		return x.RoomsFailed
+	}
+	return 0
+}
+
+// Valid when rank is a valid rank (nil is rank 0 of 1).
+type DecodeServiceUnregisterRegionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          *Rank                  `protobuf:"bytes,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecodeServiceUnregisterRegionRequest) Reset() {
+	*x = DecodeServiceUnregisterRegionRequest{}
+	mi := &file_pdlink_v1_decode_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecodeServiceUnregisterRegionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecodeServiceUnregisterRegionRequest) ProtoMessage() {}
+
+func (x *DecodeServiceUnregisterRegionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pdlink_v1_decode_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecodeServiceUnregisterRegionRequest.ProtoReflect.Descriptor instead.
+func (*DecodeServiceUnregisterRegionRequest) Descriptor() ([]byte, []int) {
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *DecodeServiceUnregisterRegionRequest) GetRank() *Rank {
+	if x != nil {
+		return x.Rank
+	}
+	return nil
+}
+
+type DecodeServiceUnregisterRegionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// unregistered is false when the rank had no region (a repeat).
+	Unregistered bool `protobuf:"varint,1,opt,name=unregistered,proto3" json:"unregistered,omitempty"`
+	// generation is the generation that was dropped (0 if none).
+	Generation uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// rooms_failed is how many rooms failed with region_replaced.
+	RoomsFailed   uint32 `protobuf:"varint,3,opt,name=rooms_failed,json=roomsFailed,proto3" json:"rooms_failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecodeServiceUnregisterRegionResponse) Reset() {
+	*x = DecodeServiceUnregisterRegionResponse{}
+	mi := &file_pdlink_v1_decode_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecodeServiceUnregisterRegionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecodeServiceUnregisterRegionResponse) ProtoMessage() {}
+
+func (x *DecodeServiceUnregisterRegionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pdlink_v1_decode_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecodeServiceUnregisterRegionResponse.ProtoReflect.Descriptor instead.
+func (*DecodeServiceUnregisterRegionResponse) Descriptor() ([]byte, []int) {
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DecodeServiceUnregisterRegionResponse) GetUnregistered() bool {
+	if x != nil {
+		return x.Unregistered
+	}
+	return false
+}
+
+func (x *DecodeServiceUnregisterRegionResponse) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *DecodeServiceUnregisterRegionResponse) GetRoomsFailed() uint32 {
+	if x != nil {
+		return x.RoomsFailed
+	}
+	return 0
+}
+
 // Valid when room_id != 0, prefill_bootstrap_addr is a tcp://host:port
 // ZeroMQ endpoint (a host, not *, and a port in 1-65535; nothing else), and
 // expected_senders is 0 (meaning 1) or the prefill engine's tp size.
@@ -132,7 +279,7 @@ type OpenReceiverRequest struct {
 
 func (x *OpenReceiverRequest) Reset() {
 	*x = OpenReceiverRequest{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[2]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -144,7 +291,7 @@ func (x *OpenReceiverRequest) String() string {
 func (*OpenReceiverRequest) ProtoMessage() {}
 
 func (x *OpenReceiverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[2]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -157,7 +304,7 @@ func (x *OpenReceiverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenReceiverRequest.ProtoReflect.Descriptor instead.
 func (*OpenReceiverRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{2}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *OpenReceiverRequest) GetRoomId() uint64 {
@@ -191,7 +338,7 @@ type OpenReceiverResponse struct {
 
 func (x *OpenReceiverResponse) Reset() {
 	*x = OpenReceiverResponse{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[3]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -203,7 +350,7 @@ func (x *OpenReceiverResponse) String() string {
 func (*OpenReceiverResponse) ProtoMessage() {}
 
 func (x *OpenReceiverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[3]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -216,7 +363,7 @@ func (x *OpenReceiverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenReceiverResponse.ProtoReflect.Descriptor instead.
 func (*OpenReceiverResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{3}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *OpenReceiverResponse) GetStatus() *RoomStatus {
@@ -250,7 +397,7 @@ type SendMetadataRequest struct {
 
 func (x *SendMetadataRequest) Reset() {
 	*x = SendMetadataRequest{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[4]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -262,7 +409,7 @@ func (x *SendMetadataRequest) String() string {
 func (*SendMetadataRequest) ProtoMessage() {}
 
 func (x *SendMetadataRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[4]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -275,7 +422,7 @@ func (x *SendMetadataRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMetadataRequest.ProtoReflect.Descriptor instead.
 func (*SendMetadataRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{4}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SendMetadataRequest) GetRoomId() uint64 {
@@ -322,7 +469,7 @@ type SendMetadataResponse struct {
 
 func (x *SendMetadataResponse) Reset() {
 	*x = SendMetadataResponse{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[5]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +481,7 @@ func (x *SendMetadataResponse) String() string {
 func (*SendMetadataResponse) ProtoMessage() {}
 
 func (x *SendMetadataResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[5]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +494,7 @@ func (x *SendMetadataResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMetadataResponse.ProtoReflect.Descriptor instead.
 func (*SendMetadataResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{5}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SendMetadataResponse) GetStatus() *RoomStatus {
@@ -367,7 +514,7 @@ type DecodeServicePollRequest struct {
 
 func (x *DecodeServicePollRequest) Reset() {
 	*x = DecodeServicePollRequest{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[6]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +526,7 @@ func (x *DecodeServicePollRequest) String() string {
 func (*DecodeServicePollRequest) ProtoMessage() {}
 
 func (x *DecodeServicePollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[6]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +539,7 @@ func (x *DecodeServicePollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecodeServicePollRequest.ProtoReflect.Descriptor instead.
 func (*DecodeServicePollRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{6}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DecodeServicePollRequest) GetRoomIds() []uint64 {
@@ -412,7 +559,7 @@ type DecodeServicePollResponse struct {
 
 func (x *DecodeServicePollResponse) Reset() {
 	*x = DecodeServicePollResponse{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[7]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +571,7 @@ func (x *DecodeServicePollResponse) String() string {
 func (*DecodeServicePollResponse) ProtoMessage() {}
 
 func (x *DecodeServicePollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[7]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +584,7 @@ func (x *DecodeServicePollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecodeServicePollResponse.ProtoReflect.Descriptor instead.
 func (*DecodeServicePollResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{7}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DecodeServicePollResponse) GetStatuses() []*RoomStatus {
@@ -456,7 +603,7 @@ type DecodeServiceWatchRequest struct {
 
 func (x *DecodeServiceWatchRequest) Reset() {
 	*x = DecodeServiceWatchRequest{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[8]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +615,7 @@ func (x *DecodeServiceWatchRequest) String() string {
 func (*DecodeServiceWatchRequest) ProtoMessage() {}
 
 func (x *DecodeServiceWatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[8]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +628,7 @@ func (x *DecodeServiceWatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecodeServiceWatchRequest.ProtoReflect.Descriptor instead.
 func (*DecodeServiceWatchRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{8}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DecodeServiceWatchRequest) GetFilter() *WatchFilter {
@@ -500,7 +647,7 @@ type DecodeServiceWatchResponse struct {
 
 func (x *DecodeServiceWatchResponse) Reset() {
 	*x = DecodeServiceWatchResponse{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[9]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +659,7 @@ func (x *DecodeServiceWatchResponse) String() string {
 func (*DecodeServiceWatchResponse) ProtoMessage() {}
 
 func (x *DecodeServiceWatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[9]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +672,7 @@ func (x *DecodeServiceWatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecodeServiceWatchResponse.ProtoReflect.Descriptor instead.
 func (*DecodeServiceWatchResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{9}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DecodeServiceWatchResponse) GetEvent() *WatchEvent {
@@ -546,7 +693,7 @@ type DecodeServiceAbortRequest struct {
 
 func (x *DecodeServiceAbortRequest) Reset() {
 	*x = DecodeServiceAbortRequest{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[10]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -558,7 +705,7 @@ func (x *DecodeServiceAbortRequest) String() string {
 func (*DecodeServiceAbortRequest) ProtoMessage() {}
 
 func (x *DecodeServiceAbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[10]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -571,7 +718,7 @@ func (x *DecodeServiceAbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecodeServiceAbortRequest.ProtoReflect.Descriptor instead.
 func (*DecodeServiceAbortRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{10}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DecodeServiceAbortRequest) GetRoomId() uint64 {
@@ -597,7 +744,7 @@ type DecodeServiceAbortResponse struct {
 
 func (x *DecodeServiceAbortResponse) Reset() {
 	*x = DecodeServiceAbortResponse{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[11]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +756,7 @@ func (x *DecodeServiceAbortResponse) String() string {
 func (*DecodeServiceAbortResponse) ProtoMessage() {}
 
 func (x *DecodeServiceAbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[11]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +769,7 @@ func (x *DecodeServiceAbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecodeServiceAbortResponse.ProtoReflect.Descriptor instead.
 func (*DecodeServiceAbortResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{11}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DecodeServiceAbortResponse) GetStatus() *RoomStatus {
@@ -642,7 +789,7 @@ type DecodeServiceClearRequest struct {
 
 func (x *DecodeServiceClearRequest) Reset() {
 	*x = DecodeServiceClearRequest{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[12]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +801,7 @@ func (x *DecodeServiceClearRequest) String() string {
 func (*DecodeServiceClearRequest) ProtoMessage() {}
 
 func (x *DecodeServiceClearRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[12]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +814,7 @@ func (x *DecodeServiceClearRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecodeServiceClearRequest.ProtoReflect.Descriptor instead.
 func (*DecodeServiceClearRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{12}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DecodeServiceClearRequest) GetRoomIds() []uint64 {
@@ -686,7 +833,7 @@ type DecodeServiceClearResponse struct {
 
 func (x *DecodeServiceClearResponse) Reset() {
 	*x = DecodeServiceClearResponse{}
-	mi := &file_pdlink_v1_decode_proto_msgTypes[13]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +845,7 @@ func (x *DecodeServiceClearResponse) String() string {
 func (*DecodeServiceClearResponse) ProtoMessage() {}
 
 func (x *DecodeServiceClearResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_decode_proto_msgTypes[13]
+	mi := &file_pdlink_v1_decode_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +858,7 @@ func (x *DecodeServiceClearResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecodeServiceClearResponse.ProtoReflect.Descriptor instead.
 func (*DecodeServiceClearResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{13}
+	return file_pdlink_v1_decode_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DecodeServiceClearResponse) GetResults() []*ClearResult {
@@ -729,9 +876,23 @@ const file_pdlink_v1_decode_proto_rawDesc = "" +
 	"\"DecodeServiceRegisterRegionRequest\x12\x1f\n" +
 	"\vregion_path\x18\x01 \x01(\tR\n" +
 	"regionPath\x12/\n" +
-	"\x06layout\x18\x02 \x01(\v2\x17.pdlink.v1.RegionLayoutR\x06layout\"B\n" +
+	"\x06layout\x18\x02 \x01(\v2\x17.pdlink.v1.RegionLayoutR\x06layout\"\xb3\x01\n" +
 	"#DecodeServiceRegisterRegionResponse\x12\x1b\n" +
-	"\tregion_id\x18\x01 \x01(\tR\bregionId\"\x8f\x01\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x16\n" +
+	"\x06device\x18\x03 \x01(\x04R\x06device\x12\x14\n" +
+	"\x05inode\x18\x04 \x01(\x04R\x05inode\x12!\n" +
+	"\frooms_failed\x18\x05 \x01(\rR\vroomsFailed\"K\n" +
+	"$DecodeServiceUnregisterRegionRequest\x12#\n" +
+	"\x04rank\x18\x01 \x01(\v2\x0f.pdlink.v1.RankR\x04rank\"\x8e\x01\n" +
+	"%DecodeServiceUnregisterRegionResponse\x12\"\n" +
+	"\funregistered\x18\x01 \x01(\bR\funregistered\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12!\n" +
+	"\frooms_failed\x18\x03 \x01(\rR\vroomsFailed\"\x8f\x01\n" +
 	"\x13OpenReceiverRequest\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x124\n" +
 	"\x16prefill_bootstrap_addr\x18\x02 \x01(\tR\x14prefillBootstrapAddr\x12)\n" +
@@ -763,9 +924,10 @@ const file_pdlink_v1_decode_proto_rawDesc = "" +
 	"\x19DecodeServiceClearRequest\x12\x19\n" +
 	"\broom_ids\x18\x01 \x03(\x04R\aroomIds\"N\n" +
 	"\x1aDecodeServiceClearResponse\x120\n" +
-	"\aresults\x18\x01 \x03(\v2\x16.pdlink.v1.ClearResultR\aresults2\xf9\x04\n" +
+	"\aresults\x18\x01 \x03(\v2\x16.pdlink.v1.ClearResultR\aresults2\xf0\x05\n" +
 	"\rDecodeService\x12o\n" +
-	"\x0eRegisterRegion\x12-.pdlink.v1.DecodeServiceRegisterRegionRequest\x1a..pdlink.v1.DecodeServiceRegisterRegionResponse\x12O\n" +
+	"\x0eRegisterRegion\x12-.pdlink.v1.DecodeServiceRegisterRegionRequest\x1a..pdlink.v1.DecodeServiceRegisterRegionResponse\x12u\n" +
+	"\x10UnregisterRegion\x12/.pdlink.v1.DecodeServiceUnregisterRegionRequest\x1a0.pdlink.v1.DecodeServiceUnregisterRegionResponse\x12O\n" +
 	"\fOpenReceiver\x12\x1e.pdlink.v1.OpenReceiverRequest\x1a\x1f.pdlink.v1.OpenReceiverResponse\x12O\n" +
 	"\fSendMetadata\x12\x1e.pdlink.v1.SendMetadataRequest\x1a\x1f.pdlink.v1.SendMetadataResponse\x12Q\n" +
 	"\x04Poll\x12#.pdlink.v1.DecodeServicePollRequest\x1a$.pdlink.v1.DecodeServicePollResponse\x12V\n" +
@@ -785,60 +947,65 @@ func file_pdlink_v1_decode_proto_rawDescGZIP() []byte {
 	return file_pdlink_v1_decode_proto_rawDescData
 }
 
-var file_pdlink_v1_decode_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_pdlink_v1_decode_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_pdlink_v1_decode_proto_goTypes = []any{
-	(*DecodeServiceRegisterRegionRequest)(nil),  // 0: pdlink.v1.DecodeServiceRegisterRegionRequest
-	(*DecodeServiceRegisterRegionResponse)(nil), // 1: pdlink.v1.DecodeServiceRegisterRegionResponse
-	(*OpenReceiverRequest)(nil),                 // 2: pdlink.v1.OpenReceiverRequest
-	(*OpenReceiverResponse)(nil),                // 3: pdlink.v1.OpenReceiverResponse
-	(*SendMetadataRequest)(nil),                 // 4: pdlink.v1.SendMetadataRequest
-	(*SendMetadataResponse)(nil),                // 5: pdlink.v1.SendMetadataResponse
-	(*DecodeServicePollRequest)(nil),            // 6: pdlink.v1.DecodeServicePollRequest
-	(*DecodeServicePollResponse)(nil),           // 7: pdlink.v1.DecodeServicePollResponse
-	(*DecodeServiceWatchRequest)(nil),           // 8: pdlink.v1.DecodeServiceWatchRequest
-	(*DecodeServiceWatchResponse)(nil),          // 9: pdlink.v1.DecodeServiceWatchResponse
-	(*DecodeServiceAbortRequest)(nil),           // 10: pdlink.v1.DecodeServiceAbortRequest
-	(*DecodeServiceAbortResponse)(nil),          // 11: pdlink.v1.DecodeServiceAbortResponse
-	(*DecodeServiceClearRequest)(nil),           // 12: pdlink.v1.DecodeServiceClearRequest
-	(*DecodeServiceClearResponse)(nil),          // 13: pdlink.v1.DecodeServiceClearResponse
-	(*RegionLayout)(nil),                        // 14: pdlink.v1.RegionLayout
-	(*RoomStatus)(nil),                          // 15: pdlink.v1.RoomStatus
-	(*Rank)(nil),                                // 16: pdlink.v1.Rank
-	(*PageList)(nil),                            // 17: pdlink.v1.PageList
-	(*WatchFilter)(nil),                         // 18: pdlink.v1.WatchFilter
-	(*WatchEvent)(nil),                          // 19: pdlink.v1.WatchEvent
-	(*ClearResult)(nil),                         // 20: pdlink.v1.ClearResult
+	(*DecodeServiceRegisterRegionRequest)(nil),    // 0: pdlink.v1.DecodeServiceRegisterRegionRequest
+	(*DecodeServiceRegisterRegionResponse)(nil),   // 1: pdlink.v1.DecodeServiceRegisterRegionResponse
+	(*DecodeServiceUnregisterRegionRequest)(nil),  // 2: pdlink.v1.DecodeServiceUnregisterRegionRequest
+	(*DecodeServiceUnregisterRegionResponse)(nil), // 3: pdlink.v1.DecodeServiceUnregisterRegionResponse
+	(*OpenReceiverRequest)(nil),                   // 4: pdlink.v1.OpenReceiverRequest
+	(*OpenReceiverResponse)(nil),                  // 5: pdlink.v1.OpenReceiverResponse
+	(*SendMetadataRequest)(nil),                   // 6: pdlink.v1.SendMetadataRequest
+	(*SendMetadataResponse)(nil),                  // 7: pdlink.v1.SendMetadataResponse
+	(*DecodeServicePollRequest)(nil),              // 8: pdlink.v1.DecodeServicePollRequest
+	(*DecodeServicePollResponse)(nil),             // 9: pdlink.v1.DecodeServicePollResponse
+	(*DecodeServiceWatchRequest)(nil),             // 10: pdlink.v1.DecodeServiceWatchRequest
+	(*DecodeServiceWatchResponse)(nil),            // 11: pdlink.v1.DecodeServiceWatchResponse
+	(*DecodeServiceAbortRequest)(nil),             // 12: pdlink.v1.DecodeServiceAbortRequest
+	(*DecodeServiceAbortResponse)(nil),            // 13: pdlink.v1.DecodeServiceAbortResponse
+	(*DecodeServiceClearRequest)(nil),             // 14: pdlink.v1.DecodeServiceClearRequest
+	(*DecodeServiceClearResponse)(nil),            // 15: pdlink.v1.DecodeServiceClearResponse
+	(*RegionLayout)(nil),                          // 16: pdlink.v1.RegionLayout
+	(*Rank)(nil),                                  // 17: pdlink.v1.Rank
+	(*RoomStatus)(nil),                            // 18: pdlink.v1.RoomStatus
+	(*PageList)(nil),                              // 19: pdlink.v1.PageList
+	(*WatchFilter)(nil),                           // 20: pdlink.v1.WatchFilter
+	(*WatchEvent)(nil),                            // 21: pdlink.v1.WatchEvent
+	(*ClearResult)(nil),                           // 22: pdlink.v1.ClearResult
 }
 var file_pdlink_v1_decode_proto_depIdxs = []int32{
-	14, // 0: pdlink.v1.DecodeServiceRegisterRegionRequest.layout:type_name -> pdlink.v1.RegionLayout
-	15, // 1: pdlink.v1.OpenReceiverResponse.status:type_name -> pdlink.v1.RoomStatus
-	16, // 2: pdlink.v1.SendMetadataRequest.rank:type_name -> pdlink.v1.Rank
-	17, // 3: pdlink.v1.SendMetadataRequest.dst_pages:type_name -> pdlink.v1.PageList
-	15, // 4: pdlink.v1.SendMetadataResponse.status:type_name -> pdlink.v1.RoomStatus
-	15, // 5: pdlink.v1.DecodeServicePollResponse.statuses:type_name -> pdlink.v1.RoomStatus
-	18, // 6: pdlink.v1.DecodeServiceWatchRequest.filter:type_name -> pdlink.v1.WatchFilter
-	19, // 7: pdlink.v1.DecodeServiceWatchResponse.event:type_name -> pdlink.v1.WatchEvent
-	15, // 8: pdlink.v1.DecodeServiceAbortResponse.status:type_name -> pdlink.v1.RoomStatus
-	20, // 9: pdlink.v1.DecodeServiceClearResponse.results:type_name -> pdlink.v1.ClearResult
-	0,  // 10: pdlink.v1.DecodeService.RegisterRegion:input_type -> pdlink.v1.DecodeServiceRegisterRegionRequest
-	2,  // 11: pdlink.v1.DecodeService.OpenReceiver:input_type -> pdlink.v1.OpenReceiverRequest
-	4,  // 12: pdlink.v1.DecodeService.SendMetadata:input_type -> pdlink.v1.SendMetadataRequest
-	6,  // 13: pdlink.v1.DecodeService.Poll:input_type -> pdlink.v1.DecodeServicePollRequest
-	8,  // 14: pdlink.v1.DecodeService.Watch:input_type -> pdlink.v1.DecodeServiceWatchRequest
-	10, // 15: pdlink.v1.DecodeService.Abort:input_type -> pdlink.v1.DecodeServiceAbortRequest
-	12, // 16: pdlink.v1.DecodeService.Clear:input_type -> pdlink.v1.DecodeServiceClearRequest
-	1,  // 17: pdlink.v1.DecodeService.RegisterRegion:output_type -> pdlink.v1.DecodeServiceRegisterRegionResponse
-	3,  // 18: pdlink.v1.DecodeService.OpenReceiver:output_type -> pdlink.v1.OpenReceiverResponse
-	5,  // 19: pdlink.v1.DecodeService.SendMetadata:output_type -> pdlink.v1.SendMetadataResponse
-	7,  // 20: pdlink.v1.DecodeService.Poll:output_type -> pdlink.v1.DecodeServicePollResponse
-	9,  // 21: pdlink.v1.DecodeService.Watch:output_type -> pdlink.v1.DecodeServiceWatchResponse
-	11, // 22: pdlink.v1.DecodeService.Abort:output_type -> pdlink.v1.DecodeServiceAbortResponse
-	13, // 23: pdlink.v1.DecodeService.Clear:output_type -> pdlink.v1.DecodeServiceClearResponse
-	17, // [17:24] is the sub-list for method output_type
-	10, // [10:17] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	16, // 0: pdlink.v1.DecodeServiceRegisterRegionRequest.layout:type_name -> pdlink.v1.RegionLayout
+	17, // 1: pdlink.v1.DecodeServiceUnregisterRegionRequest.rank:type_name -> pdlink.v1.Rank
+	18, // 2: pdlink.v1.OpenReceiverResponse.status:type_name -> pdlink.v1.RoomStatus
+	17, // 3: pdlink.v1.SendMetadataRequest.rank:type_name -> pdlink.v1.Rank
+	19, // 4: pdlink.v1.SendMetadataRequest.dst_pages:type_name -> pdlink.v1.PageList
+	18, // 5: pdlink.v1.SendMetadataResponse.status:type_name -> pdlink.v1.RoomStatus
+	18, // 6: pdlink.v1.DecodeServicePollResponse.statuses:type_name -> pdlink.v1.RoomStatus
+	20, // 7: pdlink.v1.DecodeServiceWatchRequest.filter:type_name -> pdlink.v1.WatchFilter
+	21, // 8: pdlink.v1.DecodeServiceWatchResponse.event:type_name -> pdlink.v1.WatchEvent
+	18, // 9: pdlink.v1.DecodeServiceAbortResponse.status:type_name -> pdlink.v1.RoomStatus
+	22, // 10: pdlink.v1.DecodeServiceClearResponse.results:type_name -> pdlink.v1.ClearResult
+	0,  // 11: pdlink.v1.DecodeService.RegisterRegion:input_type -> pdlink.v1.DecodeServiceRegisterRegionRequest
+	2,  // 12: pdlink.v1.DecodeService.UnregisterRegion:input_type -> pdlink.v1.DecodeServiceUnregisterRegionRequest
+	4,  // 13: pdlink.v1.DecodeService.OpenReceiver:input_type -> pdlink.v1.OpenReceiverRequest
+	6,  // 14: pdlink.v1.DecodeService.SendMetadata:input_type -> pdlink.v1.SendMetadataRequest
+	8,  // 15: pdlink.v1.DecodeService.Poll:input_type -> pdlink.v1.DecodeServicePollRequest
+	10, // 16: pdlink.v1.DecodeService.Watch:input_type -> pdlink.v1.DecodeServiceWatchRequest
+	12, // 17: pdlink.v1.DecodeService.Abort:input_type -> pdlink.v1.DecodeServiceAbortRequest
+	14, // 18: pdlink.v1.DecodeService.Clear:input_type -> pdlink.v1.DecodeServiceClearRequest
+	1,  // 19: pdlink.v1.DecodeService.RegisterRegion:output_type -> pdlink.v1.DecodeServiceRegisterRegionResponse
+	3,  // 20: pdlink.v1.DecodeService.UnregisterRegion:output_type -> pdlink.v1.DecodeServiceUnregisterRegionResponse
+	5,  // 21: pdlink.v1.DecodeService.OpenReceiver:output_type -> pdlink.v1.OpenReceiverResponse
+	7,  // 22: pdlink.v1.DecodeService.SendMetadata:output_type -> pdlink.v1.SendMetadataResponse
+	9,  // 23: pdlink.v1.DecodeService.Poll:output_type -> pdlink.v1.DecodeServicePollResponse
+	11, // 24: pdlink.v1.DecodeService.Watch:output_type -> pdlink.v1.DecodeServiceWatchResponse
+	13, // 25: pdlink.v1.DecodeService.Abort:output_type -> pdlink.v1.DecodeServiceAbortResponse
+	15, // 26: pdlink.v1.DecodeService.Clear:output_type -> pdlink.v1.DecodeServiceClearResponse
+	19, // [19:27] is the sub-list for method output_type
+	11, // [11:19] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_pdlink_v1_decode_proto_init() }
@@ -853,7 +1020,7 @@ func file_pdlink_v1_decode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdlink_v1_decode_proto_rawDesc), len(file_pdlink_v1_decode_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,13 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	DecodeService_RegisterRegion_FullMethodName = "/pdlink.v1.DecodeService/RegisterRegion"
-	DecodeService_OpenReceiver_FullMethodName   = "/pdlink.v1.DecodeService/OpenReceiver"
-	DecodeService_SendMetadata_FullMethodName   = "/pdlink.v1.DecodeService/SendMetadata"
-	DecodeService_Poll_FullMethodName           = "/pdlink.v1.DecodeService/Poll"
-	DecodeService_Watch_FullMethodName          = "/pdlink.v1.DecodeService/Watch"
-	DecodeService_Abort_FullMethodName          = "/pdlink.v1.DecodeService/Abort"
-	DecodeService_Clear_FullMethodName          = "/pdlink.v1.DecodeService/Clear"
+	DecodeService_RegisterRegion_FullMethodName   = "/pdlink.v1.DecodeService/RegisterRegion"
+	DecodeService_UnregisterRegion_FullMethodName = "/pdlink.v1.DecodeService/UnregisterRegion"
+	DecodeService_OpenReceiver_FullMethodName     = "/pdlink.v1.DecodeService/OpenReceiver"
+	DecodeService_SendMetadata_FullMethodName     = "/pdlink.v1.DecodeService/SendMetadata"
+	DecodeService_Poll_FullMethodName             = "/pdlink.v1.DecodeService/Poll"
+	DecodeService_Watch_FullMethodName            = "/pdlink.v1.DecodeService/Watch"
+	DecodeService_Abort_FullMethodName            = "/pdlink.v1.DecodeService/Abort"
+	DecodeService_Clear_FullMethodName            = "/pdlink.v1.DecodeService/Clear"
 )
 
 // DecodeServiceClient is the client API for DecodeService service.
@@ -35,7 +36,31 @@ const (
 // DecodeService is called by the decode engine's scheduler on decoded.
 type DecodeServiceClient interface {
 	// RegisterRegion maps one rank's KV memory; decoded is its only writer.
+	// Errors: InvalidArgument for a bad layout or a file that does not hold it.
+	// A region's identity is its path, the file's device and inode, and the
+	// generation this daemon gives it (1, 2, ...: see the response).
+	// Registering the same path again while the same file (device and inode)
+	// is there, with a compatible layout, is a no-op answering the same
+	// generation. A file that was replaced at the same path (deleted and
+	// recreated: what an engine restart with a fixed name does), another path
+	// or another layout for the rank is a new generation: every room whose
+	// pages live in the old file fails at once with region_replaced (the peer
+	// sees aborted:remote with peer_reason region_replaced), its data-plane
+	// work is fenced, and the old mapping is unmapped once the fences are
+	// done. An engine that restarts must call RegisterRegion again before its
+	// first room, and should check the generation it gets; until it does,
+	// every room whose Send (prefill) or SendMetadata (decode) finds the file
+	// replaced fails with region_replaced instead of moving bytes from or into
+	// the dead inode.
 	RegisterRegion(ctx context.Context, in *DecodeServiceRegisterRegionRequest, opts ...grpc.CallOption) (*DecodeServiceRegisterRegionResponse, error)
+	// UnregisterRegion drops one rank's region: every room whose pages live
+	// in it fails with region_replaced (the peer sees aborted:remote), its
+	// data-plane work is fenced, then the file is unmapped and forgotten; new
+	// rooms are refused with FailedPrecondition "no region" until the next
+	// RegisterRegion. Idempotent: a rank with no region answers OK with
+	// unregistered false. An engine that shuts down cleanly calls it before
+	// it deletes its region file.
+	UnregisterRegion(ctx context.Context, in *DecodeServiceUnregisterRegionRequest, opts ...grpc.CallOption) (*DecodeServiceUnregisterRegionResponse, error)
 	// OpenReceiver creates a room and draws its nonce (the only call that
 	// creates decode state). Errors: AlreadyExists for a live room with this
 	// id; ResourceExhausted over --max-rooms; Unavailable while draining.
@@ -72,6 +97,16 @@ func (c *decodeServiceClient) RegisterRegion(ctx context.Context, in *DecodeServ
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DecodeServiceRegisterRegionResponse)
 	err := c.cc.Invoke(ctx, DecodeService_RegisterRegion_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *decodeServiceClient) UnregisterRegion(ctx context.Context, in *DecodeServiceUnregisterRegionRequest, opts ...grpc.CallOption) (*DecodeServiceUnregisterRegionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DecodeServiceUnregisterRegionResponse)
+	err := c.cc.Invoke(ctx, DecodeService_UnregisterRegion_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +189,31 @@ func (c *decodeServiceClient) Clear(ctx context.Context, in *DecodeServiceClearR
 // DecodeService is called by the decode engine's scheduler on decoded.
 type DecodeServiceServer interface {
 	// RegisterRegion maps one rank's KV memory; decoded is its only writer.
+	// Errors: InvalidArgument for a bad layout or a file that does not hold it.
+	// A region's identity is its path, the file's device and inode, and the
+	// generation this daemon gives it (1, 2, ...: see the response).
+	// Registering the same path again while the same file (device and inode)
+	// is there, with a compatible layout, is a no-op answering the same
+	// generation. A file that was replaced at the same path (deleted and
+	// recreated: what an engine restart with a fixed name does), another path
+	// or another layout for the rank is a new generation: every room whose
+	// pages live in the old file fails at once with region_replaced (the peer
+	// sees aborted:remote with peer_reason region_replaced), its data-plane
+	// work is fenced, and the old mapping is unmapped once the fences are
+	// done. An engine that restarts must call RegisterRegion again before its
+	// first room, and should check the generation it gets; until it does,
+	// every room whose Send (prefill) or SendMetadata (decode) finds the file
+	// replaced fails with region_replaced instead of moving bytes from or into
+	// the dead inode.
 	RegisterRegion(context.Context, *DecodeServiceRegisterRegionRequest) (*DecodeServiceRegisterRegionResponse, error)
+	// UnregisterRegion drops one rank's region: every room whose pages live
+	// in it fails with region_replaced (the peer sees aborted:remote), its
+	// data-plane work is fenced, then the file is unmapped and forgotten; new
+	// rooms are refused with FailedPrecondition "no region" until the next
+	// RegisterRegion. Idempotent: a rank with no region answers OK with
+	// unregistered false. An engine that shuts down cleanly calls it before
+	// it deletes its region file.
+	UnregisterRegion(context.Context, *DecodeServiceUnregisterRegionRequest) (*DecodeServiceUnregisterRegionResponse, error)
 	// OpenReceiver creates a room and draws its nonce (the only call that
 	// creates decode state). Errors: AlreadyExists for a live room with this
 	// id; ResourceExhausted over --max-rooms; Unavailable while draining.
@@ -189,6 +248,9 @@ type UnimplementedDecodeServiceServer struct{}
 
 func (UnimplementedDecodeServiceServer) RegisterRegion(context.Context, *DecodeServiceRegisterRegionRequest) (*DecodeServiceRegisterRegionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegisterRegion not implemented")
+}
+func (UnimplementedDecodeServiceServer) UnregisterRegion(context.Context, *DecodeServiceUnregisterRegionRequest) (*DecodeServiceUnregisterRegionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UnregisterRegion not implemented")
 }
 func (UnimplementedDecodeServiceServer) OpenReceiver(context.Context, *OpenReceiverRequest) (*OpenReceiverResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method OpenReceiver not implemented")
@@ -243,6 +305,24 @@ func _DecodeService_RegisterRegion_Handler(srv interface{}, ctx context.Context,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(DecodeServiceServer).RegisterRegion(ctx, req.(*DecodeServiceRegisterRegionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DecodeService_UnregisterRegion_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DecodeServiceUnregisterRegionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DecodeServiceServer).UnregisterRegion(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DecodeService_UnregisterRegion_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DecodeServiceServer).UnregisterRegion(ctx, req.(*DecodeServiceUnregisterRegionRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -358,6 +438,10 @@ var DecodeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RegisterRegion",
 			Handler:    _DecodeService_RegisterRegion_Handler,
+		},
+		{
+			MethodName: "UnregisterRegion",
+			Handler:    _DecodeService_UnregisterRegion_Handler,
 		},
 		{
 			MethodName: "OpenReceiver",

@@ -75,8 +75,19 @@ func (x *PrefillServiceRegisterRegionRequest) GetLayout() *RegionLayout {
 }
 
 type PrefillServiceRegisterRegionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RegionId      string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RegionId string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	// generation is this daemon's number for the mapped file of the rank: 1
+	// for the first, one more for each replacement (another file, path or
+	// layout), unchanged for an idempotent repeat.
+	Generation uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// device and inode identify the file the daemon mapped (stat st_dev and
+	// st_ino), so an engine can check it is the file it created.
+	Device uint64 `protobuf:"varint,3,opt,name=device,proto3" json:"device,omitempty"`
+	Inode  uint64 `protobuf:"varint,4,opt,name=inode,proto3" json:"inode,omitempty"`
+	// rooms_failed is how many rooms on the previous generation failed with
+	// region_replaced because of this call.
+	RoomsFailed   uint32 `protobuf:"varint,5,opt,name=rooms_failed,json=roomsFailed,proto3" json:"rooms_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -118,6 +129,142 @@ func (x *PrefillServiceRegisterRegionResponse) GetRegionId() string {
 	return ""
 }
 
+func (x *PrefillServiceRegisterRegionResponse) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *PrefillServiceRegisterRegionResponse) GetDevice() uint64 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
+func (x *PrefillServiceRegisterRegionResponse) GetInode() uint64 {
+	if x != nil {
+		return x.Inode
+	}
+	return 0
+}
+
+func (x *PrefillServiceRegisterRegionResponse) GetRoomsFailed() uint32 {
+	if x != nil {
+		return x.RoomsFailed
+	}
+	return 0
+}
+
+// Valid when rank is a valid rank (nil is rank 0 of 1).
+type PrefillServiceUnregisterRegionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          *Rank                  `protobuf:"bytes,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefillServiceUnregisterRegionRequest) Reset() {
+	*x = PrefillServiceUnregisterRegionRequest{}
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefillServiceUnregisterRegionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefillServiceUnregisterRegionRequest) ProtoMessage() {}
+
+func (x *PrefillServiceUnregisterRegionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefillServiceUnregisterRegionRequest.ProtoReflect.Descriptor instead.
+func (*PrefillServiceUnregisterRegionRequest) Descriptor() ([]byte, []int) {
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PrefillServiceUnregisterRegionRequest) GetRank() *Rank {
+	if x != nil {
+		return x.Rank
+	}
+	return nil
+}
+
+type PrefillServiceUnregisterRegionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// unregistered is false when the rank had no region (a repeat).
+	Unregistered bool `protobuf:"varint,1,opt,name=unregistered,proto3" json:"unregistered,omitempty"`
+	// generation is the generation that was dropped (0 if none).
+	Generation uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// rooms_failed is how many rooms failed with region_replaced.
+	RoomsFailed   uint32 `protobuf:"varint,3,opt,name=rooms_failed,json=roomsFailed,proto3" json:"rooms_failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefillServiceUnregisterRegionResponse) Reset() {
+	*x = PrefillServiceUnregisterRegionResponse{}
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefillServiceUnregisterRegionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefillServiceUnregisterRegionResponse) ProtoMessage() {}
+
+func (x *PrefillServiceUnregisterRegionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefillServiceUnregisterRegionResponse.ProtoReflect.Descriptor instead.
+func (*PrefillServiceUnregisterRegionResponse) Descriptor() ([]byte, []int) {
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PrefillServiceUnregisterRegionResponse) GetUnregistered() bool {
+	if x != nil {
+		return x.Unregistered
+	}
+	return false
+}
+
+func (x *PrefillServiceUnregisterRegionResponse) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *PrefillServiceUnregisterRegionResponse) GetRoomsFailed() uint32 {
+	if x != nil {
+		return x.RoomsFailed
+	}
+	return 0
+}
+
 // Valid when room_id != 0. nonce is 0 when the prefill scheduler does not
 // know it; decode's METADATA binds it. expected_receivers is 0 or 1 today.
 type OpenSenderRequest struct {
@@ -131,7 +278,7 @@ type OpenSenderRequest struct {
 
 func (x *OpenSenderRequest) Reset() {
 	*x = OpenSenderRequest{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[2]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -143,7 +290,7 @@ func (x *OpenSenderRequest) String() string {
 func (*OpenSenderRequest) ProtoMessage() {}
 
 func (x *OpenSenderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[2]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -156,7 +303,7 @@ func (x *OpenSenderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSenderRequest.ProtoReflect.Descriptor instead.
 func (*OpenSenderRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{2}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *OpenSenderRequest) GetRoomId() uint64 {
@@ -189,7 +336,7 @@ type OpenSenderResponse struct {
 
 func (x *OpenSenderResponse) Reset() {
 	*x = OpenSenderResponse{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[3]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -201,7 +348,7 @@ func (x *OpenSenderResponse) String() string {
 func (*OpenSenderResponse) ProtoMessage() {}
 
 func (x *OpenSenderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[3]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -214,7 +361,7 @@ func (x *OpenSenderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSenderResponse.ProtoReflect.Descriptor instead.
 func (*OpenSenderResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{3}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *OpenSenderResponse) GetStatus() *RoomStatus {
@@ -257,7 +404,7 @@ type SendRequest struct {
 
 func (x *SendRequest) Reset() {
 	*x = SendRequest{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[4]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -269,7 +416,7 @@ func (x *SendRequest) String() string {
 func (*SendRequest) ProtoMessage() {}
 
 func (x *SendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[4]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -282,7 +429,7 @@ func (x *SendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
 func (*SendRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{4}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SendRequest) GetRoomId() uint64 {
@@ -343,7 +490,7 @@ type SendResponse struct {
 
 func (x *SendResponse) Reset() {
 	*x = SendResponse{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[5]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -355,7 +502,7 @@ func (x *SendResponse) String() string {
 func (*SendResponse) ProtoMessage() {}
 
 func (x *SendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[5]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -368,7 +515,7 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{5}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SendResponse) GetStatus() *RoomStatus {
@@ -388,7 +535,7 @@ type PrefillServicePollRequest struct {
 
 func (x *PrefillServicePollRequest) Reset() {
 	*x = PrefillServicePollRequest{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[6]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +547,7 @@ func (x *PrefillServicePollRequest) String() string {
 func (*PrefillServicePollRequest) ProtoMessage() {}
 
 func (x *PrefillServicePollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[6]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +560,7 @@ func (x *PrefillServicePollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillServicePollRequest.ProtoReflect.Descriptor instead.
 func (*PrefillServicePollRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{6}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PrefillServicePollRequest) GetRoomIds() []uint64 {
@@ -433,7 +580,7 @@ type PrefillServicePollResponse struct {
 
 func (x *PrefillServicePollResponse) Reset() {
 	*x = PrefillServicePollResponse{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[7]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +592,7 @@ func (x *PrefillServicePollResponse) String() string {
 func (*PrefillServicePollResponse) ProtoMessage() {}
 
 func (x *PrefillServicePollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[7]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +605,7 @@ func (x *PrefillServicePollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillServicePollResponse.ProtoReflect.Descriptor instead.
 func (*PrefillServicePollResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{7}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PrefillServicePollResponse) GetStatuses() []*RoomStatus {
@@ -477,7 +624,7 @@ type PrefillServiceWatchRequest struct {
 
 func (x *PrefillServiceWatchRequest) Reset() {
 	*x = PrefillServiceWatchRequest{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[8]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -489,7 +636,7 @@ func (x *PrefillServiceWatchRequest) String() string {
 func (*PrefillServiceWatchRequest) ProtoMessage() {}
 
 func (x *PrefillServiceWatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[8]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -502,7 +649,7 @@ func (x *PrefillServiceWatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillServiceWatchRequest.ProtoReflect.Descriptor instead.
 func (*PrefillServiceWatchRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{8}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PrefillServiceWatchRequest) GetFilter() *WatchFilter {
@@ -521,7 +668,7 @@ type PrefillServiceWatchResponse struct {
 
 func (x *PrefillServiceWatchResponse) Reset() {
 	*x = PrefillServiceWatchResponse{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[9]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -533,7 +680,7 @@ func (x *PrefillServiceWatchResponse) String() string {
 func (*PrefillServiceWatchResponse) ProtoMessage() {}
 
 func (x *PrefillServiceWatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[9]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -546,7 +693,7 @@ func (x *PrefillServiceWatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillServiceWatchResponse.ProtoReflect.Descriptor instead.
 func (*PrefillServiceWatchResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{9}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PrefillServiceWatchResponse) GetEvent() *WatchEvent {
@@ -568,7 +715,7 @@ type PrefillServiceAbortRequest struct {
 
 func (x *PrefillServiceAbortRequest) Reset() {
 	*x = PrefillServiceAbortRequest{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[10]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +727,7 @@ func (x *PrefillServiceAbortRequest) String() string {
 func (*PrefillServiceAbortRequest) ProtoMessage() {}
 
 func (x *PrefillServiceAbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[10]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +740,7 @@ func (x *PrefillServiceAbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillServiceAbortRequest.ProtoReflect.Descriptor instead.
 func (*PrefillServiceAbortRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{10}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PrefillServiceAbortRequest) GetRoomId() uint64 {
@@ -619,7 +766,7 @@ type PrefillServiceAbortResponse struct {
 
 func (x *PrefillServiceAbortResponse) Reset() {
 	*x = PrefillServiceAbortResponse{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[11]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +778,7 @@ func (x *PrefillServiceAbortResponse) String() string {
 func (*PrefillServiceAbortResponse) ProtoMessage() {}
 
 func (x *PrefillServiceAbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[11]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +791,7 @@ func (x *PrefillServiceAbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillServiceAbortResponse.ProtoReflect.Descriptor instead.
 func (*PrefillServiceAbortResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{11}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PrefillServiceAbortResponse) GetStatus() *RoomStatus {
@@ -664,7 +811,7 @@ type PrefillServiceClearRequest struct {
 
 func (x *PrefillServiceClearRequest) Reset() {
 	*x = PrefillServiceClearRequest{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[12]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +823,7 @@ func (x *PrefillServiceClearRequest) String() string {
 func (*PrefillServiceClearRequest) ProtoMessage() {}
 
 func (x *PrefillServiceClearRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[12]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +836,7 @@ func (x *PrefillServiceClearRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillServiceClearRequest.ProtoReflect.Descriptor instead.
 func (*PrefillServiceClearRequest) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{12}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PrefillServiceClearRequest) GetRoomIds() []uint64 {
@@ -708,7 +855,7 @@ type PrefillServiceClearResponse struct {
 
 func (x *PrefillServiceClearResponse) Reset() {
 	*x = PrefillServiceClearResponse{}
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[13]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +867,7 @@ func (x *PrefillServiceClearResponse) String() string {
 func (*PrefillServiceClearResponse) ProtoMessage() {}
 
 func (x *PrefillServiceClearResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdlink_v1_prefill_proto_msgTypes[13]
+	mi := &file_pdlink_v1_prefill_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +880,7 @@ func (x *PrefillServiceClearResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillServiceClearResponse.ProtoReflect.Descriptor instead.
 func (*PrefillServiceClearResponse) Descriptor() ([]byte, []int) {
-	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{13}
+	return file_pdlink_v1_prefill_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PrefillServiceClearResponse) GetResults() []*ClearResult {
@@ -751,9 +898,23 @@ const file_pdlink_v1_prefill_proto_rawDesc = "" +
 	"#PrefillServiceRegisterRegionRequest\x12\x1f\n" +
 	"\vregion_path\x18\x01 \x01(\tR\n" +
 	"regionPath\x12/\n" +
-	"\x06layout\x18\x02 \x01(\v2\x17.pdlink.v1.RegionLayoutR\x06layout\"C\n" +
+	"\x06layout\x18\x02 \x01(\v2\x17.pdlink.v1.RegionLayoutR\x06layout\"\xb4\x01\n" +
 	"$PrefillServiceRegisterRegionResponse\x12\x1b\n" +
-	"\tregion_id\x18\x01 \x01(\tR\bregionId\"q\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x16\n" +
+	"\x06device\x18\x03 \x01(\x04R\x06device\x12\x14\n" +
+	"\x05inode\x18\x04 \x01(\x04R\x05inode\x12!\n" +
+	"\frooms_failed\x18\x05 \x01(\rR\vroomsFailed\"L\n" +
+	"%PrefillServiceUnregisterRegionRequest\x12#\n" +
+	"\x04rank\x18\x01 \x01(\v2\x0f.pdlink.v1.RankR\x04rank\"\x8f\x01\n" +
+	"&PrefillServiceUnregisterRegionResponse\x12\"\n" +
+	"\funregistered\x18\x01 \x01(\bR\funregistered\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12!\n" +
+	"\frooms_failed\x18\x03 \x01(\rR\vroomsFailed\"q\n" +
 	"\x11OpenSenderRequest\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\x12-\n" +
@@ -786,9 +947,10 @@ const file_pdlink_v1_prefill_proto_rawDesc = "" +
 	"\x1aPrefillServiceClearRequest\x12\x19\n" +
 	"\broom_ids\x18\x01 \x03(\x04R\aroomIds\"O\n" +
 	"\x1bPrefillServiceClearResponse\x120\n" +
-	"\aresults\x18\x01 \x03(\v2\x16.pdlink.v1.ClearResultR\aresults2\xe6\x04\n" +
+	"\aresults\x18\x01 \x03(\v2\x16.pdlink.v1.ClearResultR\aresults2\xdf\x05\n" +
 	"\x0ePrefillService\x12q\n" +
-	"\x0eRegisterRegion\x12..pdlink.v1.PrefillServiceRegisterRegionRequest\x1a/.pdlink.v1.PrefillServiceRegisterRegionResponse\x12I\n" +
+	"\x0eRegisterRegion\x12..pdlink.v1.PrefillServiceRegisterRegionRequest\x1a/.pdlink.v1.PrefillServiceRegisterRegionResponse\x12w\n" +
+	"\x10UnregisterRegion\x120.pdlink.v1.PrefillServiceUnregisterRegionRequest\x1a1.pdlink.v1.PrefillServiceUnregisterRegionResponse\x12I\n" +
 	"\n" +
 	"OpenSender\x12\x1c.pdlink.v1.OpenSenderRequest\x1a\x1d.pdlink.v1.OpenSenderResponse\x127\n" +
 	"\x04Send\x12\x16.pdlink.v1.SendRequest\x1a\x17.pdlink.v1.SendResponse\x12S\n" +
@@ -809,60 +971,65 @@ func file_pdlink_v1_prefill_proto_rawDescGZIP() []byte {
 	return file_pdlink_v1_prefill_proto_rawDescData
 }
 
-var file_pdlink_v1_prefill_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_pdlink_v1_prefill_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_pdlink_v1_prefill_proto_goTypes = []any{
-	(*PrefillServiceRegisterRegionRequest)(nil),  // 0: pdlink.v1.PrefillServiceRegisterRegionRequest
-	(*PrefillServiceRegisterRegionResponse)(nil), // 1: pdlink.v1.PrefillServiceRegisterRegionResponse
-	(*OpenSenderRequest)(nil),                    // 2: pdlink.v1.OpenSenderRequest
-	(*OpenSenderResponse)(nil),                   // 3: pdlink.v1.OpenSenderResponse
-	(*SendRequest)(nil),                          // 4: pdlink.v1.SendRequest
-	(*SendResponse)(nil),                         // 5: pdlink.v1.SendResponse
-	(*PrefillServicePollRequest)(nil),            // 6: pdlink.v1.PrefillServicePollRequest
-	(*PrefillServicePollResponse)(nil),           // 7: pdlink.v1.PrefillServicePollResponse
-	(*PrefillServiceWatchRequest)(nil),           // 8: pdlink.v1.PrefillServiceWatchRequest
-	(*PrefillServiceWatchResponse)(nil),          // 9: pdlink.v1.PrefillServiceWatchResponse
-	(*PrefillServiceAbortRequest)(nil),           // 10: pdlink.v1.PrefillServiceAbortRequest
-	(*PrefillServiceAbortResponse)(nil),          // 11: pdlink.v1.PrefillServiceAbortResponse
-	(*PrefillServiceClearRequest)(nil),           // 12: pdlink.v1.PrefillServiceClearRequest
-	(*PrefillServiceClearResponse)(nil),          // 13: pdlink.v1.PrefillServiceClearResponse
-	(*RegionLayout)(nil),                         // 14: pdlink.v1.RegionLayout
-	(*RoomStatus)(nil),                           // 15: pdlink.v1.RoomStatus
-	(*Rank)(nil),                                 // 16: pdlink.v1.Rank
-	(*PageList)(nil),                             // 17: pdlink.v1.PageList
-	(*WatchFilter)(nil),                          // 18: pdlink.v1.WatchFilter
-	(*WatchEvent)(nil),                           // 19: pdlink.v1.WatchEvent
-	(*ClearResult)(nil),                          // 20: pdlink.v1.ClearResult
+	(*PrefillServiceRegisterRegionRequest)(nil),    // 0: pdlink.v1.PrefillServiceRegisterRegionRequest
+	(*PrefillServiceRegisterRegionResponse)(nil),   // 1: pdlink.v1.PrefillServiceRegisterRegionResponse
+	(*PrefillServiceUnregisterRegionRequest)(nil),  // 2: pdlink.v1.PrefillServiceUnregisterRegionRequest
+	(*PrefillServiceUnregisterRegionResponse)(nil), // 3: pdlink.v1.PrefillServiceUnregisterRegionResponse
+	(*OpenSenderRequest)(nil),                      // 4: pdlink.v1.OpenSenderRequest
+	(*OpenSenderResponse)(nil),                     // 5: pdlink.v1.OpenSenderResponse
+	(*SendRequest)(nil),                            // 6: pdlink.v1.SendRequest
+	(*SendResponse)(nil),                           // 7: pdlink.v1.SendResponse
+	(*PrefillServicePollRequest)(nil),              // 8: pdlink.v1.PrefillServicePollRequest
+	(*PrefillServicePollResponse)(nil),             // 9: pdlink.v1.PrefillServicePollResponse
+	(*PrefillServiceWatchRequest)(nil),             // 10: pdlink.v1.PrefillServiceWatchRequest
+	(*PrefillServiceWatchResponse)(nil),            // 11: pdlink.v1.PrefillServiceWatchResponse
+	(*PrefillServiceAbortRequest)(nil),             // 12: pdlink.v1.PrefillServiceAbortRequest
+	(*PrefillServiceAbortResponse)(nil),            // 13: pdlink.v1.PrefillServiceAbortResponse
+	(*PrefillServiceClearRequest)(nil),             // 14: pdlink.v1.PrefillServiceClearRequest
+	(*PrefillServiceClearResponse)(nil),            // 15: pdlink.v1.PrefillServiceClearResponse
+	(*RegionLayout)(nil),                           // 16: pdlink.v1.RegionLayout
+	(*Rank)(nil),                                   // 17: pdlink.v1.Rank
+	(*RoomStatus)(nil),                             // 18: pdlink.v1.RoomStatus
+	(*PageList)(nil),                               // 19: pdlink.v1.PageList
+	(*WatchFilter)(nil),                            // 20: pdlink.v1.WatchFilter
+	(*WatchEvent)(nil),                             // 21: pdlink.v1.WatchEvent
+	(*ClearResult)(nil),                            // 22: pdlink.v1.ClearResult
 }
 var file_pdlink_v1_prefill_proto_depIdxs = []int32{
-	14, // 0: pdlink.v1.PrefillServiceRegisterRegionRequest.layout:type_name -> pdlink.v1.RegionLayout
-	15, // 1: pdlink.v1.OpenSenderResponse.status:type_name -> pdlink.v1.RoomStatus
-	16, // 2: pdlink.v1.SendRequest.rank:type_name -> pdlink.v1.Rank
-	17, // 3: pdlink.v1.SendRequest.pages:type_name -> pdlink.v1.PageList
-	15, // 4: pdlink.v1.SendResponse.status:type_name -> pdlink.v1.RoomStatus
-	15, // 5: pdlink.v1.PrefillServicePollResponse.statuses:type_name -> pdlink.v1.RoomStatus
-	18, // 6: pdlink.v1.PrefillServiceWatchRequest.filter:type_name -> pdlink.v1.WatchFilter
-	19, // 7: pdlink.v1.PrefillServiceWatchResponse.event:type_name -> pdlink.v1.WatchEvent
-	15, // 8: pdlink.v1.PrefillServiceAbortResponse.status:type_name -> pdlink.v1.RoomStatus
-	20, // 9: pdlink.v1.PrefillServiceClearResponse.results:type_name -> pdlink.v1.ClearResult
-	0,  // 10: pdlink.v1.PrefillService.RegisterRegion:input_type -> pdlink.v1.PrefillServiceRegisterRegionRequest
-	2,  // 11: pdlink.v1.PrefillService.OpenSender:input_type -> pdlink.v1.OpenSenderRequest
-	4,  // 12: pdlink.v1.PrefillService.Send:input_type -> pdlink.v1.SendRequest
-	6,  // 13: pdlink.v1.PrefillService.Poll:input_type -> pdlink.v1.PrefillServicePollRequest
-	8,  // 14: pdlink.v1.PrefillService.Watch:input_type -> pdlink.v1.PrefillServiceWatchRequest
-	10, // 15: pdlink.v1.PrefillService.Abort:input_type -> pdlink.v1.PrefillServiceAbortRequest
-	12, // 16: pdlink.v1.PrefillService.Clear:input_type -> pdlink.v1.PrefillServiceClearRequest
-	1,  // 17: pdlink.v1.PrefillService.RegisterRegion:output_type -> pdlink.v1.PrefillServiceRegisterRegionResponse
-	3,  // 18: pdlink.v1.PrefillService.OpenSender:output_type -> pdlink.v1.OpenSenderResponse
-	5,  // 19: pdlink.v1.PrefillService.Send:output_type -> pdlink.v1.SendResponse
-	7,  // 20: pdlink.v1.PrefillService.Poll:output_type -> pdlink.v1.PrefillServicePollResponse
-	9,  // 21: pdlink.v1.PrefillService.Watch:output_type -> pdlink.v1.PrefillServiceWatchResponse
-	11, // 22: pdlink.v1.PrefillService.Abort:output_type -> pdlink.v1.PrefillServiceAbortResponse
-	13, // 23: pdlink.v1.PrefillService.Clear:output_type -> pdlink.v1.PrefillServiceClearResponse
-	17, // [17:24] is the sub-list for method output_type
-	10, // [10:17] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	16, // 0: pdlink.v1.PrefillServiceRegisterRegionRequest.layout:type_name -> pdlink.v1.RegionLayout
+	17, // 1: pdlink.v1.PrefillServiceUnregisterRegionRequest.rank:type_name -> pdlink.v1.Rank
+	18, // 2: pdlink.v1.OpenSenderResponse.status:type_name -> pdlink.v1.RoomStatus
+	17, // 3: pdlink.v1.SendRequest.rank:type_name -> pdlink.v1.Rank
+	19, // 4: pdlink.v1.SendRequest.pages:type_name -> pdlink.v1.PageList
+	18, // 5: pdlink.v1.SendResponse.status:type_name -> pdlink.v1.RoomStatus
+	18, // 6: pdlink.v1.PrefillServicePollResponse.statuses:type_name -> pdlink.v1.RoomStatus
+	20, // 7: pdlink.v1.PrefillServiceWatchRequest.filter:type_name -> pdlink.v1.WatchFilter
+	21, // 8: pdlink.v1.PrefillServiceWatchResponse.event:type_name -> pdlink.v1.WatchEvent
+	18, // 9: pdlink.v1.PrefillServiceAbortResponse.status:type_name -> pdlink.v1.RoomStatus
+	22, // 10: pdlink.v1.PrefillServiceClearResponse.results:type_name -> pdlink.v1.ClearResult
+	0,  // 11: pdlink.v1.PrefillService.RegisterRegion:input_type -> pdlink.v1.PrefillServiceRegisterRegionRequest
+	2,  // 12: pdlink.v1.PrefillService.UnregisterRegion:input_type -> pdlink.v1.PrefillServiceUnregisterRegionRequest
+	4,  // 13: pdlink.v1.PrefillService.OpenSender:input_type -> pdlink.v1.OpenSenderRequest
+	6,  // 14: pdlink.v1.PrefillService.Send:input_type -> pdlink.v1.SendRequest
+	8,  // 15: pdlink.v1.PrefillService.Poll:input_type -> pdlink.v1.PrefillServicePollRequest
+	10, // 16: pdlink.v1.PrefillService.Watch:input_type -> pdlink.v1.PrefillServiceWatchRequest
+	12, // 17: pdlink.v1.PrefillService.Abort:input_type -> pdlink.v1.PrefillServiceAbortRequest
+	14, // 18: pdlink.v1.PrefillService.Clear:input_type -> pdlink.v1.PrefillServiceClearRequest
+	1,  // 19: pdlink.v1.PrefillService.RegisterRegion:output_type -> pdlink.v1.PrefillServiceRegisterRegionResponse
+	3,  // 20: pdlink.v1.PrefillService.UnregisterRegion:output_type -> pdlink.v1.PrefillServiceUnregisterRegionResponse
+	5,  // 21: pdlink.v1.PrefillService.OpenSender:output_type -> pdlink.v1.OpenSenderResponse
+	7,  // 22: pdlink.v1.PrefillService.Send:output_type -> pdlink.v1.SendResponse
+	9,  // 23: pdlink.v1.PrefillService.Poll:output_type -> pdlink.v1.PrefillServicePollResponse
+	11, // 24: pdlink.v1.PrefillService.Watch:output_type -> pdlink.v1.PrefillServiceWatchResponse
+	13, // 25: pdlink.v1.PrefillService.Abort:output_type -> pdlink.v1.PrefillServiceAbortResponse
+	15, // 26: pdlink.v1.PrefillService.Clear:output_type -> pdlink.v1.PrefillServiceClearResponse
+	19, // [19:27] is the sub-list for method output_type
+	11, // [11:19] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_pdlink_v1_prefill_proto_init() }
@@ -877,7 +1044,7 @@ func file_pdlink_v1_prefill_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdlink_v1_prefill_proto_rawDesc), len(file_pdlink_v1_prefill_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

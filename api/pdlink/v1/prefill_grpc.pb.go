@@ -19,13 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PrefillService_RegisterRegion_FullMethodName = "/pdlink.v1.PrefillService/RegisterRegion"
-	PrefillService_OpenSender_FullMethodName     = "/pdlink.v1.PrefillService/OpenSender"
-	PrefillService_Send_FullMethodName           = "/pdlink.v1.PrefillService/Send"
-	PrefillService_Poll_FullMethodName           = "/pdlink.v1.PrefillService/Poll"
-	PrefillService_Watch_FullMethodName          = "/pdlink.v1.PrefillService/Watch"
-	PrefillService_Abort_FullMethodName          = "/pdlink.v1.PrefillService/Abort"
-	PrefillService_Clear_FullMethodName          = "/pdlink.v1.PrefillService/Clear"
+	PrefillService_RegisterRegion_FullMethodName   = "/pdlink.v1.PrefillService/RegisterRegion"
+	PrefillService_UnregisterRegion_FullMethodName = "/pdlink.v1.PrefillService/UnregisterRegion"
+	PrefillService_OpenSender_FullMethodName       = "/pdlink.v1.PrefillService/OpenSender"
+	PrefillService_Send_FullMethodName             = "/pdlink.v1.PrefillService/Send"
+	PrefillService_Poll_FullMethodName             = "/pdlink.v1.PrefillService/Poll"
+	PrefillService_Watch_FullMethodName            = "/pdlink.v1.PrefillService/Watch"
+	PrefillService_Abort_FullMethodName            = "/pdlink.v1.PrefillService/Abort"
+	PrefillService_Clear_FullMethodName            = "/pdlink.v1.PrefillService/Clear"
 )
 
 // PrefillServiceClient is the client API for PrefillService service.
@@ -35,9 +36,31 @@ const (
 // PrefillService is called by the prefill engine's scheduler on prefilld.
 type PrefillServiceClient interface {
 	// RegisterRegion maps one rank's KV memory. Errors: InvalidArgument for a
-	// bad layout or a file that does not hold it; AlreadyExists for a rank
-	// registered with another layout.
+	// bad layout or a file that does not hold it.
+	// A region's identity is its path, the file's device and inode, and the
+	// generation this daemon gives it (1, 2, ...: see the response).
+	// Registering the same path again while the same file (device and inode)
+	// is there, with a compatible layout, is a no-op answering the same
+	// generation. A file that was replaced at the same path (deleted and
+	// recreated: what an engine restart with a fixed name does), another path
+	// or another layout for the rank is a new generation: every room whose
+	// pages live in the old file fails at once with region_replaced (the peer
+	// sees aborted:remote with peer_reason region_replaced), its data-plane
+	// work is fenced, and the old mapping is unmapped once the fences are
+	// done. An engine that restarts must call RegisterRegion again before its
+	// first room, and should check the generation it gets; until it does,
+	// every room whose Send (prefill) or SendMetadata (decode) finds the file
+	// replaced fails with region_replaced instead of moving bytes from or into
+	// the dead inode.
 	RegisterRegion(ctx context.Context, in *PrefillServiceRegisterRegionRequest, opts ...grpc.CallOption) (*PrefillServiceRegisterRegionResponse, error)
+	// UnregisterRegion drops one rank's region: every room whose pages live
+	// in it fails with region_replaced (the peer sees aborted:remote), its
+	// data-plane work is fenced, then the file is unmapped and forgotten; new
+	// rooms are refused with FailedPrecondition "no region" until the next
+	// RegisterRegion. Idempotent: a rank with no region answers OK with
+	// unregistered false. An engine that shuts down cleanly calls it before
+	// it deletes its region file.
+	UnregisterRegion(ctx context.Context, in *PrefillServiceUnregisterRegionRequest, opts ...grpc.CallOption) (*PrefillServiceUnregisterRegionResponse, error)
 	// OpenSender creates a room (the only call that creates prefill state).
 	// Errors: AlreadyExists for a live room with this id; ResourceExhausted
 	// over --max-rooms; Unavailable while draining.
@@ -81,6 +104,16 @@ func (c *prefillServiceClient) RegisterRegion(ctx context.Context, in *PrefillSe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PrefillServiceRegisterRegionResponse)
 	err := c.cc.Invoke(ctx, PrefillService_RegisterRegion_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *prefillServiceClient) UnregisterRegion(ctx context.Context, in *PrefillServiceUnregisterRegionRequest, opts ...grpc.CallOption) (*PrefillServiceUnregisterRegionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PrefillServiceUnregisterRegionResponse)
+	err := c.cc.Invoke(ctx, PrefillService_UnregisterRegion_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -163,9 +196,31 @@ func (c *prefillServiceClient) Clear(ctx context.Context, in *PrefillServiceClea
 // PrefillService is called by the prefill engine's scheduler on prefilld.
 type PrefillServiceServer interface {
 	// RegisterRegion maps one rank's KV memory. Errors: InvalidArgument for a
-	// bad layout or a file that does not hold it; AlreadyExists for a rank
-	// registered with another layout.
+	// bad layout or a file that does not hold it.
+	// A region's identity is its path, the file's device and inode, and the
+	// generation this daemon gives it (1, 2, ...: see the response).
+	// Registering the same path again while the same file (device and inode)
+	// is there, with a compatible layout, is a no-op answering the same
+	// generation. A file that was replaced at the same path (deleted and
+	// recreated: what an engine restart with a fixed name does), another path
+	// or another layout for the rank is a new generation: every room whose
+	// pages live in the old file fails at once with region_replaced (the peer
+	// sees aborted:remote with peer_reason region_replaced), its data-plane
+	// work is fenced, and the old mapping is unmapped once the fences are
+	// done. An engine that restarts must call RegisterRegion again before its
+	// first room, and should check the generation it gets; until it does,
+	// every room whose Send (prefill) or SendMetadata (decode) finds the file
+	// replaced fails with region_replaced instead of moving bytes from or into
+	// the dead inode.
 	RegisterRegion(context.Context, *PrefillServiceRegisterRegionRequest) (*PrefillServiceRegisterRegionResponse, error)
+	// UnregisterRegion drops one rank's region: every room whose pages live
+	// in it fails with region_replaced (the peer sees aborted:remote), its
+	// data-plane work is fenced, then the file is unmapped and forgotten; new
+	// rooms are refused with FailedPrecondition "no region" until the next
+	// RegisterRegion. Idempotent: a rank with no region answers OK with
+	// unregistered false. An engine that shuts down cleanly calls it before
+	// it deletes its region file.
+	UnregisterRegion(context.Context, *PrefillServiceUnregisterRegionRequest) (*PrefillServiceUnregisterRegionResponse, error)
 	// OpenSender creates a room (the only call that creates prefill state).
 	// Errors: AlreadyExists for a live room with this id; ResourceExhausted
 	// over --max-rooms; Unavailable while draining.
@@ -207,6 +262,9 @@ type UnimplementedPrefillServiceServer struct{}
 
 func (UnimplementedPrefillServiceServer) RegisterRegion(context.Context, *PrefillServiceRegisterRegionRequest) (*PrefillServiceRegisterRegionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegisterRegion not implemented")
+}
+func (UnimplementedPrefillServiceServer) UnregisterRegion(context.Context, *PrefillServiceUnregisterRegionRequest) (*PrefillServiceUnregisterRegionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UnregisterRegion not implemented")
 }
 func (UnimplementedPrefillServiceServer) OpenSender(context.Context, *OpenSenderRequest) (*OpenSenderResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method OpenSender not implemented")
@@ -261,6 +319,24 @@ func _PrefillService_RegisterRegion_Handler(srv interface{}, ctx context.Context
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(PrefillServiceServer).RegisterRegion(ctx, req.(*PrefillServiceRegisterRegionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PrefillService_UnregisterRegion_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrefillServiceUnregisterRegionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PrefillServiceServer).UnregisterRegion(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PrefillService_UnregisterRegion_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PrefillServiceServer).UnregisterRegion(ctx, req.(*PrefillServiceUnregisterRegionRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -376,6 +452,10 @@ var PrefillService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RegisterRegion",
 			Handler:    _PrefillService_RegisterRegion_Handler,
+		},
+		{
+			MethodName: "UnregisterRegion",
+			Handler:    _PrefillService_UnregisterRegion_Handler,
 		},
 		{
 			MethodName: "OpenSender",
