@@ -205,9 +205,11 @@ func (p *budgetPair) bind(t *testing.T, room uint64, pages []int32) {
 	waitState(t, "prefill WaitingForInput", prePoll(t, p.pair, room), pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT)
 }
 
-// holdBudget binds room and sends all its 32 pages with the gate shut:
-// the room is admitted alone (it is larger than the budget) and holds the
-// budget while its writes stall.
+// holdBudget binds room and sends all its 32 pages as its last Send with
+// the gate shut: the budget admits them chunk by chunk, and the room's
+// chunks, closing first, hold it while its writes stall. Its Send answers
+// once its last chunk is admitted, so here at its own deadline, and the
+// room goes on.
 func (p *budgetPair) holdBudget(t *testing.T, room uint64) {
 	t.Helper()
 	all := make([]int32, 32)
@@ -216,8 +218,9 @@ func (p *budgetPair) holdBudget(t *testing.T, room uint64) {
 	}
 	p.bind(t, room, all)
 	p.gate.shut()
-	if _, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, Pages: &pb.PageList{Indices: all}, Last: true}); err != nil {
-		t.Fatal(err)
+	err := sendWithin(p.pair, 300*time.Millisecond, &pb.SendRequest{RoomId: room, Pages: &pb.PageList{Indices: all}, Last: true})
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("the holder's last Send answered %v with its writes stalled, want DeadlineExceeded", err)
 	}
 }
 

@@ -13,14 +13,16 @@ import (
 )
 
 // fakeTransport is a transfer.Transport that takes every stream and keeps it, so a test
-// can play the writer (report a stream's progress, or not). With admit unset it never
-// admits a piece: WaitAdmitted returns only when its ctx ends, a fence included (the owner,
-// not the data plane, must answer the wait).
+// can play the writer (report a stream's progress, or not). With admit set it admits a
+// stream's last piece at once, inside Append, as a sender with room in its budget does;
+// unset, it admits nothing until the test calls admitNow. Its WaitAdmitted panics: the
+// owner answers a last Send from the admitted event, and no goroutine may wait inside the
+// data plane.
 type fakeTransport struct {
 	admit   bool
 	mu      sync.Mutex
 	streams map[transfer.Key]transfer.Stream
-	waiting chan transfer.Key // one send per WaitAdmitted entered, when admit is unset
+	waiting chan transfer.Key // one send per last piece appended and not admitted
 }
 
 func newFakeTransport(admit bool) *fakeTransport {
@@ -35,14 +37,29 @@ func (f *fakeTransport) Open(st transfer.Stream) error {
 	f.streams[st.Key] = st
 	return nil
 }
-func (f *fakeTransport) Append(transfer.Key, transfer.Piece) error { return nil }
-func (f *fakeTransport) WaitAdmitted(ctx context.Context, k transfer.Key) error {
-	if f.admit {
+func (f *fakeTransport) Append(k transfer.Key, p transfer.Piece) error {
+	if !p.Last {
 		return nil
 	}
-	f.waiting <- k
-	<-ctx.Done()
-	return ctx.Err()
+	if !f.admit {
+		f.waiting <- k
+		return nil
+	}
+	f.admitNow(k)
+	return nil
+}
+
+// admitNow reports the admission of k's stream, on the caller.
+func (f *fakeTransport) admitNow(k transfer.Key) {
+	f.mu.Lock()
+	st := f.streams[k]
+	f.mu.Unlock()
+	if st.Admitted != nil {
+		st.Admitted()
+	}
+}
+func (f *fakeTransport) WaitAdmitted(context.Context, transfer.Key) error {
+	panic("fakeTransport: WaitAdmitted called: a caller waits inside the data plane")
 }
 func (f *fakeTransport) Send(context.Context, transfer.SendRequest) error {
 	return errors.New("fakeTransport: Send is not used by the owner")
@@ -128,6 +145,76 @@ func TestSendWaitingForAdmissionReturnsFailedWhenItsRoomFails(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the last Send still waits for admission after its room's Failed became visible")
+	}
+}
+
+// admissionParked counts the last Sends parked on n's rooms for admission.
+func admissionParked(n *PrefillOwner) int {
+	k := 0
+	n.withTable(func() {
+		for _, list := range n.parked {
+			for _, p := range list {
+				if p.admission != nil && !p.done {
+					k++
+				}
+			}
+		}
+	})
+	return k
+}
+
+// Admission as an event: a last Send whose pages wait for the peer's budget is parked on
+// its room in the owner, and the stream's admitted event, reported by a transfer goroutine,
+// answers it OK; no goroutine waits inside the data plane (the fake's WaitAdmitted panics,
+// as it did when the Send's gRPC goroutine sat in it). A retry after the event answers OK
+// at once, and the room goes on transferring.
+func TestLastSendAnswersFromTheAdmittedEvent(t *testing.T) {
+	tr := newFakeTransport(false)
+	h := newHarnessOverTransport(t, tr)
+	const room = 9
+	h.open(room, 1)
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
+		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req := &pdlinkv1.SendRequest{RoomId: room, Pages: &pdlinkv1.PageList{Indices: []int32{0, 1, 2}}, Last: true, AuxIndex: 1}
+	answered := make(chan error, 1)
+	go func() { answered <- h.pre.Send(ctx, req) }()
+	var tk transfer.Key
+	select {
+	case tk = <-tr.waiting:
+	case err := <-answered:
+		t.Fatalf("the last Send returned %v before its last piece was appended", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the last Send never appended its last piece")
+	}
+	if _, ok := h.until(tBound, func() bool { return admissionParked(h.pre) == 1 }); !ok {
+		t.Fatalf("%d last Sends parked for admission, want 1", admissionParked(h.pre))
+	}
+	select {
+	case err := <-answered:
+		t.Fatalf("the last Send returned %v with its pages not admitted", err)
+	default:
+	}
+
+	go tr.admitNow(tk) // a transfer goroutine reports the admission
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatalf("the last Send returned %v after its admitted event, want OK", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the last Send still waits after its stream's admitted event")
+	}
+	if err := h.pre.Send(ctx, req); err != nil {
+		t.Fatalf("a retry of the admitted last Send returned %v, want OK at once", err)
+	}
+	if n := admissionParked(h.pre); n != 0 {
+		t.Fatalf("%d last Sends still parked for admission", n)
+	}
+	if s := h.preState(room); s != poll.Transferring {
+		t.Fatalf("prefill room %d is %v after its last Send was admitted, want Transferring", room, s)
 	}
 }
 

@@ -24,9 +24,11 @@ import (
 // The per-room state (rooms, fenced) is the owner's: it is touched only
 // in owner inputs (Bind with the METADATA that binds the room, a Send's
 // checks and append, Fence and Forget as effects), never under a lock of
-// its own. A Send's wait for admission is parked on the room (section 5
-// of PLAN.md): it ends when the pages are admitted or, at the latest,
-// when the room's Failed is visible or the room is gone.
+// its own. A last Send's wait for admission is parked on the room
+// (section 5 of PLAN.md): the stream's admitted event (Stream.Admitted,
+// posted to the owner) answers it, or, at the latest, the room's Failed
+// becoming visible or the room going; no caller waits inside the data
+// plane.
 type PrefillData struct {
 	log  *zap.Logger
 	kind transfer.Kind
@@ -58,11 +60,12 @@ type prefillRoom struct {
 	// next is every buffer's next position while every Send named all
 	// buffers; nextOf holds one per buffer from the first Send that named
 	// a subset on (layer-wise), and next is unused from then.
-	next    int64
-	nextOf  *[]int64    // a pointer: 8 bytes in every bound room, not a slice's 24
-	chunks  []sentChunk // the Sends taken, so a retry is recognised
-	opened  bool        // the room's stream is open on the data plane
-	started bool        // the last Send was taken: the stream is closed
+	next     int64
+	nextOf   *[]int64    // a pointer: 8 bytes in every bound room, not a slice's 24
+	chunks   []sentChunk // the Sends taken, so a retry is recognised
+	opened   bool        // the room's stream is open on the data plane
+	started  bool        // the last Send was taken: the stream is closed
+	admitted bool        // the stream's last piece is admitted: a last Send answers OK
 }
 
 // sentChunk is one Send a room took: its pages are src[at:at+runs].
@@ -320,12 +323,8 @@ func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error
 			return err
 		}
 	}
-	// wake ends the wait for admission when the room ends first; it is
-	// armed in the input that appends, so no end in between is missed.
-	waitCtx, wake := context.WithCancel(ctx)
-	defer wake()
 	var out sendOutcome
-	if !d.node.execOwned(func() { out = d.take(sendOf{req, src, buffers}, region, wake) }) {
+	if !d.node.execOwned(func() { out = d.take(ctx, sendOf{req, src, buffers}, region) }) {
 		return conn.ErrClosedNode
 	}
 	switch {
@@ -336,7 +335,7 @@ func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error
 	case out.parked == nil:
 		return nil
 	}
-	return d.awaitAdmission(ctx, waitCtx, out)
+	return d.awaitAdmission(ctx, out)
 }
 
 // failStale fails a room whose region file changed under it with reason
@@ -363,18 +362,16 @@ type sendOutcome struct {
 	// answer with its state once that is visible.
 	ended bool
 	key   poll.Key
-	tk    transfer.Key
 	// parked, when set, is the last Send's wait for admission, parked on
 	// the room.
 	parked *parkedCall
-	sender transfer.Transport
 }
 
 // take checks a Send against its room and appends its pages, as one
 // owner input: the room moves to Transferring (a later Send's refreshes
 // its idle deadline) before its pages may go, as a transfer completing
 // first would leave decode's Success no state to land on.
-func (d *PrefillData) take(req sendOf, region *transfer.Region, wake func()) sendOutcome {
+func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Region) sendOutcome {
 	n := d.node
 	r := d.rooms[poll.RoomID(req.RoomId)]
 	if r == nil {
@@ -397,7 +394,7 @@ func (d *PrefillData) take(req sendOf, region *transfer.Region, wake func()) sen
 		}
 		// A retried last Send answers as the first call does: once the
 		// room's pages are admitted, or with the failure that ended them.
-		return d.park(key, tk, sender, wake)
+		return d.park(ctx, r)
 	}
 	if r.started {
 		return sendOutcome{err: errorf(ErrNotSendable, "room already sent its last chunk")}
@@ -433,7 +430,10 @@ func (d *PrefillData) take(req sendOf, region *transfer.Region, wake func()) sen
 			Done: func(err error) { d.done(key, bytes, err) },
 			// Each chunk written refreshes the room's transfer-idle deadline: a last Send
 			// whose pages wait behind other rooms' or move over a slow link is not idle.
-			Progress: func(int64) { d.node.OnProgress(key) }})
+			Progress: func(int64) { d.node.OnProgress(key) },
+			// The last piece's admission answers the last Send: posted, as the data
+			// plane's other events are (it may come from inside the Append below).
+			Admitted: func() { d.node.post(func() { d.admitted(key) }) }})
 		if err != nil {
 			return d.refused(key, err)
 		}
@@ -454,45 +454,77 @@ func (d *PrefillData) take(req sendOf, region *transfer.Region, wake func()) sen
 	if !req.Last {
 		return sendOutcome{}
 	}
-	return d.park(key, tk, sender, wake)
+	return d.park(ctx, r)
 }
 
-// park parks a last Send's wait for admission on its room: wake runs when
-// the room's Failed becomes visible or the room goes, whatever the data
-// plane does with the wait.
-func (d *PrefillData) park(key poll.Key, tk transfer.Key, sender transfer.Transport, wake func()) sendOutcome {
-	p := &parkedCall{woken: make(chan struct{}), onWake: wake}
+// park parks a last Send's wait for admission on its room, unless the
+// room's last piece is admitted already (then it answers OK): the room's
+// admitted event wakes it (admitted), and so do the room's Failed
+// becoming visible and the room going, whatever the data plane does.
+func (d *PrefillData) park(ctx context.Context, r *prefillRoom) sendOutcome {
+	if r.admitted {
+		return sendOutcome{}
+	}
+	p := &parkedCall{woken: make(chan struct{}), admission: ctx}
 	c := d.node.core
-	c.withTable(func() { c.parked[key] = append(c.parked[key], p) })
-	return sendOutcome{key: key, tk: tk, parked: p, sender: sender}
+	c.withTable(func() { c.parked[r.key] = append(c.parked[r.key], p) })
+	return sendOutcome{key: r.key, parked: p}
 }
 
-// awaitAdmission waits for a room's pages to be admitted into the peer's
-// in-flight budget: the last Send's backpressure. The owner ends the wait
-// (waitCtx) when the room's Failed is visible or the room went, and the
-// Send answers with that state. A ctx that ends first answers its error
-// and leaves the room going: its pages stay queued, go when admitted, and
-// Poll shows the outcome; a retry of the same Send waits for the same
-// admission.
-func (d *PrefillData) awaitAdmission(ctx, waitCtx context.Context, out sendOutcome) error {
-	err := out.sender.WaitAdmitted(waitCtx, out.tk)
-	d.node.unpark(out.key, out.parked)
+// admitted is the room's admitted event, on the owner: the stream's last
+// piece is in the peer's in-flight budget. The last Sends parked on the
+// room answer OK, and a retry from now on at once.
+func (d *PrefillData) admitted(key poll.Key) {
+	r := d.rooms[key.Room]
+	if r == nil || r.key != key {
+		return // the room went meanwhile: its Sends were answered then
+	}
+	r.admitted = true
+	c := d.node.core
+	c.withTable(func() {
+		kept := c.parked[key][:0]
+		for _, p := range c.parked[key] {
+			if p.admission == nil {
+				kept = append(kept, p)
+				continue
+			}
+			p.done, p.admitted = true, true
+			close(p.woken)
+		}
+		if len(kept) == 0 {
+			delete(c.parked, key)
+		} else {
+			c.parked[key] = kept
+		}
+	})
+}
+
+// awaitAdmission waits, parked on the room, for the room's pages to be
+// admitted into the peer's in-flight budget: the last Send's backpressure.
+// The owner answers it from the admitted event, or when the room's Failed
+// is visible or the room went (the Send answers with that state). A ctx
+// that ends first answers its error and leaves the room going: its pages
+// stay queued, go when admitted, and Poll shows the outcome; a retry of the
+// same Send waits for the same admission.
+func (d *PrefillData) awaitAdmission(ctx context.Context, out sendOutcome) error {
+	p, c := out.parked, d.node.core
+	select {
+	case <-p.woken:
+	case <-ctx.Done():
+		c.unpark(out.key, p) // on the owner: p.admitted is settled once it returns
+	case <-c.halted:
+		c.unpark(out.key, p)
+		if !p.admitted {
+			return conn.ErrClosedNode
+		}
+	}
 	switch {
-	case err == nil:
+	case p.admitted:
 		return nil
 	case ctx.Err() != nil:
 		return ctx.Err()
-	case waitCtx.Err() != nil:
-		// The owner woke the wait: the room's end is visible.
-		return d.notSendableNow(out.key.Room)
-	case errors.Is(err, transfer.ErrFenced), errors.Is(err, transfer.ErrStreamEnded):
-		return d.answerEnded(ctx, out.key)
 	}
-	var res error
-	if !d.node.execOwned(func() { res = d.refused(out.key, err).err }) {
-		return conn.ErrClosedNode
-	}
-	return res
+	return d.notSendableNow(out.key.Room)
 }
 
 // answerEnded answers a Send whose room ended (fenced, or its stream

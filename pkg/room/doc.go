@@ -88,14 +88,16 @@
 // peer events) are inputs whose caller waits for the answer: at most for
 // the owner's CPU, since the owner never waits (fences answer at once and
 // report Fenced later). Data-plane callbacks (OnProgress, OnRankDone,
-// OnFailed, Fenced) are inputs nobody waits for, so a transfer goroutine
+// OnFailed, Fenced, a stream's Admitted) are inputs nobody waits for, so a transfer goroutine
 // that calls back while it holds a lock of its own never waits for an
 // owner that may be asking it to fence. Abort waits for its room's Failed
 // to be visible on its caller, parked, never on the owner; so does a last
 // Send waiting for admission into the peer's in-flight budget (PLAN
 // section 5): it is parked on its room in the input that appended its
-// pages, and the owner ends the wait (onWake) when the room's Failed is
-// visible or the room goes, whatever the data plane does with it.
+// pages, and the owner answers it from the stream's admitted event
+// (Stream.Admitted, posted), or when the room's Failed is visible or the
+// room goes, whatever the data plane does; no caller waits inside the
+// data plane (WaitAdmitted).
 //
 // The data plane's per-room state (PrefillData.rooms/fenced,
 // DecodeData.metadata) is touched only in owner inputs and has no lock:

@@ -141,10 +141,11 @@ type parkedCall struct {
 	woken   chan struct{}
 	done    bool // woken closed
 	counted bool // in parkedCalls
-	// onWake, if set, runs (on the owner, under withTable; it must not
-	// block) as the call is woken: a Send waiting for admission cancels
-	// its wait on the data plane.
-	onWake func()
+	// admission is the caller's ctx of a last Send waiting for its room's
+	// admission (nil for the other calls): the room's admitted event wakes
+	// only these, with admitted set, and a wait whose ctx ended is leaving.
+	admission context.Context
+	admitted  bool
 }
 
 // abort fails a room locally and parks the caller until the room's Failed
@@ -233,9 +234,6 @@ func (c *core) unparkLocked(k poll.Key) {
 			c.parkedCalls.Add(-1)
 		}
 		close(p.woken)
-		if p.onWake != nil {
-			p.onWake()
-		}
 	}
 	delete(c.parked, k)
 }

@@ -20,19 +20,12 @@ import (
 // its own PrefillData over a registered region instead of the script's
 // data-plane stand-in.
 //
-// The fake never admits a held stream by itself and its Fence does not end
-// a wait for admission: it is the data plane of the bug, stuck
-// behind a peer that is gone. Only the owner (onWake, at the room's
-// visible Failed) or the caller's ctx can end such a wait.
-
-// admissionWaiter is one WaitAdmitted in progress.
-type admissionWaiter struct {
-	key      poll.Key
-	ctx      context.Context
-	admitted chan struct{}
-	released bool // admitted or closed by the script: it returns next
-	closed   bool // released by Close, not by an admit
-}
+// The fake reports a held stream's admission (Stream.Admitted) only on the
+// script's admit, and its Fence reports nothing to a Send: it is the data
+// plane of the bug, stuck behind a peer that is gone. Only the
+// owner (at the room's visible Failed), the admitted event or the caller's
+// ctx can end a last Send's wait. Its WaitAdmitted panics: no caller may
+// wait inside the data plane.
 
 // scriptTransport is the fake transfer.Transport of a prefill node.
 type scriptTransport struct {
@@ -41,13 +34,15 @@ type scriptTransport struct {
 	holdAll  bool
 	hold     map[poll.RoomID]bool
 	admitted map[poll.RoomID]bool
-	waiters  []*admissionWaiter
+	streams  map[poll.Key]transfer.Stream
+	held     []poll.Key // streams whose last piece waits for the script's admit
 }
 
 var _ transfer.Transport = (*scriptTransport)(nil)
 
 func newScriptTransport(e *scriptEnv) *scriptTransport {
-	return &scriptTransport{e: e, hold: map[poll.RoomID]bool{}, admitted: map[poll.RoomID]bool{}}
+	return &scriptTransport{e: e, hold: map[poll.RoomID]bool{}, admitted: map[poll.RoomID]bool{},
+		streams: map[poll.Key]transfer.Stream{}}
 }
 
 func (s *scriptTransport) AddPeer(string, transfer.Layout) error { return nil }
@@ -55,9 +50,15 @@ func (s *scriptTransport) RemovePeer(string)                     {}
 
 func (s *scriptTransport) Open(st transfer.Stream) error {
 	s.e.logf("prefill dp: open %s", s.e.key(pkey(st.Key)))
+	s.mu.Lock()
+	s.streams[pkey(st.Key)] = st
+	s.mu.Unlock()
 	return nil
 }
 
+// Append traces the piece. A last piece is admitted at once, on the
+// caller, as a sender with room in its budget does, unless the script
+// holds the room's admission.
 func (s *scriptTransport) Append(k transfer.Key, p transfer.Piece) error {
 	var runs []string
 	if len(p.Src) > 0 {
@@ -69,81 +70,59 @@ func (s *scriptTransport) Append(k transfer.Key, p transfer.Piece) error {
 	if p.Last {
 		what += " last"
 	}
-	s.e.logf("prefill dp: append %s %s", s.e.key(pkey(k)), what)
+	key := pkey(k)
+	s.e.logf("prefill dp: append %s %s", s.e.key(key), what)
+	if !p.Last {
+		return nil
+	}
+	s.mu.Lock()
+	st, held := s.streams[key], s.heldLocked(key.Room)
+	if held {
+		s.held = append(s.held, key)
+	}
+	s.mu.Unlock()
+	if held {
+		s.e.logf("prefill dp: %s waits for admission", s.e.key(key))
+	} else if st.Admitted != nil {
+		st.Admitted()
+	}
 	return nil
 }
 
-// WaitAdmitted returns at once unless the script holds the room's
-// admission; then it waits for the script's admit, the ctx, or Close.
-func (s *scriptTransport) WaitAdmitted(ctx context.Context, k transfer.Key) error {
-	key := pkey(k)
-	s.mu.Lock()
-	if !s.heldLocked(key.Room) {
-		s.mu.Unlock()
-		return nil
-	}
-	s.mu.Unlock()
-	// Traced before the wait counts as parked: until then the harness
-	// sees a call running and does not move on.
-	s.e.logf("prefill dp: %s waits for admission", s.e.key(key))
-	w := &admissionWaiter{key: key, ctx: ctx, admitted: make(chan struct{})}
-	s.mu.Lock()
-	s.waiters = append(s.waiters, w)
-	s.mu.Unlock()
-	var err error
-	select {
-	case <-w.admitted:
-	case <-ctx.Done():
-		err = ctx.Err()
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, x := range s.waiters {
-		if x == w {
-			s.waiters = append(s.waiters[:i], s.waiters[i+1:]...)
-			break
-		}
-	}
-	if err == nil && w.closed {
-		err = transfer.ErrClosed
-	}
-	return err
+// WaitAdmitted panics: the owner answers a last Send from the admitted
+// event, and no goroutine may wait inside the data plane.
+func (s *scriptTransport) WaitAdmitted(context.Context, transfer.Key) error {
+	panic("scriptTransport: WaitAdmitted called: a caller waits inside the data plane")
 }
 
 func (s *scriptTransport) heldLocked(room poll.RoomID) bool {
 	return (s.holdAll || s.hold[room]) && !s.admitted[room]
 }
 
-// parked counts the waits for admission nothing has ended yet: a wait
-// whose ctx ended (the owner's wake, the caller's deadline) or that the
-// script released is about to return, and the script must trace that.
-func (s *scriptTransport) parked() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, w := range s.waiters {
-		if !w.released && w.ctx.Err() == nil {
-			n++
-		}
-	}
-	return n
-}
-
 // admit lets a room's pieces (room 0: every room's) into the budget and
-// returns its waits.
+// reports the held streams' admission.
 func (s *scriptTransport) admit(room poll.RoomID) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if room == 0 {
 		s.holdAll, s.hold = false, map[poll.RoomID]bool{}
 	} else {
 		s.admitted[room] = true
 	}
-	for _, w := range s.waiters {
-		if !w.released && (room == 0 || w.key.Room == room) {
-			s.admitted[w.key.Room] = true
-			w.released = true
-			close(w.admitted)
+	var now []transfer.Stream
+	kept := s.held[:0]
+	for _, k := range s.held {
+		if room == 0 || k.Room == room {
+			s.admitted[k.Room] = true
+			now = append(now, s.streams[k])
+		} else {
+			kept = append(kept, k)
+		}
+	}
+	s.held = kept
+	s.mu.Unlock()
+	for _, st := range now {
+		if st.Admitted != nil {
+			st.Admitted()
 		}
 	}
 }
@@ -152,7 +131,7 @@ func (s *scriptTransport) Send(context.Context, transfer.SendRequest) error {
 	return errors.New("scriptTransport: Send is not used by the owner")
 }
 
-// Fence leaves a wait for admission waiting (see the top of the file). It
+// Fence reports nothing to a last Send (see the top of the file). It
 // is done at once unless the script holds the room's fence (fence hold on
 // prefill): then fence release reports it done, as the transport's
 // OnFenced would.
@@ -171,18 +150,7 @@ func (s *scriptTransport) Fence(k transfer.Key) bool {
 
 func (s *scriptTransport) FenceWait(k transfer.Key) { s.Fence(k) }
 
-// Close returns every wait with ErrClosed, as a closed sender does.
-func (s *scriptTransport) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, w := range s.waiters {
-		if !w.released {
-			w.released, w.closed = true, true
-			close(w.admitted)
-		}
-	}
-	return nil
-}
+func (s *scriptTransport) Close() error { return nil }
 
 // cmdAdmission: dp hold admission on prefill [room] | dp admit on prefill [room].
 func (e *scriptEnv) cmdAdmission(a scriptArgs) error {
@@ -231,13 +199,25 @@ func (e *scriptEnv) cmdAdmission(a scriptArgs) error {
 	return nil
 }
 
-// admissionParked counts prefill's Sends waiting for admission that
-// nothing has ended yet.
+// admissionParked counts prefill's last Sends parked for admission that
+// nothing has ended yet: one whose ctx ended (the caller's deadline) is
+// about to return, and the script must trace that.
 func (e *scriptEnv) admissionParked(s scriptSide) int {
 	if s != sidePrefill || e.tr == nil || !e.alive[s] {
 		return 0
 	}
-	return e.tr.parked()
+	n := 0
+	c := e.pre.core
+	c.withTable(func() {
+		for _, list := range c.parked {
+			for _, p := range list {
+				if p.admission != nil && !p.done && p.admission.Err() == nil {
+					n++
+				}
+			}
+		}
+	})
+	return n
 }
 
 // scriptDeadlineCtx is a caller's context whose deadline is on the

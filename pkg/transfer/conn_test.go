@@ -257,7 +257,11 @@ func TestUnansweredPingBreaksConnection(t *testing.T) {
 func TestBrokenConnectionMidStreamCallsDoneAndFreesTheBudget(t *testing.T) {
 	const item, pages = 1 << 20, 64
 	l := UniformLayout(1, pages, item, 0, 0)
-	g := newRig(t, l, l, false, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: item, RedialMin: time.Millisecond}, ReceiverConfig{})
+	// The budget takes a room whole, so its Send returns at once and the cut lands
+	// mid-stream; with a smaller one Send returns only once most chunks are written, the
+	// room may complete before the cut, and the next room's chunks then meet the cut.
+	g := newRig(t, l, l, false, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: item, RedialMin: time.Millisecond,
+		MaxInflightBytes: pages * item}, ReceiverConfig{})
 	all := [][]Run{{{0, pages}}}
 	for i := range 40 {
 		k := Key{Room: uint64(i + 1), Nonce: 1}

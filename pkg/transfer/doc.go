@@ -91,16 +91,20 @@
 // one connection; each Append queues the next page positions of every buffer without
 // waiting, and the Last piece, with the aux row, closes it. Pieces wait for the peer's
 // in-flight budget (MaxInflightBytes), then for their slot's writer, each stream's in
-// order; across streams, those whose last piece is appended go first, in the order they
-// closed, then the others in append order (a room's end does not wait behind the rooms
-// still being produced); the budget goes first to the slot holding the fewest admitted
-// bytes, so every connection has work. Each chunk's bytes are given back as its write
-// returns, not at the RESULT, so a stream larger than the budget never waits on its own
-// earlier pieces. A stream's chunks carry one sequence across its pieces, and its DONE the
-// stream's chunk and page totals, so the receiver's checks are the same for a room sent in
-// one piece or many. WaitAdmitted waits
-// for the stream's pieces' admission (backpressure), and Send is Open, one Last piece and
-// WaitAdmitted. Every write has a deadline scaled by its size. Fence(room) stops any later
+// order; the budget admits a piece chunk by chunk (MaxChunkBytes units), not whole. Across
+// streams, those whose last piece is appended go first, in the order they closed, then the
+// others in append order (a room's end does not wait behind the rooms still being
+// produced); the budget goes first to the slot holding the fewest admitted bytes, so every
+// connection has work, and a slot's writer lets an open stream's piece wait, mid-piece,
+// while a closing stream's admitted chunk is queued on its slot. So a closing stream's last
+// chunk waits for one chunk's bytes to come back, not behind whole pieces of other rooms.
+// Each chunk's bytes are given back as its write returns, not at the RESULT, so a stream
+// larger than the budget never waits on its own earlier pieces. A stream's chunks carry one
+// sequence across its pieces, and its DONE the stream's chunk and page totals, so the
+// receiver's checks are the same for a room sent in one piece or many. Stream.Admitted
+// reports, once, that the stream's last piece is admitted (the daemons answer the last
+// Send from it); WaitAdmitted is the blocking form for the stream's pieces so far
+// (backpressure), and Send is Open, one Last piece and WaitAdmitted. Every write has a deadline scaled by its size. Fence(room) stops any later
 // read of the room's source pages, drops its queued pieces with their budget, ends a wait
 // for admission (ErrFenced), refuses later Appends and returns at once: done when no worker
 // reads the pages (I9), else the worker that lets go calls SenderConfig.OnFenced, and a
@@ -129,7 +133,8 @@
 //     per room being written that reads the pages one or two chunks ahead; a second
 //     goroutine per connection reads RESULT and PONG frames. Done callbacks run on either of
 //     those, or on the goroutine that calls Close or RemovePeer; OnFenced on the slot or
-//     checksum goroutine that let go.
+//     checksum goroutine that let go; Admitted on the goroutine whose Append or chunk
+//     write made room in the budget (the Append caller's when it had room).
 //   - A pending fence's FenceGrace timer runs on its own goroutine; it only sets a deadline.
 //   - Expect, Fence, FenceWait, Open, Append, WaitAdmitted, Send, AddPeer and RemovePeer
 //     may be called from any goroutine; Fence, Open and Append never block on I/O. Append

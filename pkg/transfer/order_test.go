@@ -177,3 +177,82 @@ func TestAdmissionFeedsTheSlotWithFewestAdmittedBytes(t *testing.T) {
 		t.Fatalf("B not admitted onto idle slot 1 (slot 0 holds %d B, slot 1 %d B)", p.slots[0].inflight, p.slots[1].inflight)
 	}
 }
+
+// TestClosingStreamIsAdmittedChunkByChunkPastAPartlyAdmittedPiece: an open stream A has
+// one piece of 64 chunks queued against a budget of 4 chunks, its first write held, when a
+// stream B appends its only, last, one-chunk piece. B's piece is admitted (its Admitted
+// event: the last Send's answer) as soon as one chunk of A's comes back, while A's piece is
+// still only partly admitted, and B's chunk goes on the wire next, before A's admitted
+// chunks. With whole-piece admission A's piece took the budget whole and B waited for 61
+// of its chunks to be written; without the writer's yield B waited behind A's admitted
+// chunks (the budget's).
+func TestClosingStreamIsAdmittedChunkByChunkPastAPartlyAdmittedPiece(t *testing.T) {
+	const item, aChunks, budget = 4096, 64, 4
+	l := UniformLayout(1, aChunks+1, item, 0, 0)
+	d := newGateDialer()
+	g := newRig(t, l, l, true, SenderConfig{ConnsPerPeer: 1, Dialer: d, MaxChunkBytes: item, MaxInflightBytes: budget * item},
+		ReceiverConfig{})
+	t.Cleanup(d.lift)
+	a, b := Key{Room: 1, Nonce: 1}, Key{Room: 2, Nonce: 1}
+	aDst, bDst := []Run{{0, aChunks}}, []Run{{aChunks, 1}}
+	for k, dst := range map[Key][]Run{a: aDst, b: bDst} {
+		if err := g.rcv.Expect(Expectation{Key: k, Dst: [][]Run{dst}, AuxRow: -1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.shut()
+	aDone := g.openStream(t, a, [][]Run{aDst})
+	g.append(t, a, Piece{Src: [][]Run{aDst}})
+	waitFor(t, func() bool { return d.inW.Load() > 0 }) // A's first chunk is held in its write
+
+	g.snd.mu.Lock()
+	p, ja := g.snd.peers[g.addr], g.snd.jobs[a]
+	g.snd.mu.Unlock()
+	aUnadmitted := func() int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return ja.unadmitted
+	}
+	admitted := make(chan int, 1) // A's pieces still waiting for the budget when B's was admitted
+	bDone := make(chan error, 1)
+	if err := g.snd.Open(Stream{Peer: g.addr, Key: b, Dst: [][]Run{bDst}, Done: func(err error) { bDone <- err },
+		Admitted: func() { admitted <- aUnadmitted() }}); err != nil {
+		t.Fatal(err)
+	}
+	g.append(t, b, Piece{Src: [][]Run{bDst}, Last: true})
+	select {
+	case n := <-admitted:
+		t.Fatalf("B admitted with the budget full of A's chunks (A has %d pieces waiting)", n)
+	default:
+	}
+
+	d.lift()
+	select {
+	case n := <-admitted:
+		if n != 1 {
+			t.Fatalf("B admitted once A's piece was admitted whole (A has %d pieces waiting, want 1)", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("B's last piece not admitted within 10s")
+	}
+	if err := waitDone(t, bDone); err != nil {
+		t.Fatalf("B: %v", err)
+	}
+	g.append(t, a, Piece{Src: [][]Run{nil}, Last: true}) // A's DONE alone
+	if err := waitDone(t, aDone); err != nil {
+		t.Fatalf("A: %v", err)
+	}
+	d.mu.Lock()
+	var order []Key
+	for _, h := range d.frames {
+		if h.Type == FrameChunk {
+			order = append(order, h.Key())
+		}
+	}
+	d.mu.Unlock()
+	// The writer lets A's admitted chunks wait for B's (closing streams first, chunk by
+	// chunk): only the chunk in its write when B was admitted goes first.
+	if n := chunksBefore(order, b); n != 1 {
+		t.Fatalf("B's chunk went after %d of A's, want 1 (the one in its write; %d admitted)", n, budget)
+	}
+}

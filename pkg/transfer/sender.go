@@ -22,14 +22,17 @@ type SenderConfig struct {
 	Checksum Checksum
 	// MaxChunkBytes bounds one chunk's payload; a chunk holds at least one page. Default 1 MiB.
 	MaxChunkBytes int64
-	// MaxInflightBytes bounds, per peer, the bytes of appended pieces queued or being
-	// written; each chunk's bytes are given back as its write returns. Pieces beyond it wait
-	// (WaitAdmitted, and Send, block on them: backpressure), closing streams' first in the
-	// order they closed, then in append order, the slot holding the fewest admitted bytes
-	// first. A piece larger than the bound is admitted alone. The bound is the backlog
-	// behind which a stream's last piece, once admitted (its Send returned), can still wait:
-	// 256 MiB made last chunk -> Success 140-180 ms at the bench's 2-3 GB/s. Default 64 MiB:
-	// two of the demo's 32 MiB pieces, one per connection (with one, one connection idles).
+	// MaxInflightBytes bounds, per peer, the bytes of appended chunks admitted and not yet
+	// written: a piece is admitted chunk by chunk, and each chunk's bytes are given back as
+	// its write returns. Chunks beyond it wait (WaitAdmitted, and Send, block on them:
+	// backpressure; Stream.Admitted reports the end of the wait), closing streams' first in
+	// the order they closed, then in append order, the slot holding the fewest admitted
+	// bytes first; a slot's writer also writes a closing stream's admitted chunks before an
+	// open stream's. A chunk larger than the bound is admitted alone. The bound is about
+	// the backlog a last Send's final chunk, once admitted, can still wait behind: 256 MiB
+	// admitted by whole pieces made last chunk -> Success 140-180 ms at the bench's 2-3
+	// GB/s, 64 MiB 22-30 ms; admitted by chunks, 16 MiB gives 8-10 ms and keeps both
+	// connections fed (PLAN.md section 0, session 20). Default 16 MiB.
 	MaxInflightBytes int64
 	// DialTimeout bounds a dial plus the Authenticator preface. Default 5s.
 	DialTimeout time.Duration
@@ -78,7 +81,7 @@ func (c *SenderConfig) setDefaults() error {
 		c.MaxChunkBytes = 1 << 20
 	}
 	if c.MaxInflightBytes == 0 {
-		c.MaxInflightBytes = 64 << 20
+		c.MaxInflightBytes = 16 << 20
 	}
 	if c.MinWriteRate == 0 {
 		c.MinWriteRate = 64 << 20
@@ -141,6 +144,13 @@ type Stream struct {
 	// (Done says that). It lets the driver see a stream move while its last piece waits
 	// behind other streams or a slow link. It must not block.
 	Progress func(bytes int64)
+	// Admitted, if set, is called once, when the stream's last piece is admitted whole into
+	// the peer's in-flight budget (every earlier piece is, too): the event form of
+	// WaitAdmitted, so that no caller has to wait inside the Sender for it. It runs on the
+	// goroutine whose Append or write made room (the Append caller's when the budget had
+	// it), under no transfer lock, and must not block. A stream fenced before may not see
+	// it.
+	Admitted func()
 }
 
 // Piece is the next page positions of a stream: Src has one page list per buffer, the
@@ -300,11 +310,11 @@ func (s *Sender) Open(st Stream) error {
 }
 
 // Append checks a piece against the local region and the stream's destination (the next
-// positions of each buffer, the last piece covering all of them), pairs its runs and queues
-// it without waiting: the piece is admitted into the peer's in-flight budget after the
-// stream's earlier pieces (closing streams first, see SenderConfig.MaxInflightBytes), and
-// each chunk's bytes are given back as its write returns, so a stream larger
-// than the budget never waits on its own earlier pieces. Nothing of a piece that fails these
+// positions of each buffer, the last piece covering all of them), pairs its runs, plans its
+// chunks and queues it without waiting: its chunks are admitted into the peer's in-flight
+// budget after the stream's earlier pieces' (closing streams first, see
+// SenderConfig.MaxInflightBytes), and each chunk's bytes are given back as its write
+// returns, so a stream larger than the budget never waits on its own earlier pieces. Nothing of a piece that fails these
 // checks is sent, and the stream stays as it was. Append of a fenced stream fails with
 // ErrFenced, of an ended one with ErrStreamEnded.
 func (s *Sender) Append(key Key, pc Piece) error {
@@ -361,7 +371,6 @@ func (s *Sender) Append(key Key, pc Piece) error {
 			w.segs[b], counts[b] = segs, n
 		}
 		w.pages += counts[b]
-		w.charge += counts[b] * local.Buffers[b].ItemLen
 	}
 	for b, n := range counts {
 		j.next[b] += n
@@ -371,7 +380,11 @@ func (s *Sender) Append(key Key, pc Piece) error {
 	if w.pages == 0 && !w.last {
 		return nil
 	}
-	w.charge = max(w.charge+int64(len(w.aux)), 1)
+	if !w.plan(s) {
+		// The region was replaced since the checks above: the room is fenced before
+		// the old mapping goes, and nothing of the piece may be read.
+		return fail(ReasonFenced, ErrFenced)
+	}
 	return j.peer.append(w)
 }
 
@@ -536,16 +549,51 @@ type job struct {
 	once      sync.Once
 }
 
-// piece is an appended Piece, paired with its destination pages.
+// piece is an appended Piece, paired with its destination pages and planned into chunks,
+// the units the peer's budget admits it in.
 type piece struct {
-	j      *job
-	segs   [][]Segment
-	pages  int64
-	charge int64 // its bytes (pages and aux row) in the peer's budget
-	last   bool
-	aux    []byte
-	// left is the part of charge still held in the peer's budget; under peer.mu.
-	left int64
+	j     *job
+	segs  [][]Segment
+	pages int64
+	last  bool
+	aux   []byte
+	// plans are its chunks; charges[i] is chunk i's bytes in the peer's budget, the aux row
+	// in the last piece's last. A last piece of no pages has one charge and no plan: its
+	// DONE.
+	plans   []chunkPlan
+	charges []int64
+	// Under peer.mu: admitted counts its chunks admitted so far (in order), left the
+	// admitted bytes still held in the budget, and queued says the piece is in its slot's
+	// queue or held by the slot's writer (admission queues it again otherwise).
+	admitted int
+	left     int64
+	queued   bool
+	// written counts its chunks written so far: only its slot's writer touches it.
+	written int
+	// crcs[:summed] are its chunks' payload crc32c computed so far: only its writer's
+	// checksum goroutine, or the writer once summing (that goroutine's exit) closed,
+	// touches them.
+	crcs    []uint32
+	summed  int
+	summing <-chan struct{}
+	// fault is the checksum goroutine's fault on the pages, set before its
+	// channel of sums closes (so the writer reads it after that close).
+	fault error
+}
+
+// plan packs the piece into chunks and charges each its bytes; false if the region's
+// mapping no longer fits the piece.
+func (w *piece) plan(s *Sender) bool {
+	var ok bool
+	if w.plans, ok = s.planChunks(w); !ok {
+		return false
+	}
+	w.charges = make([]int64, max(len(w.plans), 1))
+	for i, c := range w.plans {
+		w.charges[i] = c.bytes
+	}
+	w.charges[len(w.charges)-1] = max(w.charges[len(w.charges)-1]+int64(len(w.aux)), 1)
+	return true
 }
 
 // acquire marks a read of the source pages as started, unless the job is stopped.

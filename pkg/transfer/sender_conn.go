@@ -16,24 +16,28 @@ import (
 	"github.com/pdlink/pdlink/pkg/pagelist"
 )
 
-// peer is one decode peer: the in-flight byte budget with the pieces waiting for it, and ConnsPerPeer slots, each a queue of admitted pieces and a goroutine that dials,
-// serves one connection until it breaks and redials.
+// peer is one decode peer: the in-flight byte budget with the pieces waiting for it, and
+// ConnsPerPeer slots, each a queue of admitted pieces and a goroutine that dials, serves one
+// connection until it breaks and redials. The budget admits a piece chunk by chunk.
 type peer struct {
 	s      *Sender
 	addr   string
 	layout Layout // immutable
 
 	mu       sync.Mutex
-	waiting  []*piece // appended, not yet admitted, in append order
+	waiting  []*piece // appended, not yet admitted whole, in append order
 	closes   uint64   // streams whose last piece was appended so far; orders nextLocked
 	inflight int64
-	admitted chan struct{} // closed and replaced whenever pieces are admitted
-	slots    []*slot
-	streams  map[*job]struct{} // open streams, failed if the peer closes
-	conns    map[*txConn]struct{}
-	closed   bool
-	closeErr error
-	done     chan struct{} // closed by close
+	admitted chan struct{} // closed and replaced whenever chunks are admitted
+	// closedAdmitted are the streams whose last piece was admitted whole under mu: unlock
+	// tells them (Stream.Admitted) once mu is released.
+	closedAdmitted []*job
+	slots          []*slot
+	streams        map[*job]struct{} // open streams, failed if the peer closes
+	conns          map[*txConn]struct{}
+	closed         bool
+	closeErr       error
+	done           chan struct{} // closed by close
 }
 
 // slot is one connection slot's queue; the streams pinned to it are written by its
@@ -71,10 +75,27 @@ func (p *peer) open(j *job) bool {
 	return true
 }
 
+// unlock releases mu, then calls Stream.Admitted of the streams whose last piece was
+// admitted meanwhile (under no lock: the callback may call the Sender). A stream fenced
+// by then is not told.
+func (p *peer) unlock() {
+	closed := p.closedAdmitted
+	p.closedAdmitted = nil
+	p.mu.Unlock()
+	for _, j := range closed {
+		j.mu.Lock()
+		fenced := j.fenced
+		j.mu.Unlock()
+		if f := j.st.Admitted; f != nil && !fenced {
+			f()
+		}
+	}
+}
+
 // forget drops an ended stream and its queued pieces.
 func (p *peer) forget(j *job) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if _, ok := p.streams[j]; ok {
 		delete(p.streams, j)
 		p.slots[j.slot].streams--
@@ -85,7 +106,7 @@ func (p *peer) forget(j *job) {
 // append queues a piece behind the pieces already waiting for the budget.
 func (p *peer) append(w *piece) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if p.closed {
 		return fmt.Errorf("%w: %s", ErrUnknownPeer, p.addr)
 	}
@@ -153,29 +174,46 @@ func (p *peer) nextWaitingLocked() int {
 	return best
 }
 
-// admitLocked admits waiting pieces, in nextWaitingLocked's order, while the budget has
-// room (a piece larger than the budget alone), each onto its stream's slot.
+// admitLocked admits waiting pieces' chunks, one at a time in nextWaitingLocked's order,
+// while the budget has room (a chunk larger than the budget alone); a piece with a chunk
+// admitted is in its stream's slot's queue. Admitting whole pieces made a closing stream's
+// last chunk wait behind whole pieces of other rooms (32 MiB each in the demo) admitted
+// before it closed; now it waits for one chunk's bytes to come back.
 func (p *peer) admitLocked() {
 	n := 0
 	for len(p.waiting) > 0 {
 		i := p.nextWaitingLocked()
 		w := p.waiting[i]
-		if p.inflight != 0 && p.inflight+w.charge > p.s.cfg.MaxInflightBytes {
+		c := w.charges[w.admitted]
+		if p.inflight != 0 && p.inflight+c > p.s.cfg.MaxInflightBytes {
 			break
 		}
-		p.waiting = slices.Delete(p.waiting, i, i+1)
 		sl := p.slots[w.j.slot]
-		p.inflight += w.charge
-		sl.inflight += w.charge
-		w.left = w.charge
-		w.j.unadmitted--
-		sl.queue = append(sl.queue, w)
+		p.inflight += c
+		sl.inflight += c
+		w.left += c
+		if w.admitted++; w.admitted == len(w.charges) {
+			p.waiting = slices.Delete(p.waiting, i, i+1)
+			if w.j.unadmitted--; w.last {
+				p.closedAdmitted = append(p.closedAdmitted, w.j)
+			}
+		}
+		if !w.queued {
+			w.queued = true
+			sl.queue = append(sl.queue, w)
+		}
 		signal(sl.wake)
 		n++
 	}
-	if n == 0 {
-		return
+	if n > 0 {
+		p.wakeWaitersLocked()
 	}
+}
+
+// wakeWaitersLocked wakes the WaitAdmitted calls and writers waiting for admission: a
+// stream's count of waiting pieces changed. A stream that failed with pieces waiting has
+// none any more: its WaitAdmitted returns at once (Done says why), not at its ctx's end.
+func (p *peer) wakeWaitersLocked() {
 	close(p.admitted)
 	p.admitted = make(chan struct{})
 }
@@ -195,7 +233,7 @@ func (p *peer) releaseLocked(w *piece, n int64) {
 func (p *peer) release(w *piece, n int64) {
 	p.mu.Lock()
 	p.releaseLocked(w, n)
-	p.mu.Unlock()
+	p.unlock()
 }
 
 func signal(wake chan struct{}) {
@@ -209,17 +247,25 @@ func signal(wake chan struct{}) {
 // giving their budget back.
 func (p *peer) dropPieces(j *job) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	p.dropLocked(j)
 }
 
+// dropLocked drops j's pieces from the waiting list and its slot's queue, with the budget
+// they hold; a piece its slot's writer holds is the writer's to give back.
 func (p *peer) dropLocked(j *job) {
+	var mine []*piece
 	if j.unadmitted > 0 {
-		p.waiting = slices.DeleteFunc(p.waiting, func(w *piece) bool { return w.j == j })
+		p.waiting = slices.DeleteFunc(p.waiting, func(w *piece) bool {
+			if w.j == j && !w.queued {
+				mine = append(mine, w)
+			}
+			return w.j == j
+		})
 		j.unadmitted = 0
+		p.wakeWaitersLocked()
 	}
 	sl := p.slots[j.slot]
-	var mine []*piece
 	sl.queue = slices.DeleteFunc(sl.queue, func(w *piece) bool {
 		if w.j == j {
 			mine = append(mine, w)
@@ -232,9 +278,10 @@ func (p *peer) dropLocked(j *job) {
 }
 
 // pop hands the slot's next piece of a stream that is not stopped to its writer, or nil.
+// The piece stays queued (held by the writer) until the writer lets it go.
 func (p *peer) pop(i int) *piece {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	sl := p.slots[i]
 	for len(sl.queue) > 0 {
 		k := p.nextLocked(sl.queue)
@@ -250,9 +297,73 @@ func (p *peer) pop(i int) *piece {
 			}
 			return w
 		}
+		w.queued = false
 		p.releaseLocked(w, w.left)
+		p.dropLocked(w.j) // its later chunks must not queue it again
 	}
 	return nil
+}
+
+// abandon takes a piece its writer let go of unwritten (its stream stopped or its
+// connection broke) off the waiting list and gives back what it holds: admitting its later
+// chunks would hold budget no writer gives back (dropLocked leaves a piece a writer holds
+// to that writer).
+func (p *peer) abandon(w *piece) {
+	p.mu.Lock()
+	defer p.unlock()
+	if i := slices.Index(p.waiting, w); i >= 0 {
+		p.waiting = slices.Delete(p.waiting, i, i+1)
+		w.j.unadmitted--
+		p.wakeWaitersLocked()
+	}
+	w.queued = false
+	p.releaseLocked(w, w.left)
+}
+
+// turn is what a slot's writer does next with its piece.
+type turn int
+
+const (
+	turnWrite turn = iota // write the piece's next chunk: it is admitted
+	turnWait              // wait for the next chunk's admission (on the channel turnOf returns)
+	turnYield             // let the piece go: another piece of the slot goes first
+)
+
+// turnOf gives back give bytes of w's budget (the chunk just written) and decides, under one
+// lock, the writer's turn for w's next chunk. The writer yields to a piece queued on its
+// slot whose stream closed before w's (closing streams first, chunk by chunk), and, while
+// w's next chunk waits for admission, to any piece queued there (its chunks are admitted:
+// waiting instead would hold their budget). A yielded piece with admitted chunks left goes
+// back to the head of the slot's queue; one with none waits to be queued again by admission.
+func (p *peer) turnOf(w *piece, give int64) (turn, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.unlock()
+	p.releaseLocked(w, give)
+	sl := p.slots[w.j.slot]
+	admitted := w.admitted > w.written
+	if !p.preemptsLocked(sl.queue, w) && (admitted || len(sl.queue) == 0) {
+		if admitted {
+			return turnWrite, nil
+		}
+		return turnWait, p.admitted
+	}
+	if admitted {
+		sl.queue = slices.Insert(sl.queue, 0, w)
+	} else {
+		w.queued = false
+	}
+	signal(sl.wake)
+	return turnYield, nil
+}
+
+// preemptsLocked reports whether queue holds a piece of a stream that closed before w's.
+func (p *peer) preemptsLocked(queue []*piece, w *piece) bool {
+	for _, q := range queue {
+		if c := q.j.closedAt; c != 0 && (w.j.closedAt == 0 || c < w.j.closedAt) {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *peer) close(err error) {
@@ -404,16 +515,23 @@ func (tc *txConn) writeLoop() error {
 			return tc.readErr
 		case <-tc.p.slots[tc.slot].wake:
 		case <-t.C:
-			if tc.pingAt.Load() == 0 {
-				tc.pingAt.Store(time.Now().UnixNano())
-				(&Header{Type: FramePing}).Encode(tc.hdr[:])
-				if err := tc.write([][]byte{tc.hdr[:]}, HeaderSize); err != nil {
-					return err
-				}
+			if err := tc.ping(); err != nil {
+				return err
 			}
 			t.Reset(cfg.KeepAlive)
 		}
 	}
+}
+
+// ping writes a PING unless one is unanswered.
+func (tc *txConn) ping() error {
+	if tc.pingAt.Load() != 0 {
+		return nil
+	}
+	tc.pingAt.Store(time.Now().UnixNano())
+	var h [HeaderSize]byte // not tc.hdr: a piece waiting mid-stream may hold its DONE there
+	(&Header{Type: FramePing}).Encode(h[:])
+	return tc.write([][]byte{h[:]}, HeaderSize)
 }
 
 // write writes n bytes under a deadline scaled by their size.
@@ -438,18 +556,24 @@ func (tc *txConn) writeArmed(iov [][]byte) error {
 	return regionIOError(s.region, s.log, err)
 }
 
-// sendPiece writes a piece's chunks and, for the last, the stream's DONE. It returns an
-// error only if the connection broke. The piece's budget is given back as its chunks are
-// written, the rest when it ends.
+// sendPiece writes a piece's admitted chunks and, after the last piece's last chunk, the
+// stream's DONE, unless the piece yields (turnOf) or its stream stops. It returns an error
+// only if the connection broke. Each chunk's budget is given back as its write returns, the
+// rest when the piece is abandoned.
 func (tc *txConn) sendPiece(w *piece) error {
 	j := w.j
 	key := j.st.Key
 	tc.mu.Lock()
 	tc.awaiting[key] = j
 	tc.mu.Unlock()
-	sent, err := tc.writePiece(w)
-	tc.p.release(w, w.charge)
-	if !sent && err == nil { // abandoned: stopped by Fence or by a failure result
+	end, err := tc.writePiece(w)
+	switch end {
+	case pieceWritten:
+		tc.p.release(w, w.chargeLeft())
+	case pieceAbandoned:
+		tc.p.abandon(w)
+	}
+	if end == pieceAbandoned && err == nil { // stopped by Fence or by a failure result
 		tc.mu.Lock()
 		if tc.awaiting[key] == j {
 			delete(tc.awaiting, key)
@@ -459,6 +583,25 @@ func (tc *txConn) sendPiece(w *piece) error {
 	j.setWriting(false)
 	return err
 }
+
+// chargeLeft bounds what the piece can still hold in the budget (releaseLocked gives back at
+// most what it holds).
+func (w *piece) chargeLeft() int64 {
+	var n int64
+	for _, c := range w.charges {
+		n += c
+	}
+	return n
+}
+
+// pieceEnd is how a writer let go of a piece.
+type pieceEnd int
+
+const (
+	pieceWritten   pieceEnd = iota // every chunk, and the DONE after a last piece, is written
+	pieceYielded                   // back to wait for admission or behind a closing stream
+	pieceAbandoned                 // the stream stopped (fenced or failed) or the connection broke
+)
 
 // chunkPlan is one chunk of a stream: the destination runs it names, over any of the
 // piece's buffers, and the source pages it carries.
@@ -473,8 +616,7 @@ type chunkPlan struct {
 // MaxChunkBytes (at least one page each), pagelist.MaxRuns runs and pagelist.MaxPages pages,
 // the bounds the receiver checks each chunk against. A chunk does not end where a buffer
 // does: the pages of a small piece over many buffers travel as one chunk, not one per buffer.
-func (tc *txConn) planChunks(w *piece) ([]chunkPlan, bool) {
-	s := tc.p.s
+func (s *Sender) planChunks(w *piece) ([]chunkPlan, bool) {
 	cfg := &s.cfg
 	// A piece is checked against the region's mapping at Append; one that
 	// no longer fits was taken before the region was replaced, and its
@@ -520,32 +662,48 @@ func (tc *txConn) planChunks(w *piece) ([]chunkPlan, bool) {
 	return plans, true
 }
 
-// checksums computes the chunks' crc32c one or two chunks ahead of the
-// writer, on its own goroutine, so the checksum pass over the next chunk
-// overlaps the kernel copy of this one. It reads source pages, so it holds
-// the job like the writer does (I9: Fence waits for it too). The channel
-// closes early if the job is stopped; quit ends it when the writer gives up.
-// A fault on the pages (the file truncated under them) is stored in *fault before the
-// channel closes.
-func checksums(j *job, plans []chunkPlan, quit <-chan struct{}, fault *error) <-chan uint32 {
-	out := make(chan uint32, 2)
+// checksums computes the piece's chunks' crc32c from the first not yet summed, one or two
+// chunks ahead of the writer, on its own goroutine, so the checksum pass over the next
+// chunk overlaps the kernel copy of this one. It reads source pages, so it holds the job
+// like the writer does (I9: Fence waits for it too). Each sum is kept in the piece, so a
+// piece that yields mid-way and is written again later does not sum its chunks twice. The
+// channel closes early if the job is stopped; quit ends it when the writer lets go (after
+// the sum in progress), and exited closes once it ended (the piece's sums are the writer's
+// again). The Sender's WaitGroup counts it, so Close returns after it. A fault on the
+// pages (the file truncated under them) is stored in w.fault before the channel closes.
+func checksums(w *piece, quit <-chan struct{}) (sums <-chan uint32, exited <-chan struct{}) {
+	out, done := make(chan uint32, 2), make(chan struct{})
+	if w.crcs == nil {
+		w.crcs = make([]uint32, len(w.plans))
+	}
+	s := w.j.s
+	s.wg.Add(1) // Close waits for it: it reads the region's pages
 	go func() {
+		defer s.wg.Done()
+		defer close(done)
 		defer close(out)
-		for _, c := range plans {
-			if !j.acquire() {
+		for w.summed < len(w.plans) {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			if !w.j.acquire() {
 				return
 			}
 			var crc uint32
-			err := touchRegion(j.s.region, j.s.log, j.s.beforeTouch, func() {
-				for _, p := range c.iov[1:] {
+			err := touchRegion(s.region, s.log, s.beforeTouch, func() {
+				for _, p := range w.plans[w.summed].iov[1:] {
 					crc = crc32.Update(crc, castagnoli, p)
 				}
 			})
-			j.release()
+			w.j.release()
 			if err != nil {
-				*fault = err
+				w.fault = err
 				return
 			}
+			w.crcs[w.summed] = crc
+			w.summed++
 			select {
 			case out <- crc:
 			case <-quit:
@@ -553,12 +711,13 @@ func checksums(j *job, plans []chunkPlan, quit <-chan struct{}, fault *error) <-
 			}
 		}
 	}()
-	return out
+	return out, done
 }
 
-// writePiece writes a piece's chunks, continuing the stream's seq, then the stream's DONE
-// after its last piece. sent is false if the stream was stopped before all of it was written.
-func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
+// writePiece writes a piece's chunks from the first not yet written, continuing the
+// stream's seq, each once admitted, then the stream's DONE after its last piece (in the
+// write of its last chunk).
+func (tc *txConn) writePiece(w *piece) (end pieceEnd, err error) {
 	j := w.j
 	s := tc.p.s
 	cfg := &s.cfg
@@ -566,23 +725,57 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 	if cfg.Checksum == ChecksumCRC32C {
 		flags = FlagPayloadCRC
 	}
-	plans, ok := tc.planChunks(w)
-	if !ok {
-		return false, nil // its region was replaced since Append: the stream is fenced
+	if w.summing != nil {
+		// The checksum goroutine of the piece's last turn: ended, or about to, once told
+		// to quit; not waited for as the piece yielded, so a yield costs the writer no crc.
+		<-w.summing
+		w.summing = nil
 	}
 	var crcs <-chan uint32
-	var fault error
-	if flags != 0 {
+	summed := w.summed // chunks below it have their sum in w.crcs already
+	if flags != 0 && w.summed < len(w.plans) {
 		quit := make(chan struct{})
-		defer close(quit)
-		crcs = checksums(j, plans, quit, &fault)
+		crcs, w.summing = checksums(w, quit)
+		defer func() {
+			close(quit)
+			if end != pieceYielded {
+				<-w.summing // no read of the piece's pages outlives its writer's turn
+			}
+		}()
 	}
-	for i, c := range plans {
+	var give int64 // the budget of the chunk just written, given back in turnOf
+	for w.written < len(w.charges) {
+		switch end, err := tc.awaitTurn(w, give); {
+		case err != nil:
+			return pieceAbandoned, err
+		case end != pieceWritten:
+			return end, nil
+		}
+		i := w.written
+		if len(w.plans) == 0 { // a last piece of no pages: its DONE alone
+			j.mu.Lock()
+			stopped := j.stopped
+			j.mu.Unlock()
+			if stopped {
+				return pieceAbandoned, nil
+			}
+			tc.encodeDone(j, w, flags, j.seq, j.sentPages)
+			if err := tc.write([][]byte{tc.hdr[:], w.aux}, HeaderSize+int64(len(w.aux))); err != nil {
+				return pieceAbandoned, err
+			}
+			w.written++
+			return pieceWritten, nil
+		}
+		c := w.plans[i]
 		var crc uint32
-		if crcs != nil {
+		switch {
+		case flags == 0:
+		case i < summed:
+			crc = w.crcs[i]
+		default:
 			var ok bool
 			if crc, ok = <-crcs; !ok {
-				return false, fault // stopped by Fence, or the pages faulted: the connection breaks
+				return pieceAbandoned, w.fault // stopped by Fence, or the pages faulted: the connection breaks
 			}
 		}
 		tc.meta = AppendRuns(append(tc.meta[:0], zeroHeader[:]...), c.runs)
@@ -592,7 +785,7 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 		h.Encode(tc.meta)
 		c.iov[0] = tc.meta
 		iov, n := c.iov, int64(len(tc.meta))+c.bytes
-		if w.last && i == len(plans)-1 {
+		if w.last && i == len(w.plans)-1 {
 			// The stream's DONE goes in the same write as its last chunk: one syscall, and
 			// often one read on the receiver, less per room.
 			tc.encodeDone(j, w, flags, j.seq+1, j.sentPages+c.pages)
@@ -600,34 +793,63 @@ func (tc *txConn) writePiece(w *piece) (sent bool, err error) {
 			n += HeaderSize + int64(len(w.aux))
 		}
 		if !j.acquireWrite(tc, n) {
-			return false, nil
+			return pieceAbandoned, nil
 		}
 		err := tc.writeArmed(iov)
 		j.release()
 		if err != nil {
-			return false, err
+			return pieceAbandoned, err
 		}
 		j.seq++
 		j.sentPages += c.pages
-		tc.p.release(w, c.bytes)
+		w.written++
+		give = w.charges[i]
 		if progress := j.st.Progress; progress != nil {
 			progress(c.bytes)
 		}
 	}
-	if !w.last || len(plans) > 0 {
-		return true, nil
+	return pieceWritten, nil // sendPiece gives the last chunk's budget back
+}
+
+// awaitTurn gives back give bytes and waits until w's next chunk may be written
+// (pieceWritten), w yields (pieceYielded), its stream stops (pieceAbandoned) or the
+// connection or peer ends (an error). A wait longer than KeepAlive pings, as the idle
+// writer does, so the receiver's idle timeout does not take it for a dead peer.
+func (tc *txConn) awaitTurn(w *piece, give int64) (pieceEnd, error) {
+	var keepAlive *time.Timer
+	defer func() {
+		if keepAlive != nil {
+			keepAlive.Stop()
+		}
+	}()
+	for {
+		t, admitted := tc.p.turnOf(w, give)
+		give = 0
+		switch t {
+		case turnWrite:
+			return pieceWritten, nil
+		case turnYield:
+			return pieceYielded, nil
+		}
+		if keepAlive == nil {
+			keepAlive = time.NewTimer(tc.p.s.cfg.KeepAlive)
+		}
+		select {
+		case <-admitted:
+		case <-tc.p.slots[tc.slot].wake:
+		case <-keepAlive.C:
+			if err := tc.ping(); err != nil {
+				return pieceAbandoned, err
+			}
+			keepAlive.Reset(tc.p.s.cfg.KeepAlive)
+		case <-w.j.fenceCh:
+			return pieceAbandoned, nil
+		case <-tc.p.done:
+			return pieceAbandoned, tc.p.closeErr
+		case <-tc.dead:
+			return pieceAbandoned, tc.readErr
+		}
 	}
-	j.mu.Lock()
-	stopped := j.stopped
-	j.mu.Unlock()
-	if stopped {
-		return false, nil
-	}
-	tc.encodeDone(j, w, flags, j.seq, j.sentPages)
-	if err := tc.write([][]byte{tc.hdr[:], w.aux}, HeaderSize+int64(len(w.aux))); err != nil {
-		return false, err
-	}
-	return true, nil
 }
 
 // zeroHeader is the room a chunk's header takes before it is encoded.

@@ -147,14 +147,15 @@ type Transport interface {
 	// connection, so its chunks and DONE stay in order. Nothing is sent before Append. On a
 	// nil return st.Done is called exactly once, unless Fence(st.Key) is called first.
 	Open(st Stream) error
-	// Append queues the stream's next pages without waiting: they go on the wire as soon as
-	// the peer's in-flight budget admits them (after the stream's earlier pieces; streams whose
-	// last piece is queued go first), continuing the stream's chunk
-	// sequence. The Last piece carries the aux row and closes the stream: DONE follows its
-	// chunks. A fenced stream's queued pieces are dropped.
+	// Append queues the stream's next pages without waiting: they go on the wire chunk by
+	// chunk as the peer's in-flight budget admits them (after the stream's earlier pieces;
+	// streams whose last piece is queued go first), continuing the stream's chunk sequence.
+	// The Last piece carries the aux row and closes the stream: DONE follows its chunks, and
+	// st.Admitted reports its admission. A fenced stream's queued pieces are dropped.
 	Append(key Key, p Piece) error
 	// WaitAdmitted waits until the stream's pieces appended so far are admitted into the
-	// peer's budget (backpressure), ctx ends or the room is fenced (ErrFenced).
+	// peer's budget (backpressure), ctx ends or the room is fenced (ErrFenced). The daemons
+	// use Stream.Admitted instead, so that no caller waits inside the transport.
 	WaitAdmitted(ctx context.Context, key Key) error
 	// Send is Open, Append of every page as the last piece, and WaitAdmitted; on an error
 	// nothing stays queued and req.Done will not run.

@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/internal/proc"
@@ -31,8 +33,9 @@ import (
 //
 // Construction: three rooms of 160 MiB bound to one decode peer whose data
 // port reads 1 MiB and then nothing. The sender's in-flight budget per peer
-// (32 MiB) admits room A's one piece alone, so A's stalled transfer holds it
-// and the Send(last) of B and C wait for it. decoded is killed -9: prefill fails the three rooms
+// (16 MiB) fills with room A's chunks, which close first, so A's stalled
+// transfer holds it and the Send(last) of B and C wait for it (A's own
+// Send(last) answers at its deadline: its last chunk is never admitted). decoded is killed -9: prefill fails the three rooms
 // peer_lost, the last bound first (C, B, A). Before issue 12's fence
 // work the fences of B and C found no transfer (their Send was still
 // waiting) and A's waited for its stalled write; once the data port was
@@ -53,9 +56,7 @@ func TestBlockedSendReturnsWhenItsRoomFails(t *testing.T) {
 		p.open(ctx, r)
 		p.bind(ctx, r, pages)
 	}
-	if _, err := p.prefill.Send(ctx, &pb.SendRequest{RoomId: rooms[0], Pages: &pb.PageList{Indices: pages}, Last: true}); err != nil {
-		t.Fatal(err)
-	}
+	sendStalled(t, p, rooms[0], pages)
 	if _, ok := testbed.Eventually(10*time.Second, stall.Stalled); !ok {
 		t.Fatal("room A's transfer never reached the data port")
 	}
@@ -139,9 +140,7 @@ func TestControlFramesFlowWhileADataWriteStalls(t *testing.T) {
 	const a, b = 201, 202
 	p.open(ctx, a)
 	p.bind(ctx, a, pages)
-	if _, err := p.prefill.Send(ctx, &pb.SendRequest{RoomId: a, Pages: &pb.PageList{Indices: pages}, Last: true}); err != nil {
-		t.Fatal(err)
-	}
+	sendStalled(t, p, a, pages)
 	// 64 MiB cannot fit in the socket buffers: with 1 MiB taken, the
 	// writer is blocked in a write of room A.
 	if _, ok := testbed.Eventually(10*time.Second, stall.Stalled); !ok {
@@ -162,6 +161,20 @@ func TestControlFramesFlowWhileADataWriteStalls(t *testing.T) {
 	}
 	failed := p.waitPrefill(a, 20*time.Second, "Failed after decode's abort", isState(pb.RoomState_ROOM_STATE_FAILED))
 	t.Logf("room B bound %v after the abort, room A visibly Failed %v after it", bound.Sub(aborted).Round(time.Millisecond), failed.Sub(aborted).Round(time.Millisecond))
+}
+
+// sendStalled sends all of room's pages as its last Send towards a data
+// port that stalls: the budget admits them chunk by chunk and the last is
+// never admitted, so the Send answers DeadlineExceeded at its short
+// deadline and the room goes on (or OK, had the pages fit the budget).
+func sendStalled(t *testing.T, p *ownerPair, room uint64, pages []int32) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err := p.prefill.Send(ctx, &pb.SendRequest{RoomId: room, Pages: &pb.PageList{Indices: pages}, Last: true})
+	if err != nil && status.Code(err) != codes.DeadlineExceeded {
+		t.Fatal(err)
+	}
 }
 
 // pinFlag returns args with flag's value replaced by value.
