@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -113,5 +114,21 @@ func TestPlanRanksMapsDescribedFanOut(t *testing.T) {
 	}
 	if m.Identity() || len(m.DecodeRanks) != 2 || len(m.PrefillRanks[0].To) != 2 {
 		t.Fatalf("mapping %+v, want prefill 0 feeding decode 0 and 1 by head slice", m)
+	}
+}
+
+func TestRefusalReasonNamesEachSentinel(t *testing.T) {
+	seen := map[string]bool{}
+	for _, r := range refusals {
+		if got := RefusalReason(fmt.Errorf("%w: %w: buffer 0", ErrIncompatibleLayout, r.err)); got != r.reason {
+			t.Errorf("%v: reason %q, want %q", r.err, got, r.reason)
+		}
+		if seen[r.reason] {
+			t.Errorf("reason %q twice", r.reason)
+		}
+		seen[r.reason] = true
+	}
+	if got := RefusalReason(errors.New("x")); got != "other" {
+		t.Errorf("an unknown error: %q, want other", got)
 	}
 }
