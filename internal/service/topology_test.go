@@ -177,3 +177,19 @@ func registerRegion(t *testing.T, p *pair, pre, dec region) {
 		t.Fatal(err)
 	}
 }
+
+// TestRegisterRegionNamesTheInconsistentHeadField: a described layout whose head fields
+// disagree is InvalidArgument naming the field, on either daemon.
+func TestRegisterRegionNamesTheInconsistentHeadField(t *testing.T) {
+	p := startPair(t)
+	r := describedRegion(t, 16, 2, 128)
+	bad := layoutPB(r.layout)
+	bad.Buffers[2].PageTokens = 8 // 8 x 2 x 128 is not the 4096-byte page
+	_, err := p.prefill.RegisterRegion(ctxT(t), &pb.PrefillServiceRegisterRegionRequest{RegionPath: r.path, Layout: bad})
+	wantField(t, err, "layout.buffers[2].item_len")
+	bad = layoutPB(r.layout)
+	bad.Buffers[0].RankHeads = 1
+	bad.Buffers[0].HeadBytes = 256
+	_, err = p.decode.RegisterRegion(ctxT(t), &pb.DecodeServiceRegisterRegionRequest{RegionPath: r.path, Layout: bad})
+	wantField(t, err, "layout.buffers[0].rank_heads")
+}
