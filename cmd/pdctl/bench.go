@@ -85,6 +85,9 @@ func newBenchCommand() *cobra.Command {
 		Short: "a fixed workload through both daemons, beside iperf3 and memcpy references from the same run",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := fitHeads(cmd, &cfg.Layout); err != nil {
+				return err
+			}
 			res, err := runBench(cmd, binDir, profileDir, cfg)
 			if err != nil {
 				return err
@@ -131,6 +134,7 @@ func newBenchCommand() *cobra.Command {
 	f.IntVar(&cfg.Layout.Layers, "layers", cfg.Layout.Layers, "model layers (K and V buffer each)")
 	f.Int64Var(&cfg.Layout.Pages, "pages", cfg.Layout.Pages, "KV pages per buffer in each engine's region")
 	f.Int64Var(&cfg.Layout.BytesPerToken, "bytes-per-token", cfg.Layout.BytesPerToken, "KV bytes per token across all buffers (small values make small rooms)")
+	addHeadFlags(f, &cfg.Layout)
 	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the run makes its private region directory (the daemons' --region-dir, removed at the end)")
 	f.BoolVar(&cfg.NoVerify, "no-verify", true, "skip filling and checking page contents (bytes still move)")
 	f.BoolVar(&cfg.LayerWise, "layer-wise", false, "send each chunk one layer at a time (a Send naming the layer's K and V buffers)")

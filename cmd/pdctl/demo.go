@@ -27,6 +27,9 @@ func newDemoCommand() *cobra.Command {
 		Short: "start prefilld and decoded on loopback, drive them like real schedulers, report",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := fitHeads(cmd, &cfg.Layout); err != nil {
+				return err
+			}
 			return runDemo(cmd, binDir, faults, cfg)
 		},
 	}
@@ -40,6 +43,7 @@ func newDemoCommand() *cobra.Command {
 	f.IntVar(&cfg.Layout.Layers, "layers", cfg.Layout.Layers, "model layers (K and V buffer each)")
 	f.Int64Var(&cfg.Layout.BytesPerToken, "bytes-per-token", cfg.Layout.BytesPerToken, "KV bytes per token across all layers")
 	f.Int64Var(&cfg.Layout.Pages, "pages", cfg.Layout.Pages, "KV pages per buffer in each engine's region")
+	addHeadFlags(f, &cfg.Layout)
 	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the run makes its private region directory (the daemons' --region-dir, removed at the end)")
 	f.BoolVar(&cfg.LayerWise, "layer-wise", false, "send each chunk one layer at a time (a Send naming the layer's K and V buffers)")
 	f.Float64Var(&cfg.PrefixFraction, "prefix-fraction", 0, "fraction of each request's pages decode already holds (prefix_len, 0..1): they stay untouched and move no bytes")
@@ -100,8 +104,8 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "layout: %d buffers x %d pages of %d KiB (%d tokens/page), %d requests of %d..%d tokens, %d in flight\n",
-		len(tl.Buffers), tl.Buffers[0].Pages(), tl.Buffers[0].ItemLen>>10, cfg.Layout.PageTokens,
+	fmt.Fprintf(out, "layout: %d buffers x %d pages of %d KiB (%d tokens/page, %s), %d requests of %d..%d tokens, %d in flight\n",
+		len(tl.Buffers), tl.Buffers[0].Pages(), tl.Buffers[0].ItemLen>>10, cfg.Layout.PageTokens, describeHeads(cfg.Layout),
 		cfg.Requests, cfg.MinTokens, cfg.MaxTokens, cfg.Concurrency)
 	engines, err := sim.New(cmd.Context(), cfg)
 	if err != nil {

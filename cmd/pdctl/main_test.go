@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/pdlink/pdlink/internal/sim"
 	"github.com/pdlink/pdlink/internal/testbed"
 )
 
@@ -89,9 +90,32 @@ func TestDemoVerifiesEveryByteWithPrefixSkipAndLayerWise(t *testing.T) {
 	if !strings.Contains(out.String(), "verified:     12 rooms byte for byte, 0 corrupt") {
 		t.Fatalf("pdctl demo did not verify every room:\n%s", out.String())
 	}
+	if !strings.Contains(out.String(), "1 kv heads x 128 x 2 B") {
+		t.Fatalf("pdctl demo did not describe its heads (256-byte rows of bf16 heads of 128):\n%s", out.String())
+	}
 	// The regions lived in the demo's private --region-dir under
 	// --shm-dir, which goes with them.
 	if left, err := os.ReadDir(shm); err != nil || len(left) != 0 {
 		t.Fatalf("after the demo --shm-dir holds %v (err %v), want nothing", left, err)
+	}
+}
+
+// TestHeadFlagsThatDoNotFitTheRowAreRefused: --head-dim and --dtype-bytes given must split
+// each buffer's token row into whole heads; left at their defaults they leave a row they do
+// not fit opaque.
+func TestHeadFlagsThatDoNotFitTheRowAreRefused(t *testing.T) {
+	root := newRootCommand()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs([]string{"demo", "--bin-dir", t.TempDir(), "--layers", "2", "--bytes-per-token", "1024", "--head-dim", "96"})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "not whole heads of --head-dim 96") {
+		t.Fatalf("pdctl demo --head-dim 96 over 256-byte rows: %v, want the misfit named", err)
+	}
+	l := sim.TestLayout()
+	l.BytesPerToken = 256
+	cmd := newDemoCommand()
+	if err := fitHeads(cmd, &l); err != nil || l.HeadDim != 0 || describeHeads(l) != "opaque" {
+		t.Fatalf("default heads over 64-byte rows: %v, head-dim %d, want an opaque layout", err, l.HeadDim)
 	}
 }

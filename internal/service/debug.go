@@ -73,14 +73,20 @@ func DebugRooms(a *AdminServer) http.Handler {
 		out := struct {
 			// Region is the mapped region file (generation included), so
 			// an engine restart shows here as a new generation.
-			Region    *room.RegionFile `json:"region,omitempty"`
-			Rooms     []debugRoom      `json:"rooms"`
-			Truncated bool             `json:"truncated"`
+			Region *room.RegionFile `json:"region,omitempty"`
+			// Peers are the decode peers' rank mappings (prefill only):
+			// which ones map and which were refused, and why.
+			Peers     []room.PeerPlan `json:"peers,omitempty"`
+			Rooms     []debugRoom     `json:"rooms"`
+			Truncated bool            `json:"truncated"`
 		}{Rooms: []debugRoom{}, Truncated: next != ""}
 		if ro, ok := a.Owner.(interface{ Region() room.RegionFile }); ok {
 			if id := ro.Region(); id.Generation != 0 {
 				out.Region = &id
 			}
+		}
+		if po, ok := a.Owner.(interface{ PeerPlans() []room.PeerPlan }); ok {
+			out.Peers = po.PeerPlans()
 		}
 		for _, in := range infos {
 			created := a.Owner.WallTime(in.CreatedAt)

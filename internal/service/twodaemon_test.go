@@ -31,10 +31,11 @@ func newRegion(t testing.TB) region {
 }
 
 func layoutPB(l transfer.Layout) *pb.RegionLayout {
-	out := &pb.RegionLayout{Rank: &pb.Rank{TpRank: 0, TpSize: 1},
+	out := &pb.RegionLayout{Rank: &pb.Rank{TpRank: 0, TpSize: 1}, Attention: pb.Attention(l.Attention),
 		Aux: &pb.AuxSpec{Offset: uint64(l.Aux.Offset), RowLen: uint32(l.Aux.RowLen), Rows: uint32(l.Aux.Rows)}}
 	for _, b := range l.Buffers {
-		out.Buffers = append(out.Buffers, &pb.BufferSpec{Offset: uint64(b.Offset), Length: uint64(b.Length), ItemLen: uint32(b.ItemLen)})
+		out.Buffers = append(out.Buffers, &pb.BufferSpec{Offset: uint64(b.Offset), Length: uint64(b.Length), ItemLen: uint32(b.ItemLen),
+			PageTokens: uint32(b.PageTokens), TotalHeads: uint32(b.TotalHeads), RankHeads: uint32(b.RankHeads), HeadBytes: uint32(b.HeadBytes)})
 	}
 	return out
 }

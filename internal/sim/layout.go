@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -16,17 +17,38 @@ type Layout struct {
 	Pages         int64 // pages per buffer in each region
 	AuxRows       int64
 	AuxRowLen     int64
+	// HeadDim and DtypeBytes describe each buffer's token row as KV heads of HeadDim
+	// elements of DtypeBytes bytes (RegionLayout's head fields, MHA, the heads being what
+	// the row holds): 0 leaves the layout opaque.
+	HeadDim    int
+	DtypeBytes int
 }
 
 // DemoLayout is a realistic 8B-class model: 32 layers, K and V, 16-token
-// pages, 128 KiB of KV per token.
+// pages, 128 KiB of KV per token: 8 KV heads of 128 bf16 values per buffer
+// (Llama-3-8B).
 func DemoLayout() Layout {
-	return Layout{Layers: 32, PageTokens: 16, BytesPerToken: 128 << 10, Pages: 512, AuxRows: 256, AuxRowLen: 64}
+	return Layout{Layers: 32, PageTokens: 16, BytesPerToken: 128 << 10, Pages: 512, AuxRows: 256, AuxRowLen: 64,
+		HeadDim: 128, DtypeBytes: 2}
 }
 
-// TestLayout is small enough for unit and e2e tests.
+// TestLayout is small enough for unit and e2e tests: 4 KV heads of 128
+// bf16 values per buffer.
 func TestLayout() Layout {
-	return Layout{Layers: 2, PageTokens: 16, BytesPerToken: 4 << 10, Pages: 256, AuxRows: 128, AuxRowLen: 64}
+	return Layout{Layers: 2, PageTokens: 16, BytesPerToken: 4 << 10, Pages: 256, AuxRows: 128, AuxRowLen: 64,
+		HeadDim: 128, DtypeBytes: 2}
+}
+
+// HeadsFit reports whether a buffer's token row (BytesPerToken over the
+// buffers) is whole heads of HeadDim x DtypeBytes bytes; an opaque layout
+// fits.
+func (l Layout) HeadsFit() bool {
+	if l.HeadDim == 0 {
+		return true
+	}
+	buffers := int64(2 * l.Layers)
+	hb := int64(l.HeadDim) * int64(l.DtypeBytes)
+	return buffers > 0 && hb > 0 && l.BytesPerToken%buffers == 0 && l.BytesPerToken/buffers%hb == 0
 }
 
 // Transfer returns the region layout of the model.
@@ -37,6 +59,14 @@ func (l Layout) Transfer() (transfer.Layout, error) {
 	}
 	itemLen := l.BytesPerToken / int64(buffers) * int64(l.PageTokens)
 	tl := transfer.UniformLayout(buffers, l.Pages, itemLen, l.AuxRows, l.AuxRowLen)
+	if l.HeadDim != 0 {
+		if l.HeadDim < 0 || l.DtypeBytes < 1 || !l.HeadsFit() {
+			return transfer.Layout{}, fmt.Errorf("sim: %d KV bytes per token over %d buffers is not whole heads of %d x %d bytes",
+				l.BytesPerToken, buffers, l.HeadDim, l.DtypeBytes)
+		}
+		hb := int64(l.HeadDim) * int64(l.DtypeBytes)
+		tl = tl.WithHeads(rankmap.MHA, int64(l.PageTokens), l.BytesPerToken/int64(buffers)/hb, hb)
+	}
 	return tl, tl.Validate()
 }
 

@@ -281,9 +281,11 @@ func dial(target string) (*grpc.ClientConn, error) {
 
 func layoutProto(tl transfer.Layout) *pb.RegionLayout {
 	l := &pb.RegionLayout{Rank: &pb.Rank{TpRank: uint32(tl.Rank.TP), TpSize: uint32(tl.Rank.Size)},
-		Aux: &pb.AuxSpec{Offset: uint64(tl.Aux.Offset), RowLen: uint32(tl.Aux.RowLen), Rows: uint32(tl.Aux.Rows)}}
+		Aux:       &pb.AuxSpec{Offset: uint64(tl.Aux.Offset), RowLen: uint32(tl.Aux.RowLen), Rows: uint32(tl.Aux.Rows)},
+		Attention: pb.Attention(tl.Attention)} // rankmap's values are the proto's
 	for _, b := range tl.Buffers {
-		l.Buffers = append(l.Buffers, &pb.BufferSpec{Offset: uint64(b.Offset), Length: uint64(b.Length), ItemLen: uint32(b.ItemLen)})
+		l.Buffers = append(l.Buffers, &pb.BufferSpec{Offset: uint64(b.Offset), Length: uint64(b.Length), ItemLen: uint32(b.ItemLen),
+			PageTokens: uint32(b.PageTokens), TotalHeads: uint32(b.TotalHeads), RankHeads: uint32(b.RankHeads), HeadBytes: uint32(b.HeadBytes)})
 	}
 	return l
 }

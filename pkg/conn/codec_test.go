@@ -140,6 +140,7 @@ func TestCodecRejectsInvalidFramesByReason(t *testing.T) {
 		{"register bad buffer", with(validFrames()["register"], func(e *pdlinkv1.Envelope) {
 			e.GetRegister().Layouts[0].Buffers[0].Length = 100
 		}), RejectInvalid},
+		{"register unknown attention", with(validFrames()["register"], func(e *pdlinkv1.Envelope) { e.GetRegister().Layouts[0].Attention = 7 }), RejectInvalid},
 		{"register bad aux", with(validFrames()["register"], func(e *pdlinkv1.Envelope) { e.GetRegister().Layouts[0].Aux.Rows = 0 }), RejectInvalid},
 	}
 	c := &Codec{}

@@ -290,6 +290,11 @@ func validateLayout(l *pdlinkv1.RegionLayout, lim Limits) error {
 	if err := validateRank(l.GetRank()); err != nil {
 		return err
 	}
+	if _, known := pdlinkv1.Attention_name[int32(l.GetAttention())]; !known {
+		// The head shape itself is the planner's to judge (pkg/transfer.PlanRanks): a
+		// layout that cannot map is refused per peer, not as a malformed frame.
+		return invalid("layout attention %d", l.GetAttention())
+	}
 	if len(l.GetBuffers()) > lim.MaxBuffers {
 		return fmt.Errorf("%w: %d buffers", ErrTooMany, len(l.GetBuffers()))
 	}

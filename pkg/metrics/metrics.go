@@ -59,6 +59,10 @@ type Sources struct {
 	// RegionRefused returns RegisterRegion paths refused, by the (rule)
 	// they broke (pkg/regionpath's closed set).
 	RegionRefused func() []Count
+	// PeerLayoutRefused returns decode peer layouts the prefill side could
+	// not map onto its own, by (reason) (transfer.RefusalReasons); once per
+	// pair of layouts, not per room.
+	PeerLayoutRefused func() []Count
 }
 
 // Side label values.
@@ -85,7 +89,7 @@ type Collector struct {
 	transferBytes, insecure                                *prometheus.Desc
 	regionReplaced, regionFaults                           *prometheus.Desc
 	authRejected, authReloads                              *prometheus.Desc
-	regionRefused                                          *prometheus.Desc
+	regionRefused, peerLayoutRefused                       *prometheus.Desc
 }
 
 // NewCollector builds the scrape-time collector for one daemon side.
@@ -103,33 +107,34 @@ func NewCollector(side string, src Sources) *Collector {
 		}
 	}
 	return &Collector{
-		src:            src,
-		moves:          moves,
-		inflight:       d("inflight_rooms", "Rooms not yet in a terminal state."),
-		rooms:          d("rooms", "Rooms held, by state (terminal rooms wait for Clear).", "state"),
-		oldest:         d("room_oldest_age_seconds", "Age of the oldest room in each state, measured from when it entered the state (Transferring: from its last progress).", "state"),
-		overdue:        d("rooms_overdue", "Rooms past the overdue fraction of their state's deadline.", "state"),
-		deadline:       d("room_deadline_seconds", "Deadline of each state (clear linger for terminal states); a room older than this is a pin.", "state"),
-		tombstones:     d("tombstones", "Abort and ended tombstones held."),
-		transitions:    d("room_transitions_total", "Room state transitions; from=\"\" counts opens.", "from", "to"),
-		failures:       d("room_failures_total", "Rooms failed, by reason.", "reason"),
-		rejectedEvents: d("room_events_rejected_total", "Room events refused by the state machine, by reason.", "reason"),
-		collisions:     d("room_collisions_total", "Room id collisions: opens refused because another request holds the id, peer frames naming another request's room (detected here), rooms the peer failed for a collision (told)."),
-		reaped:         d("rooms_reaped_total", "Terminal rooms removed without Clear, by reason.", "reason"),
-		frames:         d("frames_total", "Control frames, by type and direction.", "type", "dir"),
-		framesRejected: d("frames_rejected_total", "Control frames rejected, by reason.", "reason"),
-		retransmits:    d("frames_retransmitted_total", "Control frames sent again for lack of an ack."),
-		unsent:         d("frames_unsent_total", "Control frames the transport refused: its send queue full behind a slow peer, or the socket closed (a reliable frame goes again at its retransmit)."),
-		peers:          d("peers", "Peer daemons, by state.", "state"),
-		peerDepartures: d("peer_departures_total", "Peers that went away, by reason: goodbye (a planned stop), lost (heartbeats missed), restarted (a new instance behind the same address).", "reason"),
-		restarts:       d("worker_restarts_total", "Supervised goroutines restarted after a failure, by worker.", "worker"),
-		transferBytes:  d("transfer_bytes_total", "KV bytes moved (sent on prefill, written and verified on decode)."),
-		regionReplaced: d("region_replaced_total", "Region files found replaced: a new file registered for a rank, a rank unregistered, or a file seen replaced at a bind or Send before the engine registered it (once per generation). The rooms it failed count in room_failures_total{reason=\"region_replaced\"}."),
-		regionFaults:   d("region_faults_total", "Faults on mapped region memory (the region file truncated while its pages were copied), each recovered into a room failure with reason transfer_error instead of a crash."),
-		insecure:       d("insecure_mode", "1 when the daemon is reachable from other hosts without a shared secret (--insecure)."),
-		authRejected:   d("auth_rejected_total", "Control frames and data connections refused by authentication, by reason.", "reason"),
-		authReloads:    d("auth_token_reloads_total", "Token file reloads (SIGHUP), by result.", "result"),
-		regionRefused:  d("region_refused_total", "RegisterRegion paths refused (PermissionDenied), by the rule they broke: relative, not_clean, outside_dirs, symlink, not_regular, group, changed.", "rule"),
+		src:               src,
+		moves:             moves,
+		inflight:          d("inflight_rooms", "Rooms not yet in a terminal state."),
+		rooms:             d("rooms", "Rooms held, by state (terminal rooms wait for Clear).", "state"),
+		oldest:            d("room_oldest_age_seconds", "Age of the oldest room in each state, measured from when it entered the state (Transferring: from its last progress).", "state"),
+		overdue:           d("rooms_overdue", "Rooms past the overdue fraction of their state's deadline.", "state"),
+		deadline:          d("room_deadline_seconds", "Deadline of each state (clear linger for terminal states); a room older than this is a pin.", "state"),
+		tombstones:        d("tombstones", "Abort and ended tombstones held."),
+		transitions:       d("room_transitions_total", "Room state transitions; from=\"\" counts opens.", "from", "to"),
+		failures:          d("room_failures_total", "Rooms failed, by reason.", "reason"),
+		rejectedEvents:    d("room_events_rejected_total", "Room events refused by the state machine, by reason.", "reason"),
+		collisions:        d("room_collisions_total", "Room id collisions: opens refused because another request holds the id, peer frames naming another request's room (detected here), rooms the peer failed for a collision (told)."),
+		reaped:            d("rooms_reaped_total", "Terminal rooms removed without Clear, by reason.", "reason"),
+		frames:            d("frames_total", "Control frames, by type and direction.", "type", "dir"),
+		framesRejected:    d("frames_rejected_total", "Control frames rejected, by reason.", "reason"),
+		retransmits:       d("frames_retransmitted_total", "Control frames sent again for lack of an ack."),
+		unsent:            d("frames_unsent_total", "Control frames the transport refused: its send queue full behind a slow peer, or the socket closed (a reliable frame goes again at its retransmit)."),
+		peers:             d("peers", "Peer daemons, by state.", "state"),
+		peerDepartures:    d("peer_departures_total", "Peers that went away, by reason: goodbye (a planned stop), lost (heartbeats missed), restarted (a new instance behind the same address).", "reason"),
+		restarts:          d("worker_restarts_total", "Supervised goroutines restarted after a failure, by worker.", "worker"),
+		transferBytes:     d("transfer_bytes_total", "KV bytes moved (sent on prefill, written and verified on decode)."),
+		regionReplaced:    d("region_replaced_total", "Region files found replaced: a new file registered for a rank, a rank unregistered, or a file seen replaced at a bind or Send before the engine registered it (once per generation). The rooms it failed count in room_failures_total{reason=\"region_replaced\"}."),
+		regionFaults:      d("region_faults_total", "Faults on mapped region memory (the region file truncated while its pages were copied), each recovered into a room failure with reason transfer_error instead of a crash."),
+		insecure:          d("insecure_mode", "1 when the daemon is reachable from other hosts without a shared secret (--insecure)."),
+		authRejected:      d("auth_rejected_total", "Control frames and data connections refused by authentication, by reason.", "reason"),
+		authReloads:       d("auth_token_reloads_total", "Token file reloads (SIGHUP), by result.", "result"),
+		peerLayoutRefused: d("peer_layout_refused_total", "Decode peer layouts (from REGISTER) that cannot map onto this side's, by the reason pkg/rankmap or the opaque comparison gave: page_size, dtype, head_count, tp_not_divisible, opaque_tp, ...; counted once per pair of layouts, and each room bound to the peer then fails with reason invalid.", "reason"),
+		regionRefused:     d("region_refused_total", "RegisterRegion paths refused (PermissionDenied), by the rule they broke: relative, not_clean, outside_dirs, symlink, not_regular, group, changed.", "rule"),
 	}
 }
 
@@ -137,7 +142,7 @@ func NewCollector(side string, src Sources) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.rooms, c.oldest, c.overdue, c.deadline, c.tombstones,
 		c.transitions, c.failures, c.rejectedEvents, c.collisions, c.reaped, c.frames, c.framesRejected,
-		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.regionReplaced, c.regionFaults, c.insecure, c.authRejected, c.authReloads, c.regionRefused} {
+		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.regionReplaced, c.regionFaults, c.insecure, c.authRejected, c.authReloads, c.regionRefused, c.peerLayoutRefused} {
 		ch <- d
 	}
 }
@@ -198,6 +203,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.src.AuthRejected, c.authRejected, prometheus.CounterValue)
 	emit(c.src.AuthReloads, c.authReloads, prometheus.CounterValue)
 	emit(c.src.RegionRefused, c.regionRefused, prometheus.CounterValue)
+	emit(c.src.PeerLayoutRefused, c.peerLayoutRefused, prometheus.CounterValue)
 	if c.src.Retransmits != nil {
 		counter(c.retransmits, c.src.Retransmits())
 	}
@@ -298,6 +304,7 @@ func Names() map[string]string {
 		name("auth_rejected_total"):        "counter",
 		name("auth_token_reloads_total"):   "counter",
 		name("region_refused_total"):       "counter",
+		name("peer_layout_refused_total"):  "counter",
 		name("room_duration_seconds"):      "histogram",
 		name("transfer_duration_seconds"):  "histogram",
 		name("build_info"):                 "gauge",

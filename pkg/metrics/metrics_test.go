@@ -45,14 +45,15 @@ func allSources(tbl *poll.Table, now *int64) Sources {
 		PeerDepartures: func() []Count {
 			return []Count{{[]string{"goodbye"}, 1}, {[]string{"lost"}, 0}, {[]string{"restarted"}, 0}}
 		},
-		WorkerRestarts: func() []Count { return []Count{{[]string{"listener"}, 0}} },
-		TransferBytes:  func() float64 { return 4096 },
-		RegionReplaced: func() float64 { return 0 },
-		RegionFaults:   func() float64 { return 0 },
-		InsecureMode:   func() float64 { return 0 },
-		AuthRejected:   func() []Count { return []Count{{[]string{"mac_invalid"}, 0}} },
-		AuthReloads:    func() []Count { return []Count{{[]string{"ok"}, 0}} },
-		RegionRefused:  func() []Count { return []Count{{[]string{"symlink"}, 0}} },
+		WorkerRestarts:    func() []Count { return []Count{{[]string{"listener"}, 0}} },
+		TransferBytes:     func() float64 { return 4096 },
+		RegionReplaced:    func() float64 { return 0 },
+		RegionFaults:      func() float64 { return 0 },
+		InsecureMode:      func() float64 { return 0 },
+		AuthRejected:      func() []Count { return []Count{{[]string{"mac_invalid"}, 0}} },
+		AuthReloads:       func() []Count { return []Count{{[]string{"ok"}, 0}} },
+		RegionRefused:     func() []Count { return []Count{{[]string{"symlink"}, 0}} },
+		PeerLayoutRefused: func() []Count { return []Count{{[]string{"dtype"}, 0}} },
 	}
 }
 

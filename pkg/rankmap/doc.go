@@ -4,10 +4,11 @@
 //
 // # Who calls it
 //
-// The room owner on each daemon, at REGISTER time, once per peer pair (and again when a
-// peer's layout changes): Plan(prefill, decode) either refuses the pair with a sentinel from
-// errors.go (the peer is then not usable for rooms) or returns the Mapping every room
-// between the two engines uses. Nothing here is per room.
+// pkg/transfer's PlanRanks, for two described layouts, which the prefill room owner calls
+// once per pair of layouts (a decode peer's from REGISTER and its own; again when either
+// changes): Plan(prefill, decode) either refuses the pair with a sentinel from errors.go
+// (the peer is then not usable for rooms) or returns the Mapping every room between the two
+// engines uses, kept per peer. Nothing here is per room.
 //
 // # The mapping
 //

@@ -8,6 +8,7 @@ import (
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/pagelist"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -137,13 +138,27 @@ func layoutFromProto(field string, l *pb.RegionLayout) (transfer.Layout, error) 
 		return transfer.Layout{}, invalid(field+".rank", "%v", err)
 	}
 	out := transfer.Layout{Rank: transferRank(l.Rank)}
+	switch l.Attention {
+	case pb.Attention_ATTENTION_UNSPECIFIED:
+	case pb.Attention_ATTENTION_MHA:
+		out.Attention = rankmap.MHA
+	case pb.Attention_ATTENTION_MLA:
+		out.Attention = rankmap.MLA
+	default:
+		return transfer.Layout{}, invalid(field+".attention", "unknown value %d", l.Attention)
+	}
 	for _, b := range l.Buffers {
-		out.Buffers = append(out.Buffers, transfer.BufferSpec{Offset: int64(b.Offset), Length: int64(b.Length), ItemLen: int64(b.ItemLen)})
+		out.Buffers = append(out.Buffers, transfer.BufferSpec{Offset: int64(b.Offset), Length: int64(b.Length), ItemLen: int64(b.ItemLen),
+			PageTokens: int64(b.PageTokens), TotalHeads: int64(b.TotalHeads), RankHeads: int64(b.RankHeads), HeadBytes: int64(b.HeadBytes)})
 	}
 	if l.Aux != nil {
 		out.Aux = transfer.AuxSpec{Offset: int64(l.Aux.Offset), RowLen: int64(l.Aux.RowLen), Rows: int64(l.Aux.Rows)}
 	}
 	if err := out.Validate(); err != nil {
+		var fe *transfer.LayoutFieldError
+		if errors.As(err, &fe) {
+			return transfer.Layout{}, invalid(field+"."+fe.Field, "%s", fe.Desc)
+		}
 		return transfer.Layout{}, invalid(field, "%v", err)
 	}
 	return out, nil

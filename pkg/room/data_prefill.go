@@ -13,6 +13,7 @@ import (
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -48,6 +49,8 @@ type PrefillData struct {
 	rooms  map[poll.RoomID]*prefillRoom // the owner's
 	fenced map[poll.Key]bool            // the owner's; sticky until Forget (a late Bind is ignored)
 	bytes  atomic.Uint64
+
+	plans peerPlans
 }
 
 type prefillRoom struct {
@@ -253,6 +256,9 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 		}
 	}
 	pl, err := layoutFromProto("layout", layout)
+	if err == nil {
+		err = d.plans.plan(d.log, peer.Addr, region.Layout(), pl)
+	}
 	if err == nil {
 		err = sender.AddPeer(peer.Addr, pl)
 	}
@@ -638,3 +644,29 @@ func (n *PrefillOwner) RegionFaults() uint64 { return n.data.slot.RegionFaults()
 
 // Bytes is the KV bytes this side sent and decode confirmed.
 func (n *PrefillOwner) Bytes() uint64 { return n.data.Bytes() }
+
+// PeerPlans is every decode peer's rank mapping (or refusal) as last planned, by address.
+func (n *PrefillOwner) PeerPlans() []PeerPlan {
+	if n.data == nil {
+		return nil
+	}
+	return n.data.plans.list()
+}
+
+// PeerMapping is the rank mapping kept for the decode peer at data address addr (false
+// when it has none: not bound yet, or refused).
+func (n *PrefillOwner) PeerMapping(addr string) (rankmap.Mapping, bool) {
+	if n.data == nil {
+		return rankmap.Mapping{}, false
+	}
+	return n.data.plans.mapping(addr)
+}
+
+// PeerLayoutsRefused is how many decode peer layouts could not map, by
+// transfer.RefusalReason (pdlink_peer_layout_refused_total).
+func (n *PrefillOwner) PeerLayoutsRefused(reason string) uint64 {
+	if n.data == nil {
+		return 0
+	}
+	return n.data.plans.refusals(reason)
+}

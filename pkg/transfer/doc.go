@@ -7,9 +7,14 @@
 // mapped MAP_SHARED and pre-faulted with MAP_POPULATE when it is opened, never on the
 // transfer path. Its Layout lists the buffers (one per layer K and V in MHA, one per layer in
 // MLA), each with offset, length and page size (ItemLen), plus an aux buffer of fixed-size
-// rows. Page p of buffer i is at Offset_i + p*ItemLen_i. Layout.Validate checks a layout on
-// its own; Layout.Compatible checks, at REGISTER time on both sides, that buffer count, page
-// sizes and aux row size match, and names the first mismatch.
+// rows. Page p of buffer i is at Offset_i + p*ItemLen_i. A layout may also describe its
+// pages' heads (Attention and each buffer's PageTokens, TotalHeads, RankHeads, HeadBytes);
+// Layout.Validate checks a layout on its own, those fields' consistency included, naming the
+// field (LayoutFieldError). PlanRanks is the one place a prefill and a decode layout become
+// a rankmap.Mapping: described on both sides through rankmap.Plan, otherwise compared as
+// opaque (buffer count, page sizes, aux row size and TP size equal: the identity); a
+// refusal names the rankmap sentinel (RefusalReason gives its closed-set name).
+// Layout.Compatible is PlanRanks without the mapping.
 //
 // A Region is a handle onto one Mapping at a time: a registered file, identified by path,
 // device, inode and generation (RegionID). Mapping.Check stats the path (one stat(2)) and

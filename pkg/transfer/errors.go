@@ -9,6 +9,9 @@ var (
 	// ErrIncompatibleLayout means the two sides' layouts cannot exchange pages
 	// (buffer count, page size or aux row size differ).
 	ErrIncompatibleLayout = errors.New("transfer: incompatible layouts")
+	// ErrOpaqueTP means two layouts of different TP sizes cannot map because one of them
+	// does not describe its heads (attention and the buffers' head fields).
+	ErrOpaqueTP = errors.New("transfer: opaque layouts need equal tp sizes")
 	// ErrRegionTooSmall means the region file is shorter than its layout needs.
 	ErrRegionTooSmall = errors.New("transfer: region file smaller than layout")
 	// ErrRegionReplaced means the file at a region's path is no longer the mapped one.

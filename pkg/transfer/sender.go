@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -233,9 +232,7 @@ func (s *Sender) AddPeer(addr string, layout Layout) error {
 	return nil
 }
 
-func sameLayout(a, b Layout) bool {
-	return a.Aux == b.Aux && a.Rank == b.Rank && slices.Equal(a.Buffers, b.Buffers)
-}
+func sameLayout(a, b Layout) bool { return a.Equal(b) }
 
 // RemovePeer stops the peer's connections; its open and unfinished streams fail with
 // transfer_error.

@@ -133,6 +133,60 @@ func (Side) EnumDescriptor() ([]byte, []int) {
 	return file_pdlink_v1_common_proto_rawDescGZIP(), []int{1}
 }
 
+// Attention says how a model's KV is spread over a side's TP ranks.
+type Attention int32
+
+const (
+	// ATTENTION_UNSPECIFIED: an opaque layout (its buffers leave the head
+	// fields 0).
+	Attention_ATTENTION_UNSPECIFIED Attention = 0
+	// ATTENTION_MHA: KV heads are split across ranks (MHA, GQA, MQA).
+	Attention_ATTENTION_MHA Attention = 1
+	// ATTENTION_MLA: one latent per token, whole on every rank (DeepSeek).
+	Attention_ATTENTION_MLA Attention = 2
+)
+
+// Enum value maps for Attention.
+var (
+	Attention_name = map[int32]string{
+		0: "ATTENTION_UNSPECIFIED",
+		1: "ATTENTION_MHA",
+		2: "ATTENTION_MLA",
+	}
+	Attention_value = map[string]int32{
+		"ATTENTION_UNSPECIFIED": 0,
+		"ATTENTION_MHA":         1,
+		"ATTENTION_MLA":         2,
+	}
+)
+
+func (x Attention) Enum() *Attention {
+	p := new(Attention)
+	*p = x
+	return p
+}
+
+func (x Attention) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Attention) Descriptor() protoreflect.EnumDescriptor {
+	return file_pdlink_v1_common_proto_enumTypes[2].Descriptor()
+}
+
+func (Attention) Type() protoreflect.EnumType {
+	return &file_pdlink_v1_common_proto_enumTypes[2]
+}
+
+func (x Attention) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Attention.Descriptor instead.
+func (Attention) EnumDescriptor() ([]byte, []int) {
+	return file_pdlink_v1_common_proto_rawDescGZIP(), []int{2}
+}
+
 // PageRun is a run of consecutive page indices [start, start+count).
 // Valid when start >= 0 and count >= 1 and start+count does not overflow int32.
 type PageRun struct {
@@ -303,11 +357,29 @@ func (x *Rank) GetTpSize() uint32 {
 // BufferSpec is one KV buffer (one layer's K or V, or one MLA layer) inside a
 // region file. Page p lives at offset + p*item_len. Valid when item_len >= 1,
 // length is a multiple of item_len, and offset+length fits in the file.
+//
+// The head fields are optional and go together: all zero is an "opaque"
+// buffer (pages compared by item_len alone, equal TP only); when any is
+// set, all are, and item_len == page_tokens * rank_heads * head_bytes.
+// They let the daemons map ranks of different TP sizes (pkg/rankmap).
 type BufferSpec struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Offset        uint64                 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
-	Length        uint64                 `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
-	ItemLen       uint32                 `protobuf:"varint,3,opt,name=item_len,json=itemLen,proto3" json:"item_len,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Offset uint64                 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length uint64                 `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
+	// item_len is the bytes of one page (SGLang kv_item_lens[i]).
+	ItemLen uint32 `protobuf:"varint,3,opt,name=item_len,json=itemLen,proto3" json:"item_len,omitempty"`
+	// page_tokens is the tokens per page (SGLang page_size).
+	PageTokens uint32 `protobuf:"varint,4,opt,name=page_tokens,json=pageTokens,proto3" json:"page_tokens,omitempty"`
+	// total_heads is the model's KV heads in this buffer, over all ranks
+	// (SGLang total_kv_head_num; MLA: heads of the latent, usually 1).
+	TotalHeads uint32 `protobuf:"varint,5,opt,name=total_heads,json=totalHeads,proto3" json:"total_heads,omitempty"`
+	// rank_heads is the KV heads this rank holds (SGLang kv_head_num):
+	// max(total_heads / tp_size, 1) for MHA (total_heads and tp_size divide
+	// one another), total_heads for MLA.
+	RankHeads uint32 `protobuf:"varint,6,opt,name=rank_heads,json=rankHeads,proto3" json:"rank_heads,omitempty"`
+	// head_bytes is the bytes of one head of one token: head_dim times the
+	// dtype's bytes (SGLang head_dim * kv_cache_dtype itemsize).
+	HeadBytes     uint32 `protobuf:"varint,7,opt,name=head_bytes,json=headBytes,proto3" json:"head_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -359,6 +431,34 @@ func (x *BufferSpec) GetLength() uint64 {
 func (x *BufferSpec) GetItemLen() uint32 {
 	if x != nil {
 		return x.ItemLen
+	}
+	return 0
+}
+
+func (x *BufferSpec) GetPageTokens() uint32 {
+	if x != nil {
+		return x.PageTokens
+	}
+	return 0
+}
+
+func (x *BufferSpec) GetTotalHeads() uint32 {
+	if x != nil {
+		return x.TotalHeads
+	}
+	return 0
+}
+
+func (x *BufferSpec) GetRankHeads() uint32 {
+	if x != nil {
+		return x.RankHeads
+	}
+	return 0
+}
+
+func (x *BufferSpec) GetHeadBytes() uint32 {
+	if x != nil {
+		return x.HeadBytes
 	}
 	return 0
 }
@@ -425,13 +525,20 @@ func (x *AuxSpec) GetRows() uint32 {
 	return 0
 }
 
-// RegionLayout is what both daemons compare at REGISTER time: buffer count,
-// item sizes and aux row size must match between prefill and decode.
+// RegionLayout is what both daemons compare at REGISTER time. Opaque
+// layouts (attention unspecified, head fields 0) need equal buffer count,
+// item_len per buffer, aux row size and tp_size. Described layouts
+// (attention set and every buffer's head fields set) are mapped rank to
+// rank by pkg/rankmap, which refuses page size, dtype bytes or head counts
+// that cannot map. One side opaque and the other described compare as
+// opaque.
 type RegionLayout struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rank          *Rank                  `protobuf:"bytes,1,opt,name=rank,proto3" json:"rank,omitempty"`
-	Buffers       []*BufferSpec          `protobuf:"bytes,2,rep,name=buffers,proto3" json:"buffers,omitempty"`
-	Aux           *AuxSpec               `protobuf:"bytes,3,opt,name=aux,proto3" json:"aux,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Rank    *Rank                  `protobuf:"bytes,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Buffers []*BufferSpec          `protobuf:"bytes,2,rep,name=buffers,proto3" json:"buffers,omitempty"`
+	Aux     *AuxSpec               `protobuf:"bytes,3,opt,name=aux,proto3" json:"aux,omitempty"`
+	// attention is set exactly when the buffers' head fields are.
+	Attention     Attention `protobuf:"varint,4,opt,name=attention,proto3,enum=pdlink.v1.Attention" json:"attention,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -485,6 +592,13 @@ func (x *RegionLayout) GetAux() *AuxSpec {
 		return x.Aux
 	}
 	return nil
+}
+
+func (x *RegionLayout) GetAttention() Attention {
+	if x != nil {
+		return x.Attention
+	}
+	return Attention_ATTENTION_UNSPECIFIED
 }
 
 // RoomStatus is one room as a scheduler sees it.
@@ -1050,20 +1164,29 @@ const file_pdlink_v1_common_proto_rawDesc = "" +
 	"\x04runs\x18\x02 \x03(\v2\x12.pdlink.v1.PageRunR\x04runs\"8\n" +
 	"\x04Rank\x12\x17\n" +
 	"\atp_rank\x18\x01 \x01(\rR\x06tpRank\x12\x17\n" +
-	"\atp_size\x18\x02 \x01(\rR\x06tpSize\"W\n" +
+	"\atp_size\x18\x02 \x01(\rR\x06tpSize\"\xd7\x01\n" +
 	"\n" +
 	"BufferSpec\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x19\n" +
-	"\bitem_len\x18\x03 \x01(\rR\aitemLen\"N\n" +
+	"\bitem_len\x18\x03 \x01(\rR\aitemLen\x12\x1f\n" +
+	"\vpage_tokens\x18\x04 \x01(\rR\n" +
+	"pageTokens\x12\x1f\n" +
+	"\vtotal_heads\x18\x05 \x01(\rR\n" +
+	"totalHeads\x12\x1d\n" +
+	"\n" +
+	"rank_heads\x18\x06 \x01(\rR\trankHeads\x12\x1d\n" +
+	"\n" +
+	"head_bytes\x18\a \x01(\rR\theadBytes\"N\n" +
 	"\aAuxSpec\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x17\n" +
 	"\arow_len\x18\x02 \x01(\rR\x06rowLen\x12\x12\n" +
-	"\x04rows\x18\x03 \x01(\rR\x04rows\"\x8a\x01\n" +
+	"\x04rows\x18\x03 \x01(\rR\x04rows\"\xbe\x01\n" +
 	"\fRegionLayout\x12#\n" +
 	"\x04rank\x18\x01 \x01(\v2\x0f.pdlink.v1.RankR\x04rank\x12/\n" +
 	"\abuffers\x18\x02 \x03(\v2\x15.pdlink.v1.BufferSpecR\abuffers\x12$\n" +
-	"\x03aux\x18\x03 \x01(\v2\x12.pdlink.v1.AuxSpecR\x03aux\"\xb6\x01\n" +
+	"\x03aux\x18\x03 \x01(\v2\x12.pdlink.v1.AuxSpecR\x03aux\x122\n" +
+	"\tattention\x18\x04 \x01(\x0e2\x14.pdlink.v1.AttentionR\tattention\"\xb6\x01\n" +
 	"\n" +
 	"RoomStatus\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12\x14\n" +
@@ -1125,7 +1248,11 @@ const file_pdlink_v1_common_proto_rawDesc = "" +
 	"\x04Side\x12\x14\n" +
 	"\x10SIDE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSIDE_PREFILL\x10\x01\x12\x0f\n" +
-	"\vSIDE_DECODE\x10\x02B1Z/github.com/pdlink/pdlink/api/pdlink/v1;pdlinkv1b\x06proto3"
+	"\vSIDE_DECODE\x10\x02*L\n" +
+	"\tAttention\x12\x19\n" +
+	"\x15ATTENTION_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rATTENTION_MHA\x10\x01\x12\x11\n" +
+	"\rATTENTION_MLA\x10\x02B1Z/github.com/pdlink/pdlink/api/pdlink/v1;pdlinkv1b\x06proto3"
 
 var (
 	file_pdlink_v1_common_proto_rawDescOnce sync.Once
@@ -1139,50 +1266,52 @@ func file_pdlink_v1_common_proto_rawDescGZIP() []byte {
 	return file_pdlink_v1_common_proto_rawDescData
 }
 
-var file_pdlink_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_pdlink_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_pdlink_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_pdlink_v1_common_proto_goTypes = []any{
 	(RoomState)(0),                // 0: pdlink.v1.RoomState
 	(Side)(0),                     // 1: pdlink.v1.Side
-	(*PageRun)(nil),               // 2: pdlink.v1.PageRun
-	(*PageList)(nil),              // 3: pdlink.v1.PageList
-	(*Rank)(nil),                  // 4: pdlink.v1.Rank
-	(*BufferSpec)(nil),            // 5: pdlink.v1.BufferSpec
-	(*AuxSpec)(nil),               // 6: pdlink.v1.AuxSpec
-	(*RegionLayout)(nil),          // 7: pdlink.v1.RegionLayout
-	(*RoomStatus)(nil),            // 8: pdlink.v1.RoomStatus
-	(*Transition)(nil),            // 9: pdlink.v1.Transition
-	(*RoomInfo)(nil),              // 10: pdlink.v1.RoomInfo
-	(*WatchFilter)(nil),           // 11: pdlink.v1.WatchFilter
-	(*WatchEvent)(nil),            // 12: pdlink.v1.WatchEvent
-	(*ClearResult)(nil),           // 13: pdlink.v1.ClearResult
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(Attention)(0),                // 2: pdlink.v1.Attention
+	(*PageRun)(nil),               // 3: pdlink.v1.PageRun
+	(*PageList)(nil),              // 4: pdlink.v1.PageList
+	(*Rank)(nil),                  // 5: pdlink.v1.Rank
+	(*BufferSpec)(nil),            // 6: pdlink.v1.BufferSpec
+	(*AuxSpec)(nil),               // 7: pdlink.v1.AuxSpec
+	(*RegionLayout)(nil),          // 8: pdlink.v1.RegionLayout
+	(*RoomStatus)(nil),            // 9: pdlink.v1.RoomStatus
+	(*Transition)(nil),            // 10: pdlink.v1.Transition
+	(*RoomInfo)(nil),              // 11: pdlink.v1.RoomInfo
+	(*WatchFilter)(nil),           // 12: pdlink.v1.WatchFilter
+	(*WatchEvent)(nil),            // 13: pdlink.v1.WatchEvent
+	(*ClearResult)(nil),           // 14: pdlink.v1.ClearResult
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
 }
 var file_pdlink_v1_common_proto_depIdxs = []int32{
-	2,  // 0: pdlink.v1.PageList.runs:type_name -> pdlink.v1.PageRun
-	4,  // 1: pdlink.v1.RegionLayout.rank:type_name -> pdlink.v1.Rank
-	5,  // 2: pdlink.v1.RegionLayout.buffers:type_name -> pdlink.v1.BufferSpec
-	6,  // 3: pdlink.v1.RegionLayout.aux:type_name -> pdlink.v1.AuxSpec
-	0,  // 4: pdlink.v1.RoomStatus.state:type_name -> pdlink.v1.RoomState
-	0,  // 5: pdlink.v1.Transition.from:type_name -> pdlink.v1.RoomState
-	0,  // 6: pdlink.v1.Transition.to:type_name -> pdlink.v1.RoomState
-	14, // 7: pdlink.v1.Transition.at:type_name -> google.protobuf.Timestamp
-	1,  // 8: pdlink.v1.RoomInfo.side:type_name -> pdlink.v1.Side
-	0,  // 9: pdlink.v1.RoomInfo.state:type_name -> pdlink.v1.RoomState
-	0,  // 10: pdlink.v1.RoomInfo.visible_state:type_name -> pdlink.v1.RoomState
-	14, // 11: pdlink.v1.RoomInfo.created_at:type_name -> google.protobuf.Timestamp
-	15, // 12: pdlink.v1.RoomInfo.age:type_name -> google.protobuf.Duration
-	15, // 13: pdlink.v1.RoomInfo.state_age:type_name -> google.protobuf.Duration
-	14, // 14: pdlink.v1.RoomInfo.deadline:type_name -> google.protobuf.Timestamp
-	9,  // 15: pdlink.v1.RoomInfo.history:type_name -> pdlink.v1.Transition
-	0,  // 16: pdlink.v1.WatchFilter.to_states:type_name -> pdlink.v1.RoomState
-	9,  // 17: pdlink.v1.WatchEvent.transition:type_name -> pdlink.v1.Transition
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	3,  // 0: pdlink.v1.PageList.runs:type_name -> pdlink.v1.PageRun
+	5,  // 1: pdlink.v1.RegionLayout.rank:type_name -> pdlink.v1.Rank
+	6,  // 2: pdlink.v1.RegionLayout.buffers:type_name -> pdlink.v1.BufferSpec
+	7,  // 3: pdlink.v1.RegionLayout.aux:type_name -> pdlink.v1.AuxSpec
+	2,  // 4: pdlink.v1.RegionLayout.attention:type_name -> pdlink.v1.Attention
+	0,  // 5: pdlink.v1.RoomStatus.state:type_name -> pdlink.v1.RoomState
+	0,  // 6: pdlink.v1.Transition.from:type_name -> pdlink.v1.RoomState
+	0,  // 7: pdlink.v1.Transition.to:type_name -> pdlink.v1.RoomState
+	15, // 8: pdlink.v1.Transition.at:type_name -> google.protobuf.Timestamp
+	1,  // 9: pdlink.v1.RoomInfo.side:type_name -> pdlink.v1.Side
+	0,  // 10: pdlink.v1.RoomInfo.state:type_name -> pdlink.v1.RoomState
+	0,  // 11: pdlink.v1.RoomInfo.visible_state:type_name -> pdlink.v1.RoomState
+	15, // 12: pdlink.v1.RoomInfo.created_at:type_name -> google.protobuf.Timestamp
+	16, // 13: pdlink.v1.RoomInfo.age:type_name -> google.protobuf.Duration
+	16, // 14: pdlink.v1.RoomInfo.state_age:type_name -> google.protobuf.Duration
+	15, // 15: pdlink.v1.RoomInfo.deadline:type_name -> google.protobuf.Timestamp
+	10, // 16: pdlink.v1.RoomInfo.history:type_name -> pdlink.v1.Transition
+	0,  // 17: pdlink.v1.WatchFilter.to_states:type_name -> pdlink.v1.RoomState
+	10, // 18: pdlink.v1.WatchEvent.transition:type_name -> pdlink.v1.Transition
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_pdlink_v1_common_proto_init() }
@@ -1199,7 +1328,7 @@ func file_pdlink_v1_common_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdlink_v1_common_proto_rawDesc), len(file_pdlink_v1_common_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
