@@ -14,6 +14,7 @@ import (
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -52,8 +53,15 @@ func newRegion(t testing.TB) region {
 func layoutPB(l transfer.Layout) *pb.RegionLayout {
 	out := &pb.RegionLayout{Rank: &pb.Rank{TpRank: 0, TpSize: 1},
 		Aux: &pb.AuxSpec{Offset: uint64(l.Aux.Offset), RowLen: uint32(l.Aux.RowLen), Rows: uint32(l.Aux.Rows)}}
+	switch l.Attention {
+	case rankmap.MHA:
+		out.Attention = pb.Attention_ATTENTION_MHA
+	case rankmap.MLA:
+		out.Attention = pb.Attention_ATTENTION_MLA
+	}
 	for _, b := range l.Buffers {
-		out.Buffers = append(out.Buffers, &pb.BufferSpec{Offset: uint64(b.Offset), Length: uint64(b.Length), ItemLen: uint32(b.ItemLen)})
+		out.Buffers = append(out.Buffers, &pb.BufferSpec{Offset: uint64(b.Offset), Length: uint64(b.Length), ItemLen: uint32(b.ItemLen),
+			PageTokens: uint32(b.PageTokens), TotalHeads: uint32(b.TotalHeads), RankHeads: uint32(b.RankHeads), HeadBytes: uint32(b.HeadBytes)})
 	}
 	return out
 }

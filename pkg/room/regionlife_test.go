@@ -3,6 +3,7 @@ package room
 import (
 	"context"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -325,5 +327,38 @@ func TestDecodeUnregisterRegionUnmapsOnlyAfterAWriteMidCopyLetGo(t *testing.T) {
 	}
 	if r, peer := h.reason(h.pre, room); r != poll.ReasonAbortedRemote || peer != poll.ReasonRegionReplaced {
 		t.Fatalf("prefill room %d failed with %q (peer %q), want aborted:remote naming region_replaced", room, r, peer)
+	}
+}
+
+// Re-registering the same file with a layout that now describes its heads
+// (an engine upgraded in place) is a new generation that the peers learn,
+// not an idempotent repeat that keeps the old opaque layout.
+func TestReRegisteringTheSameFileWithADescribedLayoutIsANewGeneration(t *testing.T) {
+	a := newRegion(t)
+	described := a.layout
+	described.Attention = rankmap.MHA
+	described.Buffers = slices.Clone(a.layout.Buffers)
+	for i := range described.Buffers {
+		// 4096-byte pages: 16 tokens of 2 heads of 128 bytes.
+		described.Buffers[i].PageTokens, described.Buffers[i].TotalHeads, described.Buffers[i].RankHeads, described.Buffers[i].HeadBytes = 16, 2, 2, 128
+	}
+	if err := described.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	announced := 0
+	s := &regionSlot{log: zap.NewNop(), onLayout: func() { announced++ }}
+	allowTempRegions(t, s)
+	if reg, err := s.register(a.path, layoutPB(a.layout)); err != nil || reg.File.Generation != 1 {
+		t.Fatalf("first register: %+v %v", reg, err)
+	}
+	reg, err := s.register(a.path, layoutPB(described))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reg.File.Generation != 2 || announced != 1 {
+		t.Fatalf("same file, described layout: generation %d, announced %d; want 2 and 1", reg.File.Generation, announced)
+	}
+	if got := s.get().Layout(); !got.Equal(described) {
+		t.Fatalf("the slot serves %+v, want the described layout", got)
 	}
 }

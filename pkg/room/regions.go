@@ -113,7 +113,10 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (Registered, erro
 	if r != nil {
 		cur = r.Current()
 	}
-	if cur != nil && cur.ID().Path == path && cur.Layout().Compatible(layout) == nil {
+	// Idempotent only for the same file and the same layout: a layout that
+	// changed (heads described, another page size) is a new generation, so
+	// the peers learn it and no room runs on the old one.
+	if cur != nil && cur.ID().Path == path && cur.Layout().Equal(layout) {
 		if err := cur.Check(); err == nil {
 			return Registered{ID: regionID(layout), File: cur.ID()}, nil // the same file: idempotent
 		}
