@@ -5,8 +5,6 @@ import (
 	"context"
 	"net"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -118,114 +116,5 @@ func TestReceiverReadsSmallRunsStraightIntoPages(t *testing.T) {
 	t.Logf("payload %d B: %d B read straight into pages, %d B through the buffering", payload, direct, through)
 	if through > 2*readBufBytes || direct < payload-readBufBytes {
 		t.Fatalf("%d of %d payload bytes went through the read buffering (at most %d may)", payload-direct, payload, readBufBytes)
-	}
-}
-
-// syscallCountingListener hands out connections that keep their socket (SyscallConn), as
-// a *net.TCPConn does, and count the reads into a destination buffer: Read calls whose
-// buffer lies in it, and every system call attempt made through the raw socket.
-type syscallCountingListener struct {
-	net.Listener
-	into  []byte
-	reads atomic.Int64
-}
-
-func (l *syscallCountingListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &syscallCountingConn{TCPConn: c.(*net.TCPConn), l: l}, nil
-}
-
-type syscallCountingConn struct {
-	*net.TCPConn
-	l *syscallCountingListener
-}
-
-func (c *syscallCountingConn) Read(p []byte) (int, error) {
-	lo := uintptr(unsafe.Pointer(unsafe.SliceData(c.l.into)))
-	if at := uintptr(unsafe.Pointer(unsafe.SliceData(p))); at >= lo && at < lo+uintptr(len(c.l.into)) {
-		c.l.reads.Add(1)
-	}
-	return c.TCPConn.Read(p)
-}
-
-func (c *syscallCountingConn) SyscallConn() (syscall.RawConn, error) {
-	raw, err := c.TCPConn.SyscallConn()
-	return countingRawConn{RawConn: raw, reads: &c.l.reads}, err
-}
-
-type countingRawConn struct {
-	syscall.RawConn
-	reads *atomic.Int64
-}
-
-func (r countingRawConn) Read(f func(fd uintptr) bool) error {
-	return r.RawConn.Read(func(fd uintptr) bool {
-		r.reads.Add(1)
-		return f(fd)
-	})
-}
-
-// A chunk of scattered one-page runs (64 runs of 16 KiB, every other page) must not cost a
-// read per page: the receiver reads each piece's pages with one readv per wake. Reading
-// page by page was 32 000 reads per GB in the demo bench (its pages are one 32 KiB page
-// per run), half of them EAGAIN.
-func TestReceiverReadsScatteredPagesWithFewReads(t *testing.T) {
-	const pageBytes = 16 << 10
-	l := UniformLayout(1, 128, pageBytes, 8, 64)
-	src, dst := openTestRegion(t, l), openTestRegion(t, l)
-	fill(src.Buffer(0), 5)
-	ev := newEvents()
-	rcv, err := NewReceiver(dst, ReceiverConfig{}, ev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln := &syscallCountingListener{Listener: tcp, into: dst.Buffer(0)}
-	served := make(chan struct{})
-	go func() { defer close(served); rcv.Serve(ln) }()
-	snd, err := NewSender(src, SenderConfig{ConnsPerPeer: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { snd.Close(); rcv.Close(); <-served })
-	if err := snd.AddPeer(tcp.Addr().String(), l); err != nil {
-		t.Fatal(err)
-	}
-	var runs []Run
-	for p := int32(0); p < 128; p += 2 {
-		runs = append(runs, Run{Start: p, Count: 1})
-	}
-	k := Key{Room: 1, Nonce: 1}
-	if err := rcv.Expect(Expectation{Key: k, Dst: [][]Run{runs}, AuxRow: 0}); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := snd.Send(ctx, SendRequest{Peer: tcp.Addr().String(), Key: k, Src: [][]Run{runs}, Dst: [][]Run{runs},
-		Aux: bytes.Repeat([]byte{7}, 64), Done: func(err error) { done <- err }}); err != nil {
-		t.Fatal(err)
-	}
-	if err := waitDone(t, done); err != nil {
-		t.Fatalf("done: %v", err)
-	}
-	if r := ev.wait(t, k); r != "" {
-		t.Fatalf("receiver outcome %q", r)
-	}
-	for _, r := range runs {
-		if !bytes.Equal(dst.Pages(0, r), src.Pages(0, r)) {
-			t.Fatalf("page %d differs", r.Start)
-		}
-	}
-	reads := ln.reads.Load()
-	t.Logf("%d one-page runs (%d KiB): %d reads into pages", len(runs), len(runs)*pageBytes>>10, reads)
-	if reads >= int64(len(runs))/2 {
-		t.Fatalf("%d reads into pages for %d one-page runs: read page by page", reads, len(runs))
 	}
 }

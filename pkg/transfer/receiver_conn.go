@@ -8,11 +8,8 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
-	"os"
 	"slices"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"go.uber.org/zap"
 )
@@ -91,17 +88,14 @@ type rxConn struct {
 	c   net.Conn // after the Authenticator; deadlines are set here
 	// in reads c: small frames (a header, its run list, the pages of a small room, the
 	// next frame) come in one read instead of one per run, while payload bytes beyond
-	// what it holds go straight into the destination pages (readVec).
-	in        *bufio.Reader
-	hdr       [HeaderSize]byte
-	out       [HeaderSize]byte
-	runBuf    []byte
-	runs      []ChunkRun
-	dsts      [][]byte // the destination pages of the chunk being read, one slice per run
-	scratch   []byte
-	rawc      syscall.RawConn // c's socket for readv; nil if c is not one (a test's pipe)
-	vec, rest [][]byte        // the piece being read, and what is left of it
-	iov       []syscall.Iovec
+	// what it holds go straight into the destination pages (readPages).
+	in      *bufio.Reader
+	hdr     [HeaderSize]byte
+	out     [HeaderSize]byte
+	runBuf  []byte
+	runs    []ChunkRun
+	dsts    [][]byte // the destination pages of the chunk being read, one slice per run
+	scratch []byte
 	// pending holds the rooms that received a chunk on this connection; if it breaks, the
 	// live ones fail with transfer_error.
 	pending map[*rxRoom]struct{}
@@ -120,9 +114,6 @@ func (c *rxConn) serve() error {
 	c.c = conn
 	c.c.SetDeadline(time.Time{})
 	c.in = bufio.NewReaderSize(conn, readBufBytes)
-	if sc, ok := conn.(syscall.Conn); ok {
-		c.rawc, _ = sc.SyscallConn() // nil on error: reads go through Read
-	}
 	r.log.Debug("data connection accepted", zap.Stringer("remote", c.raw.RemoteAddr()))
 	for {
 		if err := c.readFull(c.hdr[:]); err != nil {
@@ -159,96 +150,29 @@ func (c *rxConn) readFull(p []byte) error {
 	return err
 }
 
-// readVec reads exactly the bytes of vec (one piece's page slices, in order) into them:
-// first what the buffering already holds, then straight from the connection, one readv
-// per wake where the connection is a socket. Through the buffering every read short of
-// readBufBytes (the tail of each piece, or a socket that hands out less) cost a second
-// copy of the page bytes: 22% of decoded's CPU in the demo bench. One read per page (the
-// bench's pages are scattered, so a run is often one 32 KiB page) was 32 000 reads per
-// GB; one readv per wake takes what the socket holds of the piece (5 900 reads per GB). The next frame's header
-// refills the buffering. *taken counts the bytes taken from the stream as they are.
-func (c *rxConn) readVec(vec [][]byte, taken *int) error {
-	rest := append(c.rest[:0], vec...)
-	defer func() { clear(rest); c.rest = rest[:0] }()
-	for len(rest) > 0 && c.in.Buffered() > 0 {
-		k, _ := c.in.Read(rest[0]) // buffered bytes only: no read from the connection
-		*taken += k
-		rest = advance(rest, k)
+// readPages reads exactly len(p) bytes of a payload into p: first what the buffering
+// already holds, then straight from the connection whatever the sizes of the reads the
+// socket returns. Through the buffering every read short of readBufBytes (the tail of each
+// piece, or a socket that hands out less) cost a second copy of the page bytes: 22% of
+// decoded's CPU in the demo bench. The next frame's header refills the buffering. It
+// returns how many bytes it took from the stream: len(p), or fewer with the error.
+func (c *rxConn) readPages(p []byte) (int, error) {
+	n := 0
+	if c.in.Buffered() > 0 {
+		n, _ = c.in.Read(p) // buffered bytes only: no read from the connection
 	}
-	for len(rest) > 0 {
-		var k int
-		var err error
-		if c.rawc != nil {
-			k, err = c.readv(rest)
-		} else {
-			k, err = c.c.Read(rest[0])
-		}
-		*taken += k
-		rest = advance(rest, k)
-		if err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return regionIOError(c.r.region, c.r.log, err)
-		}
+	if n == len(p) {
+		return n, nil
 	}
-	return nil
+	k, err := io.ReadFull(c.c, p[n:])
+	if err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return n + k, regionIOError(c.r.region, c.r.log, err)
+	}
+	return n + k, nil
 }
-
-// advance drops the first n bytes of vec.
-func advance(vec [][]byte, n int) [][]byte {
-	for n > 0 && len(vec) > 0 {
-		if n < len(vec[0]) {
-			vec[0] = vec[0][n:]
-			return vec
-		}
-		n -= len(vec[0])
-		vec = vec[1:]
-	}
-	for len(vec) > 0 && len(vec[0]) == 0 {
-		vec = vec[1:]
-	}
-	return vec
-}
-
-// readv reads into vec (at most maxIovecs of its slices) with one readv(2), waiting for
-// the socket to be readable (under the read deadline) if it is not.
-func (c *rxConn) readv(vec [][]byte) (int, error) {
-	iov := c.iov[:0]
-	for _, p := range vec[:min(len(vec), maxIovecs)] {
-		v := syscall.Iovec{Base: &p[0]}
-		v.SetLen(len(p))
-		iov = append(iov, v)
-	}
-	defer func() { clear(iov); c.iov = iov[:0] }()
-	var n int
-	var errno syscall.Errno
-	err := c.rawc.Read(func(fd uintptr) bool {
-		for {
-			r, _, e := syscall.Syscall(syscall.SYS_READV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
-			switch e {
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false // wait until readable
-			}
-			n, errno = int(r), e
-			return true
-		}
-	})
-	switch {
-	case err != nil:
-		return 0, err
-	case errno != 0:
-		return 0, os.NewSyscallError("readv", errno)
-	case n == 0:
-		return 0, io.EOF
-	}
-	return n, nil
-}
-
-// maxIovecs is IOV_MAX on Linux.
-const maxIovecs = 1024
 
 // drain reads and discards n bytes; nothing is written to region memory.
 func (c *rxConn) drain(n uint64) error {
@@ -385,30 +309,25 @@ func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32) (uint32, int, er
 		c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
 		room.mu.Unlock()
 		var err error
-		// taken is how much of the piece the stream gave up before a fault: a fault
-		// copying out of the read buffering leaves its bytes there, one in the checksum
-		// pass comes after all of the piece was read.
+		// taken is how much of p the stream gave up before a fault: a fault copying
+		// out of the read buffering leaves its bytes there, one in the checksum pass
+		// comes after all of p was read.
 		taken := 0
 		fault := touchRegion(c.r.region, c.r.log, c.r.beforeTouch, func() {
-			c.vec = c.vec[:0]
 			for left := c.r.cfg.PieceBytes; left > 0 && i < len(dsts); {
 				p := dsts[i][off:]
 				p = p[:min(len(p), left)]
-				c.vec = append(c.vec, p)
-				left, off = left-len(p), off+len(p)
+				taken = 0
+				if taken, err = c.readPages(p); err != nil {
+					break
+				}
+				crc = crc32.Update(crc, castagnoli, p)
+				n, left, off, taken = n+len(p), left-len(p), off+len(p), 0
 				for i < len(dsts) && off == len(dsts[i]) {
 					i, off = i+1, 0
 				}
 			}
-			if err = c.readVec(c.vec, &taken); err != nil {
-				return
-			}
-			for _, p := range c.vec {
-				crc = crc32.Update(crc, castagnoli, p)
-			}
-			n, taken = n+taken, 0
 		})
-		clear(c.vec)
 		if fault != nil {
 			err = fault
 		}
