@@ -576,3 +576,237 @@ func TestEngineRestartMidRunFailsOnlyItsRoomsAndNewRoomsSucceed(t *testing.T) {
 		})
 	}
 }
+
+// restartPair is an ownerPair of streamLayout played one call at a time
+// for the recreate and unregister scenarios.
+type restartPair struct {
+	*ownerPair
+	ctx context.Context
+}
+
+func newRestartPair(t *testing.T) *restartPair {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return &restartPair{newOwnerPair(t, streamLayout, nil, nil), ctx}
+}
+
+// openBound fills room's source in slot, opens it on both sides and binds
+// it to the slot's decode pages.
+func (p *restartPair) openBound(room uint64, slot int) {
+	p.t.Helper()
+	fillRoom(p.src, room, slotOf(slot), int64(slot))
+	fillPagesWith(p.dst, slotOf(slot), int64(slot), decodeUnwrote)
+	p.open(p.ctx, room)
+	if _, err := p.decode.SendMetadata(p.ctx, &pb.SendMetadataRequest{RoomId: room, DstPages: &pb.PageList{Indices: slotOf(slot)}, AuxIndex: uint32(slot)}); err != nil {
+		p.t.Fatalf("SendMetadata %d: %v", room, err)
+	}
+	p.waitPrefill(room, 20*time.Second, "WaitingForInput", isState(pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT))
+}
+
+func (p *restartPair) send(room uint64, slot, from, n int, last bool) error {
+	req := &pb.SendRequest{RoomId: room, StartPosition: uint32(from), Pages: &pb.PageList{Indices: slotOf(slot)[from : from+n]}, Last: last}
+	if last {
+		req.AuxIndex = uint32(slot)
+	}
+	_, err := p.prefill.Send(p.ctx, req)
+	return err
+}
+
+// moveRoom runs a whole room in slot and checks its bytes landed.
+func (p *restartPair) moveRoom(room uint64, slot int) {
+	p.t.Helper()
+	p.openBound(room, slot)
+	if err := p.send(room, slot, 0, slotPages, true); err != nil {
+		p.t.Fatalf("Send %d: %v", room, err)
+	}
+	p.waitDecode(room, 20*time.Second, "Success", isState(pb.RoomState_ROOM_STATE_SUCCESS))
+	p.waitPrefill(room, 20*time.Second, "Success", isState(pb.RoomState_ROOM_STATE_SUCCESS))
+	if !roomLanded(p.dst, room, slotOf(slot), int64(slot)) {
+		p.t.Fatalf("room %d: decode's pages differ from the source after Success", room)
+	}
+}
+
+// waitReplaced waits for room to end as a replacement on side does and
+// fails the test if either side ever shows Success; it returns decode's
+// pages as they were when the failure was visible.
+func (p *restartPair) waitReplaced(side string, room uint64, slot int) []byte {
+	p.t.Helper()
+	var snap []byte
+	var ps, ds *pb.RoomStatus
+	_, ok := testbed.Eventually(20*time.Second, func() bool {
+		var err error
+		if ps, err = p.prefillStatus(room); err != nil {
+			return false
+		}
+		if ds, err = p.decodeStatus(room); err != nil {
+			return false
+		}
+		if ps.GetState() == pb.RoomState_ROOM_STATE_SUCCESS || ds.GetState() == pb.RoomState_ROOM_STATE_SUCCESS {
+			p.t.Fatalf("room %d reached Success with its region gone: prefill %v, decode %v", room, ps, ds)
+		}
+		if snap == nil && ds.GetState() == pb.RoomState_ROOM_STATE_FAILED {
+			snap = snapshotPages(p.dst, slotOf(slot), int64(slot))
+		}
+		return replacedOutcome(side, ps, ds)
+	})
+	if !ok {
+		p.t.Fatalf("room %d did not fail region_replaced on %s: prefill %v, decode %v", room, side, ps, ds)
+	}
+	return snap
+}
+
+func (p *restartPair) regionOf(side string) (path string, r *transfer.Region) {
+	if side == "prefill" {
+		return p.srcPath, p.src
+	}
+	return p.dstPath, p.dst
+}
+
+func (p *restartPair) setRegion(side string, r *transfer.Region) {
+	if side == "prefill" {
+		p.src = r
+	} else {
+		p.dst = r
+	}
+}
+
+// The engine recreated its region file and has not called RegisterRegion
+// yet: the daemon notices at the next room's bind (decode SendMetadata)
+// or Send (prefill), refuses it FailedPrecondition and fails the room with
+// region_replaced instead of touching the dead inode; the peer sees
+// aborted:remote. Registering then is generation 2, and rooms succeed with
+// their bytes in the new file.
+func TestEngineRecreatesItsFileWithoutRegisteringFailsTheNextRoom(t *testing.T) {
+	for _, side := range []string{"prefill", "decode"} {
+		t.Run(side, func(t *testing.T) {
+			p := newRestartPair(t)
+			p.moveRoom(1, 0)
+			before := replacedCounters(t, p.ownerPair)
+			path, old := p.regionOf(side)
+			deadDecode := p.dst
+			p.setRegion(side, recreateRegionFile(t, path, streamLayout))
+
+			const room, slot = 2, 3
+			if side == "prefill" {
+				p.openBound(room, slot)
+				fillRoom(p.src, room, slotOf(slot), slot) // the restarted engine's KV, never to be sent for this room
+				if err := p.send(room, slot, 0, slotPages, true); status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("Send with the region file replaced: %v, want FailedPrecondition", err)
+				}
+			} else {
+				fillRoom(p.src, room, slotOf(slot), slot)
+				fillPagesWith(p.dst, slotOf(slot), slot, decodeUnwrote)
+				fillPagesWith(deadDecode, slotOf(slot), slot, decodeUnwrote)
+				p.open(p.ctx, room)
+				_, err := p.decode.SendMetadata(p.ctx, &pb.SendMetadataRequest{RoomId: room, DstPages: &pb.PageList{Indices: slotOf(slot)}, AuxIndex: slot})
+				if status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("SendMetadata with the region file replaced: %v, want FailedPrecondition", err)
+				}
+			}
+			p.waitReplaced(side, room, slot)
+			unwrote := bytes.Repeat([]byte{decodeUnwrote}, len(snapshotPages(p.dst, slotOf(slot), slot)))
+			for what, r := range map[string]*transfer.Region{"the dead decode inode": deadDecode, "the current decode file": p.dst} {
+				if !bytes.Equal(snapshotPages(r, slotOf(slot), slot), unwrote) {
+					t.Errorf("room %d wrote into %s", room, what)
+				}
+			}
+			after := replacedCounters(t, p.ownerPair)
+			if d := after[side][0] - before[side][0]; d != 1 {
+				t.Errorf("pdlink_region_replaced_total on %s moved by %v, want 1", side, d)
+			}
+			if d := after[side][1] - before[side][1]; d != 1 {
+				t.Errorf(`pdlink_room_failures_total{reason="region_replaced"} on %s moved by %v, want 1`, side, d)
+			}
+
+			reg := registerOn(p.ctx, t, p.prefill, p.decode, side, path, streamLayout)
+			if reg.gen != 2 || reg.inode == old.ID().Ino {
+				t.Fatalf("register after the replacement: generation %d inode %d (was %d), want 2 and a new inode", reg.gen, reg.inode, old.ID().Ino)
+			}
+			p.moveRoom(3, 5)
+			p.moveRoom(4, slot)
+		})
+	}
+}
+
+// UnregisterRegion with rooms in flight, on either side: they fail with
+// region_replaced (the peer aborted:remote) and their decode pages do not
+// change after; a repeat answers unregistered false; until RegisterRegion
+// again new rooms are refused FailedPrecondition (decode at OpenReceiver,
+// prefill at Send); registering again is generation 2 and rooms succeed.
+func TestUnregisterRegionWithRoomsInFlight(t *testing.T) {
+	for _, side := range []string{"prefill", "decode"} {
+		t.Run(side, func(t *testing.T) {
+			p := newRestartPair(t)
+			inFlight := map[uint64]int{1: 0, 2: 1} // room -> slot
+			for room, slot := range inFlight {
+				p.openBound(room, slot)
+				if err := p.send(room, slot, 0, chunkPages, false); err != nil {
+					t.Fatalf("first chunk of room %d: %v", room, err)
+				}
+			}
+			unregister := func() (bool, uint64, uint32) {
+				if side == "prefill" {
+					r, err := p.prefill.UnregisterRegion(p.ctx, &pb.PrefillServiceUnregisterRegionRequest{Rank: rankOf(0)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return r.Unregistered, r.Generation, r.RoomsFailed
+				}
+				r, err := p.decode.UnregisterRegion(p.ctx, &pb.DecodeServiceUnregisterRegionRequest{Rank: rankOf(0)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r.Unregistered, r.Generation, r.RoomsFailed
+			}
+			if ok, gen, failed := unregister(); !ok || gen != 1 || failed != uint32(len(inFlight)) {
+				t.Fatalf("UnregisterRegion: unregistered %v generation %d rooms_failed %d, want true 1 %d", ok, gen, failed, len(inFlight))
+			}
+			snaps := map[uint64][]byte{}
+			for room, slot := range inFlight {
+				snaps[room] = p.waitReplaced(side, room, slot)
+				if err := p.send(room, slot, chunkPages, slotPages-chunkPages, true); status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("last Send of room %d after UnregisterRegion: %v, want FailedPrecondition", room, err)
+				}
+			}
+			if ok, _, _ := unregister(); ok {
+				t.Fatal("a repeated UnregisterRegion dropped a region again")
+			}
+
+			const room, slot = 9, 4
+			if _, err := p.prefill.OpenSender(p.ctx, &pb.OpenSenderRequest{RoomId: room}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := p.decode.OpenReceiver(p.ctx, &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap})
+			if side == "decode" {
+				if status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("OpenReceiver with no region: %v, want FailedPrecondition", err)
+				}
+				if _, err := p.prefill.Abort(p.ctx, &pb.PrefillServiceAbortRequest{RoomId: room}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := p.decode.SendMetadata(p.ctx, &pb.SendMetadataRequest{RoomId: room, DstPages: &pb.PageList{Indices: slotOf(slot)}, AuxIndex: slot}); err != nil {
+					t.Fatal(err)
+				}
+				p.waitPrefill(room, 20*time.Second, "WaitingForInput", isState(pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT))
+				if err := p.send(room, slot, 0, slotPages, true); status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("Send with no region: %v, want FailedPrecondition", err)
+				}
+			}
+
+			path, _ := p.regionOf(side)
+			if reg := registerOn(p.ctx, t, p.prefill, p.decode, side, path, streamLayout); reg.gen != 2 {
+				t.Fatalf("register after UnregisterRegion: generation %d, want 2", reg.gen)
+			}
+			p.moveRoom(21, 6)
+			for room, slot := range inFlight {
+				if !bytes.Equal(snapshotPages(p.dst, slotOf(slot), int64(slot)), snaps[room]) {
+					t.Errorf("room %d: decode pages changed after its Failed was visible", room)
+				}
+			}
+		})
+	}
+}
