@@ -264,6 +264,8 @@ type restartStream struct {
 	bound  time.Duration
 	nextID atomic.Uint64
 	done   atomic.Int64
+	// starved is set once no slot came free within bound.
+	starved atomic.Bool
 
 	mu    sync.Mutex
 	rooms []*streamRoom
@@ -271,7 +273,7 @@ type restartStream struct {
 
 func newRestartStream(t *testing.T) *restartStream {
 	p := newOwnerPair(t, streamLayout, nil, nil)
-	s := &restartStream{t: t, p: p, tick: 2 * time.Millisecond, bound: 45 * time.Second,
+	s := &restartStream{t: t, p: p, tick: 2 * time.Millisecond, bound: 30 * time.Second,
 		files: map[string][]*rankFile{
 			"prefill": {{path: p.srcPath, gens: []*transfer.Region{p.src}}},
 			"decode":  {{path: p.dstPath, gens: []*transfer.Region{p.dst}}},
@@ -317,7 +319,20 @@ func (s *restartStream) engineCall(rm *streamRoom, rank int, f func()) bool {
 // them, poll to the end, verify, clear. A room whose engine restarted
 // sends nothing more and is aborted unless the daemon failed it.
 func (s *restartStream) serve(ctx context.Context, rank int) {
-	rm := &streamRoom{id: s.nextID.Add(1), rank: rank, slot: <-s.slots}
+	rm := &streamRoom{id: s.nextID.Add(1), rank: rank}
+	if s.starved.Load() {
+		return
+	}
+	select {
+	case rm.slot = <-s.slots:
+	case <-time.After(s.bound):
+		// Every slot is held by a room kept as evidence (wrong bytes, or
+		// not ended): the run is failing already, so the rest is skipped.
+		if !s.starved.Swap(true) {
+			s.t.Errorf("no free slot within %v: every slot holds a room that went wrong", s.bound)
+		}
+		return
+	}
 	s.mu.Lock()
 	s.rooms = append(s.rooms, rm)
 	s.mu.Unlock()
