@@ -6,8 +6,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -170,31 +168,15 @@ func registerOn(ctx context.Context, t *testing.T, prefill pb.PrefillServiceClie
 	return registered{r.Generation, r.Inode, r.RoomsFailed}
 }
 
-// counter scrapes one sample; absent is 0, as a labelled counter that
-// never moved is not exported yet (callers check the value they expect
-// after, which a missing series cannot fake unless zero is expected).
-func counter(t *testing.T, httpAddr, series string) float64 {
-	t.Helper()
-	_, body := httpGet(t, "http://"+httpAddr+"/metrics")
-	for _, line := range strings.Split(body, "\n") {
-		if strings.HasPrefix(line, series+" ") {
-			v, err := strconv.ParseFloat(strings.TrimPrefix(line, series+" "), 64)
-			if err != nil {
-				t.Fatalf("sample %q: %v", line, err)
-			}
-			return v
-		}
-	}
-	return 0
-}
-
+// replacedCounters scrapes, per side, pdlink_region_replaced_total and
+// pdlink_room_failures_total{reason="region_replaced"}.
 func replacedCounters(t *testing.T, p *ownerPair) map[string][2]float64 {
 	t.Helper()
 	out := map[string][2]float64{}
 	for side, addr := range map[string]string{"prefill": p.pre.HTTPAddr, "decode": p.dec.HTTPAddr} {
 		out[side] = [2]float64{
-			counter(t, addr, `pdlink_region_replaced_total{side="`+side+`"}`),
-			counter(t, addr, `pdlink_room_failures_total{reason="region_replaced",side="`+side+`"}`),
+			metric(t, addr, `pdlink_region_replaced_total{side="`+side+`"}`),
+			metric(t, addr, `pdlink_room_failures_total{reason="region_replaced",side="`+side+`"}`),
 		}
 	}
 	return out
