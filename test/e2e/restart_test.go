@@ -1,0 +1,809 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/internal/testbed"
+	"github.com/pdlink/pdlink/pkg/transfer"
+)
+
+// Issue 15 on real daemon processes: an engine restart deletes its region
+// file, creates a new one at the same path and registers it again (or
+// unregisters). The in-process versions are in
+// internal/service/regionlife_test.go; these run prefilld and decoded as
+// children over loopback with a simulated scheduler on each side.
+
+// The daemons serve one rank until the TP fan-out lands; every helper here
+// takes the rank so that a loop over ranks is all a TP test adds.
+const restartTPSize = 1
+
+// streamLayout is small enough that 200 rooms run in seconds under -race
+// on two loaded cores, with 32 slots of 8 pages (a room each) per region.
+var streamLayout = transfer.UniformLayout(2, 256, 16<<10, 32, 64)
+
+const (
+	slotPages     = 8
+	chunkPages    = 2
+	restartJunk   = 0x3C // every byte of a recreated file: a restarted engine's memory
+	decodeUnwrote = 0xA5 // a destination page not written yet
+)
+
+func slotOf(slot int) []int32 {
+	out := make([]int32, slotPages)
+	for i := range out {
+		out[i] = int32(slot*slotPages + i)
+	}
+	return out
+}
+
+// patternWord is unique to the room, buffer, position in the room and
+// word, so a stale, misplaced or foreign page never matches.
+func patternWord(room uint64, buf, pos, word int) uint64 {
+	return room*0x9E3779B97F4A7C15 ^ uint64(buf)<<48 ^ uint64(pos)<<24 ^ uint64(word)
+}
+
+func fillRoom(r *transfer.Region, room uint64, pages []int32, aux int64) {
+	for b := range r.Layout().Buffers {
+		for pos, pg := range pages {
+			p := r.Pages(b, transfer.Run{Start: pg, Count: 1})
+			for w := 0; w+8 <= len(p); w += 8 {
+				binary.LittleEndian.PutUint64(p[w:], patternWord(room, b, pos, w/8))
+			}
+		}
+	}
+	row := r.AuxRow(aux)
+	clear(row)
+	copy(row, fmt.Sprintf("aux-of-room-%d", room))
+}
+
+// roomLanded reports whether pages and aux hold room's pattern.
+func roomLanded(r *transfer.Region, room uint64, pages []int32, aux int64) bool {
+	for b := range r.Layout().Buffers {
+		for pos, pg := range pages {
+			p := r.Pages(b, transfer.Run{Start: pg, Count: 1})
+			for w := 0; w+8 <= len(p); w += 8 {
+				if binary.LittleEndian.Uint64(p[w:]) != patternWord(room, b, pos, w/8) {
+					return false
+				}
+			}
+		}
+	}
+	want := make([]byte, len(r.AuxRow(aux)))
+	copy(want, fmt.Sprintf("aux-of-room-%d", room))
+	return bytes.Equal(r.AuxRow(aux), want)
+}
+
+func fillPagesWith(r *transfer.Region, pages []int32, aux int64, v byte) {
+	for b := range r.Layout().Buffers {
+		for _, pg := range pages {
+			p := r.Pages(b, transfer.Run{Start: pg, Count: 1})
+			for i := range p {
+				p[i] = v
+			}
+		}
+	}
+	row := r.AuxRow(aux)
+	for i := range row {
+		row[i] = v
+	}
+}
+
+// snapshotPages copies pages and the aux row of r.
+func snapshotPages(r *transfer.Region, pages []int32, aux int64) []byte {
+	var out []byte
+	for b := range r.Layout().Buffers {
+		for _, pg := range pages {
+			out = append(out, r.Pages(b, transfer.Run{Start: pg, Count: 1})...)
+		}
+	}
+	return append(out, r.AuxRow(aux)...)
+}
+
+// recreateRegionFile does what a restarting engine with a fixed file name
+// does: delete the file, create a new one at the same path (a new inode)
+// holding other bytes, and map it.
+func recreateRegionFile(t *testing.T, path string, layout transfer.Layout) *transfer.Region {
+	t.Helper()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(layout.Size()); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := transfer.OpenRegion(path, layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	for b := range layout.Buffers {
+		buf := r.Buffer(b)
+		for i := range buf {
+			buf[i] = restartJunk
+		}
+	}
+	return r
+}
+
+func rankOf(rank int) *pb.Rank { return &pb.Rank{TpRank: uint32(rank), TpSize: restartTPSize} }
+
+// registered is RegisterRegion's answer, either side.
+type registered struct {
+	gen, inode  uint64
+	roomsFailed uint32
+}
+
+func registerOn(ctx context.Context, t *testing.T, prefill pb.PrefillServiceClient, decode pb.DecodeServiceClient, side, path string, layout transfer.Layout) registered {
+	t.Helper()
+	lp := layoutProtoOf(layout)
+	if side == "prefill" {
+		r, err := prefill.RegisterRegion(ctx, &pb.PrefillServiceRegisterRegionRequest{RegionPath: path, Layout: lp})
+		if err != nil {
+			t.Fatalf("prefill RegisterRegion: %v", err)
+		}
+		return registered{r.Generation, r.Inode, r.RoomsFailed}
+	}
+	r, err := decode.RegisterRegion(ctx, &pb.DecodeServiceRegisterRegionRequest{RegionPath: path, Layout: lp})
+	if err != nil {
+		t.Fatalf("decode RegisterRegion: %v", err)
+	}
+	return registered{r.Generation, r.Inode, r.RoomsFailed}
+}
+
+// replacedCounters scrapes, per side, pdlink_region_replaced_total and
+// pdlink_room_failures_total{reason="region_replaced"}.
+func replacedCounters(t *testing.T, p *ownerPair) map[string][2]float64 {
+	t.Helper()
+	out := map[string][2]float64{}
+	for side, addr := range map[string]string{"prefill": p.pre.HTTPAddr, "decode": p.dec.HTTPAddr} {
+		out[side] = [2]float64{
+			metric(t, addr, `pdlink_region_replaced_total{side="`+side+`"}`),
+			metric(t, addr, `pdlink_room_failures_total{reason="region_replaced",side="`+side+`"}`),
+		}
+	}
+	return out
+}
+
+// replacedOutcome reports whether the room ended as a region replacement
+// on side does: Failed region_replaced there, aborted:remote naming
+// region_replaced on the peer.
+func replacedOutcome(side string, ps, ds *pb.RoomStatus) bool {
+	own, peer := ps, ds
+	if side == "decode" {
+		own, peer = ds, ps
+	}
+	return own.GetState() == pb.RoomState_ROOM_STATE_FAILED && own.GetReason() == "region_replaced" &&
+		peer.GetState() == pb.RoomState_ROOM_STATE_FAILED && peer.GetReason() == "aborted:remote" && peer.GetPeerReason() == "region_replaced"
+}
+
+func otherSide(side string) string {
+	if side == "prefill" {
+		return "decode"
+	}
+	return "prefill"
+}
+
+func terminal(s *pb.RoomStatus) bool {
+	return s.GetState() == pb.RoomState_ROOM_STATE_SUCCESS || s.GetState() == pb.RoomState_ROOM_STATE_FAILED
+}
+
+// rankFile is one rank's region file on one side and every generation the
+// engine mapped at its path (old ones stay mapped so their bytes can be
+// checked after the daemon dropped them).
+type rankFile struct {
+	path string
+	gens []*transfer.Region
+}
+
+func (f *rankFile) current() (int, *transfer.Region) { return len(f.gens), f.gens[len(f.gens)-1] }
+
+// streamRoom is one room of the stream, as its scheduler saw it.
+type streamRoom struct {
+	id             uint64
+	rank, slot     int
+	preGen, decGen int
+	// chunksSent and stopped are written by the room's goroutine under
+	// engines.mu read-locked; the restart reads them write-locked.
+	chunksSent int
+	stopped    bool // the engine restarted under it: it sent no more
+	// midTransferAtRestart: some chunks sent, not the last, when the
+	// engine restarted. Such a room can only end failed.
+	midTransferAtRestart bool
+
+	final          [2]*pb.RoomStatus // prefill, decode
+	failedSnapshot []byte            // decode's pages when decode's Failed was first visible
+	problem        string
+}
+
+// restartStream is a bounded stream of rooms between two real daemons,
+// each scheduler calling into its engine under engines.mu read-locked,
+// so that restart, write-locked, sees no room call half done.
+type restartStream struct {
+	t      *testing.T
+	p      *ownerPair
+	engMu  sync.RWMutex
+	files  map[string][]*rankFile // side -> rank -> file
+	slots  chan int
+	tick   time.Duration
+	bound  time.Duration
+	nextID atomic.Uint64
+	done   atomic.Int64
+	// starved is set once no slot came free within bound.
+	starved atomic.Bool
+
+	mu    sync.Mutex
+	rooms []*streamRoom
+}
+
+func newRestartStream(t *testing.T) *restartStream {
+	p := newOwnerPair(t, streamLayout, nil, nil)
+	s := &restartStream{t: t, p: p, tick: 2 * time.Millisecond, bound: 30 * time.Second,
+		files: map[string][]*rankFile{
+			"prefill": {{path: p.srcPath, gens: []*transfer.Region{p.src}}},
+			"decode":  {{path: p.dstPath, gens: []*transfer.Region{p.dst}}},
+		}}
+	n := int(streamLayout.Buffers[0].Pages()) / slotPages
+	s.slots = make(chan int, n)
+	for i := range n {
+		s.slots <- i
+	}
+	s.nextID.Store(1000)
+	return s
+}
+
+func (s *restartStream) poll(ctx context.Context, room uint64) (ps, ds *pb.RoomStatus, err error) {
+	pr, err := s.p.prefill.Poll(ctx, &pb.PrefillServicePollRequest{RoomIds: []uint64{room}})
+	if err != nil {
+		return nil, nil, err
+	}
+	dr, err := s.p.decode.Poll(ctx, &pb.DecodeServicePollRequest{RoomIds: []uint64{room}})
+	if err != nil {
+		return nil, nil, err
+	}
+	return pr.Statuses[0], dr.Statuses[0], nil
+}
+
+// engineCall runs f with the engines read-locked unless the engine the
+// room's pages live in restarted; it reports whether f ran.
+func (s *restartStream) engineCall(rm *streamRoom, rank int, f func()) bool {
+	s.engMu.RLock()
+	defer s.engMu.RUnlock()
+	pg, _ := s.files["prefill"][rank].current()
+	dg, _ := s.files["decode"][rank].current()
+	if pg != rm.preGen || dg != rm.decGen {
+		rm.stopped = true
+		return false
+	}
+	f()
+	return true
+}
+
+// serve runs one room on rank as a scheduler pair does: fill the source,
+// open both sides, bind, send the pages in chunks with a poll between
+// them, poll to the end, verify, clear. A room whose engine restarted
+// sends nothing more and is aborted unless the daemon failed it.
+func (s *restartStream) serve(ctx context.Context, rank int) {
+	rm := &streamRoom{id: s.nextID.Add(1), rank: rank}
+	if s.starved.Load() {
+		return
+	}
+	select {
+	case rm.slot = <-s.slots:
+	case <-time.After(s.bound):
+		// Every slot is held by a room kept as evidence (wrong bytes, or
+		// not ended): the run is failing already, so the rest is skipped.
+		if !s.starved.Swap(true) {
+			s.t.Errorf("no free slot within %v: every slot holds a room that went wrong", s.bound)
+		}
+		return
+	}
+	s.mu.Lock()
+	s.rooms = append(s.rooms, rm)
+	s.mu.Unlock()
+	pages, aux := slotOf(rm.slot), int64(rm.slot)
+	s.engMu.RLock()
+	var src, dst *transfer.Region
+	rm.preGen, src = s.files["prefill"][rank].current()
+	rm.decGen, dst = s.files["decode"][rank].current()
+	fillRoom(src, rm.id, pages, aux)
+	fillPagesWith(dst, pages, aux, decodeUnwrote)
+	s.engMu.RUnlock()
+
+	fail := func(format string, args ...any) { rm.problem = fmt.Sprintf(format, args...) }
+	if _, err := s.p.decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: rm.id, PrefillBootstrapAddr: s.p.bootstrap}); err != nil {
+		fail("OpenReceiver: %v", err)
+		return
+	}
+	if _, err := s.p.prefill.OpenSender(ctx, &pb.OpenSenderRequest{RoomId: rm.id}); err != nil {
+		fail("OpenSender: %v", err)
+		return
+	}
+	var callErr error
+	bound := s.engineCall(rm, rank, func() {
+		_, callErr = s.p.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: rm.id, DstPages: &pb.PageList{Indices: pages}, AuxIndex: uint32(aux)})
+	})
+	if bound && callErr == nil {
+		s.waitUntil(ctx, rm, func(ps, _ *pb.RoomStatus) bool {
+			return ps.GetState() == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT || terminal(ps)
+		})
+	}
+	for c := 0; bound && callErr == nil && c*chunkPages < slotPages; c++ {
+		last := (c+1)*chunkPages >= slotPages
+		req := &pb.SendRequest{RoomId: rm.id, StartPosition: uint32(c * chunkPages), Pages: &pb.PageList{Indices: pages[c*chunkPages : (c+1)*chunkPages]}, Last: last}
+		if last {
+			req.AuxIndex = uint32(aux)
+		}
+		bound = s.engineCall(rm, rank, func() {
+			if _, callErr = s.p.prefill.Send(ctx, req); callErr == nil {
+				rm.chunksSent++
+			}
+		})
+		if !last && callErr == nil {
+			if _, _, err := s.poll(ctx, rm.id); err != nil { // a scheduler tick between chunks
+				fail("Poll: %v", err)
+				return
+			}
+		}
+	}
+	if callErr != nil && status.Code(callErr) != codes.FailedPrecondition {
+		fail("a call of the room: %v", callErr) // FailedPrecondition: the room failed, its state says why
+	}
+	if rm.stopped {
+		// The restarted engine dropped the room; the daemon failed it if
+		// it held data-plane state on the old file, else the scheduler
+		// aborts it (an abort of a failed room changes nothing).
+		if ps, _, err := s.poll(ctx, rm.id); err == nil && !terminal(ps) {
+			_, _ = s.p.prefill.Abort(ctx, &pb.PrefillServiceAbortRequest{RoomId: rm.id})
+			_, _ = s.p.decode.Abort(ctx, &pb.DecodeServiceAbortRequest{RoomId: rm.id})
+		}
+	}
+	s.waitUntil(ctx, rm, func(ps, ds *pb.RoomStatus) bool { return terminal(ps) && terminal(ds) })
+	if rm.final[0] == nil {
+		return
+	}
+	if rm.final[1].GetState() == pb.RoomState_ROOM_STATE_SUCCESS {
+		s.engMu.RLock()
+		landed := roomLanded(s.files["decode"][rank].gens[rm.decGen-1], rm.id, pages, aux)
+		s.engMu.RUnlock()
+		if !landed {
+			fail("decode Success with bytes that differ from the source (prefill gen %d, decode gen %d)", rm.preGen, rm.decGen)
+			return // the slot stays out: its bytes are evidence
+		}
+		s.slots <- rm.slot
+	}
+	// A failed room's slot is never reused: its decode pages are compared
+	// with their snapshot after the run.
+	_, _ = s.p.prefill.Clear(ctx, &pb.PrefillServiceClearRequest{RoomIds: []uint64{rm.id}})
+	_, _ = s.p.decode.Clear(ctx, &pb.DecodeServiceClearRequest{RoomIds: []uint64{rm.id}})
+}
+
+// waitUntil polls the room every tick until cond holds (bounded), keeping
+// its last statuses and snapshotting decode's pages when decode first
+// shows Failed.
+func (s *restartStream) waitUntil(ctx context.Context, rm *streamRoom, cond func(ps, ds *pb.RoomStatus) bool) {
+	deadline := time.Now().Add(s.bound)
+	for {
+		ps, ds, err := s.poll(ctx, rm.id)
+		if err != nil {
+			rm.problem = fmt.Sprintf("Poll: %v", err)
+			return
+		}
+		if rm.failedSnapshot == nil && ds.GetState() == pb.RoomState_ROOM_STATE_FAILED {
+			s.engMu.RLock()
+			rm.failedSnapshot = snapshotPages(s.files["decode"][rm.rank].gens[rm.decGen-1], slotOf(rm.slot), int64(rm.slot))
+			s.engMu.RUnlock()
+		}
+		rm.final = [2]*pb.RoomStatus{ps, ds}
+		if cond(ps, ds) {
+			return
+		}
+		if time.Now().After(deadline) {
+			rm.problem = fmt.Sprintf("not done within %v: prefill %v, decode %v", s.bound, ps, ds)
+			rm.final = [2]*pb.RoomStatus{}
+			return
+		}
+		time.Sleep(s.tick)
+	}
+}
+
+// run serves n rooms on rank, concurrency at a time, calling restart once
+// restartAfter rooms ended.
+func (s *restartStream) run(ctx context.Context, rank, n, concurrency, restartAfter int, restart func()) {
+	next := make(chan struct{}, n)
+	for range n {
+		next <- struct{}{}
+	}
+	close(next)
+	var wg sync.WaitGroup
+	for range concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range next {
+				s.serve(ctx, rank)
+				s.done.Add(1)
+			}
+		}()
+	}
+	if _, ok := testbed.Eventually(s.bound, func() bool { return s.done.Load() >= int64(restartAfter) }); !ok {
+		s.t.Errorf("only %d of %d rooms ended before the restart", s.done.Load(), restartAfter)
+	}
+	restart()
+	wg.Wait()
+}
+
+// restartEngine waits (bounded) until some room of rank is mid-transfer
+// with its engines locked, so no room call is half done, then plays the
+// engine restart on side: recreate the file, register it, and mark the
+// rooms it caught.
+func (s *restartStream) restartEngine(ctx context.Context, side string, rank int) (registered, []*streamRoom) {
+	t := s.t
+	t.Helper()
+	var caught []*streamRoom
+	deadline := time.Now().Add(s.bound)
+	for {
+		s.engMu.Lock()
+		s.mu.Lock()
+		caught = caught[:0]
+		for _, rm := range s.rooms {
+			if rm.chunksSent > 0 && rm.chunksSent < slotPages/chunkPages {
+				caught = append(caught, rm)
+			}
+		}
+		s.mu.Unlock()
+		if len(caught) > 0 {
+			break
+		}
+		s.engMu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatal("no room was mid-transfer when the engine was to restart")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	defer s.engMu.Unlock()
+	for _, rm := range caught {
+		rm.midTransferAtRestart = true
+	}
+	f := s.files[side][rank]
+	f.gens = append(f.gens, recreateRegionFile(t, f.path, streamLayout))
+	return registerOn(ctx, t, s.p.prefill, s.p.decode, side, f.path, streamLayout), caught
+}
+
+// TestEngineRestartMidRunFailsOnlyItsRoomsAndNewRoomsSucceed: a stream of
+// 200 rooms with verified bytes; after 60 the engine on one side restarts
+// (new file at the same path, RegisterRegion again) while rooms are mid-
+// transfer. Every room caught mid-transfer fails region_replaced on that
+// side and aborted:remote/region_replaced on the other, never Success; no
+// room reports Success with bytes that differ from its source; rooms
+// opened after the restart succeed with their bytes in the new file;
+// decode pages of failed rooms do not change after Failed is visible; the
+// counters move by one replacement and the rooms it failed.
+func TestEngineRestartMidRunFailsOnlyItsRoomsAndNewRoomsSucceed(t *testing.T) {
+	const rooms, concurrency, restartAfter = 200, 8, 60
+	for _, side := range []string{"prefill", "decode"} {
+		t.Run(side, func(t *testing.T) {
+			s := newRestartStream(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			before := replacedCounters(t, s.p)
+			_, oldFile := s.files[side][0].current()
+			oldInode := oldFile.ID().Ino
+			var reg registered
+			var caught []*streamRoom
+			for rank := range restartTPSize {
+				s.run(ctx, rank, rooms, concurrency, restartAfter, func() { reg, caught = s.restartEngine(ctx, side, rank) })
+			}
+			if reg.gen != 2 || reg.inode == oldInode {
+				t.Errorf("re-register of the recreated file: generation %d inode %d (was %d), want generation 2 and a new inode", reg.gen, reg.inode, oldInode)
+			}
+
+			var replaced, succeededAfter, openedAfter int
+			for _, rm := range s.rooms {
+				if rm.problem != "" {
+					t.Errorf("room %d: %s", rm.id, rm.problem)
+					continue
+				}
+				ps, ds := rm.final[0], rm.final[1]
+				oldGen := rm.preGen == 1 && rm.decGen == 1
+				succeeded := ps.GetState() == pb.RoomState_ROOM_STATE_SUCCESS && ds.GetState() == pb.RoomState_ROOM_STATE_SUCCESS
+				switch {
+				case replacedOutcome(side, ps, ds):
+					replaced++
+					if !oldGen {
+						t.Errorf("room %d opened after the restart failed region_replaced", rm.id)
+					}
+				case rm.midTransferAtRestart:
+					t.Errorf("room %d was mid-transfer at the restart and ended prefill %v, decode %v; want region_replaced", rm.id, ps, ds)
+				case !oldGen:
+					openedAfter++
+					if !succeeded {
+						t.Errorf("room %d opened after the restart did not succeed: prefill %v, decode %v", rm.id, ps, ds)
+					} else {
+						succeededAfter++
+					}
+				case succeeded && rm.chunksSent < slotPages/chunkPages:
+					t.Errorf("room %d reached Success though its last chunk was never sent", rm.id)
+				case succeeded, rm.stopped && ps.GetReason() == "aborted:local":
+				default:
+					t.Errorf("room %d of the old generation ended prefill %v, decode %v", rm.id, ps, ds)
+				}
+				if rm.failedSnapshot != nil {
+					now := snapshotPages(s.files["decode"][rm.rank].gens[rm.decGen-1], slotOf(rm.slot), int64(rm.slot))
+					if !bytes.Equal(now, rm.failedSnapshot) {
+						t.Errorf("room %d: decode pages changed after its Failed was visible", rm.id)
+					}
+				}
+			}
+			t.Logf("%d rooms: %d caught mid-transfer, %d failed region_replaced (register said %d), %d opened after the restart, %d of them succeeded",
+				len(s.rooms), len(caught), replaced, reg.roomsFailed, openedAfter, succeededAfter)
+			if replaced < len(caught) || uint32(replaced) != reg.roomsFailed {
+				t.Errorf("%d rooms failed region_replaced; %d were caught mid-transfer and RegisterRegion said %d", replaced, len(caught), reg.roomsFailed)
+			}
+			if openedAfter < rooms/4 { // the restart waits for a room mid-transfer while others end
+				t.Errorf("only %d rooms opened after the restart", openedAfter)
+			}
+			after := replacedCounters(t, s.p)
+			if d := after[side][0] - before[side][0]; d != 1 {
+				t.Errorf("pdlink_region_replaced_total on %s moved by %v, want 1", side, d)
+			}
+			if d := after[otherSide(side)][0] - before[otherSide(side)][0]; d != 0 {
+				t.Errorf("pdlink_region_replaced_total on %s moved by %v, want 0", otherSide(side), d)
+			}
+			if d := after[side][1] - before[side][1]; d != float64(replaced) {
+				t.Errorf(`pdlink_room_failures_total{reason="region_replaced"} on %s moved by %v, want %d`, side, d, replaced)
+			}
+		})
+	}
+}
+
+// restartPair is an ownerPair of streamLayout played one call at a time
+// for the recreate and unregister scenarios.
+type restartPair struct {
+	*ownerPair
+	ctx context.Context
+}
+
+func newRestartPair(t *testing.T) *restartPair {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return &restartPair{newOwnerPair(t, streamLayout, nil, nil), ctx}
+}
+
+// openBound fills room's source in slot, opens it on both sides and binds
+// it to the slot's decode pages.
+func (p *restartPair) openBound(room uint64, slot int) {
+	p.t.Helper()
+	fillRoom(p.src, room, slotOf(slot), int64(slot))
+	fillPagesWith(p.dst, slotOf(slot), int64(slot), decodeUnwrote)
+	p.open(p.ctx, room)
+	if _, err := p.decode.SendMetadata(p.ctx, &pb.SendMetadataRequest{RoomId: room, DstPages: &pb.PageList{Indices: slotOf(slot)}, AuxIndex: uint32(slot)}); err != nil {
+		p.t.Fatalf("SendMetadata %d: %v", room, err)
+	}
+	p.waitPrefill(room, 20*time.Second, "WaitingForInput", isState(pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT))
+}
+
+func (p *restartPair) send(room uint64, slot, from, n int, last bool) error {
+	req := &pb.SendRequest{RoomId: room, StartPosition: uint32(from), Pages: &pb.PageList{Indices: slotOf(slot)[from : from+n]}, Last: last}
+	if last {
+		req.AuxIndex = uint32(slot)
+	}
+	_, err := p.prefill.Send(p.ctx, req)
+	return err
+}
+
+// moveRoom runs a whole room in slot and checks its bytes landed.
+func (p *restartPair) moveRoom(room uint64, slot int) {
+	p.t.Helper()
+	p.openBound(room, slot)
+	if err := p.send(room, slot, 0, slotPages, true); err != nil {
+		p.t.Fatalf("Send %d: %v", room, err)
+	}
+	p.waitDecode(room, 20*time.Second, "Success", isState(pb.RoomState_ROOM_STATE_SUCCESS))
+	p.waitPrefill(room, 20*time.Second, "Success", isState(pb.RoomState_ROOM_STATE_SUCCESS))
+	if !roomLanded(p.dst, room, slotOf(slot), int64(slot)) {
+		p.t.Fatalf("room %d: decode's pages differ from the source after Success", room)
+	}
+}
+
+// waitReplaced waits for room to end as a replacement on side does and
+// fails the test if either side ever shows Success; it returns decode's
+// pages as they were when the failure was visible.
+func (p *restartPair) waitReplaced(side string, room uint64, slot int) []byte {
+	p.t.Helper()
+	var snap []byte
+	var ps, ds *pb.RoomStatus
+	_, ok := testbed.Eventually(20*time.Second, func() bool {
+		var err error
+		if ps, err = p.prefillStatus(room); err != nil {
+			return false
+		}
+		if ds, err = p.decodeStatus(room); err != nil {
+			return false
+		}
+		if ps.GetState() == pb.RoomState_ROOM_STATE_SUCCESS || ds.GetState() == pb.RoomState_ROOM_STATE_SUCCESS {
+			p.t.Fatalf("room %d reached Success with its region gone: prefill %v, decode %v", room, ps, ds)
+		}
+		if snap == nil && ds.GetState() == pb.RoomState_ROOM_STATE_FAILED {
+			snap = snapshotPages(p.dst, slotOf(slot), int64(slot))
+		}
+		return replacedOutcome(side, ps, ds)
+	})
+	if !ok {
+		p.t.Fatalf("room %d did not fail region_replaced on %s: prefill %v, decode %v", room, side, ps, ds)
+	}
+	return snap
+}
+
+func (p *restartPair) regionOf(side string) (path string, r *transfer.Region) {
+	if side == "prefill" {
+		return p.srcPath, p.src
+	}
+	return p.dstPath, p.dst
+}
+
+func (p *restartPair) setRegion(side string, r *transfer.Region) {
+	if side == "prefill" {
+		p.src = r
+	} else {
+		p.dst = r
+	}
+}
+
+// The engine recreated its region file and has not called RegisterRegion
+// yet: the daemon notices at the next room's bind (decode SendMetadata)
+// or Send (prefill), refuses it FailedPrecondition and fails the room with
+// region_replaced instead of touching the dead inode; the peer sees
+// aborted:remote. Registering then is generation 2, and rooms succeed with
+// their bytes in the new file.
+func TestEngineRecreatesItsFileWithoutRegisteringFailsTheNextRoom(t *testing.T) {
+	for _, side := range []string{"prefill", "decode"} {
+		t.Run(side, func(t *testing.T) {
+			p := newRestartPair(t)
+			p.moveRoom(1, 0)
+			before := replacedCounters(t, p.ownerPair)
+			path, old := p.regionOf(side)
+			deadDecode := p.dst
+			p.setRegion(side, recreateRegionFile(t, path, streamLayout))
+
+			const room, slot = 2, 3
+			if side == "prefill" {
+				p.openBound(room, slot)
+				fillRoom(p.src, room, slotOf(slot), slot) // the restarted engine's KV, never to be sent for this room
+				if err := p.send(room, slot, 0, slotPages, true); status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("Send with the region file replaced: %v, want FailedPrecondition", err)
+				}
+			} else {
+				fillRoom(p.src, room, slotOf(slot), slot)
+				fillPagesWith(p.dst, slotOf(slot), slot, decodeUnwrote)
+				fillPagesWith(deadDecode, slotOf(slot), slot, decodeUnwrote)
+				p.open(p.ctx, room)
+				_, err := p.decode.SendMetadata(p.ctx, &pb.SendMetadataRequest{RoomId: room, DstPages: &pb.PageList{Indices: slotOf(slot)}, AuxIndex: slot})
+				if status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("SendMetadata with the region file replaced: %v, want FailedPrecondition", err)
+				}
+			}
+			p.waitReplaced(side, room, slot)
+			unwrote := bytes.Repeat([]byte{decodeUnwrote}, len(snapshotPages(p.dst, slotOf(slot), slot)))
+			for what, r := range map[string]*transfer.Region{"the dead decode inode": deadDecode, "the current decode file": p.dst} {
+				if !bytes.Equal(snapshotPages(r, slotOf(slot), slot), unwrote) {
+					t.Errorf("room %d wrote into %s", room, what)
+				}
+			}
+			after := replacedCounters(t, p.ownerPair)
+			if d := after[side][0] - before[side][0]; d != 1 {
+				t.Errorf("pdlink_region_replaced_total on %s moved by %v, want 1", side, d)
+			}
+			if d := after[side][1] - before[side][1]; d != 1 {
+				t.Errorf(`pdlink_room_failures_total{reason="region_replaced"} on %s moved by %v, want 1`, side, d)
+			}
+
+			reg := registerOn(p.ctx, t, p.prefill, p.decode, side, path, streamLayout)
+			if reg.gen != 2 || reg.inode == old.ID().Ino {
+				t.Fatalf("register after the replacement: generation %d inode %d (was %d), want 2 and a new inode", reg.gen, reg.inode, old.ID().Ino)
+			}
+			p.moveRoom(3, 5)
+			p.moveRoom(4, slot)
+		})
+	}
+}
+
+// UnregisterRegion with rooms in flight, on either side: they fail with
+// region_replaced (the peer aborted:remote) and their decode pages do not
+// change after; a repeat answers unregistered false; until RegisterRegion
+// again new rooms are refused FailedPrecondition (decode at OpenReceiver,
+// prefill at Send); registering again is generation 2 and rooms succeed.
+func TestUnregisterRegionWithRoomsInFlight(t *testing.T) {
+	for _, side := range []string{"prefill", "decode"} {
+		t.Run(side, func(t *testing.T) {
+			p := newRestartPair(t)
+			inFlight := map[uint64]int{1: 0, 2: 1} // room -> slot
+			for room, slot := range inFlight {
+				p.openBound(room, slot)
+				if err := p.send(room, slot, 0, chunkPages, false); err != nil {
+					t.Fatalf("first chunk of room %d: %v", room, err)
+				}
+			}
+			unregister := func() (bool, uint64, uint32) {
+				if side == "prefill" {
+					r, err := p.prefill.UnregisterRegion(p.ctx, &pb.PrefillServiceUnregisterRegionRequest{Rank: rankOf(0)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return r.Unregistered, r.Generation, r.RoomsFailed
+				}
+				r, err := p.decode.UnregisterRegion(p.ctx, &pb.DecodeServiceUnregisterRegionRequest{Rank: rankOf(0)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r.Unregistered, r.Generation, r.RoomsFailed
+			}
+			if ok, gen, failed := unregister(); !ok || gen != 1 || failed != uint32(len(inFlight)) {
+				t.Fatalf("UnregisterRegion: unregistered %v generation %d rooms_failed %d, want true 1 %d", ok, gen, failed, len(inFlight))
+			}
+			snaps := map[uint64][]byte{}
+			for room, slot := range inFlight {
+				snaps[room] = p.waitReplaced(side, room, slot)
+				if err := p.send(room, slot, chunkPages, slotPages-chunkPages, true); status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("last Send of room %d after UnregisterRegion: %v, want FailedPrecondition", room, err)
+				}
+			}
+			if ok, _, _ := unregister(); ok {
+				t.Fatal("a repeated UnregisterRegion dropped a region again")
+			}
+
+			const room, slot = 9, 4
+			if _, err := p.prefill.OpenSender(p.ctx, &pb.OpenSenderRequest{RoomId: room}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := p.decode.OpenReceiver(p.ctx, &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap})
+			if side == "decode" {
+				if status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("OpenReceiver with no region: %v, want FailedPrecondition", err)
+				}
+				if _, err := p.prefill.Abort(p.ctx, &pb.PrefillServiceAbortRequest{RoomId: room}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := p.decode.SendMetadata(p.ctx, &pb.SendMetadataRequest{RoomId: room, DstPages: &pb.PageList{Indices: slotOf(slot)}, AuxIndex: slot}); err != nil {
+					t.Fatal(err)
+				}
+				p.waitPrefill(room, 20*time.Second, "WaitingForInput", isState(pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT))
+				if err := p.send(room, slot, 0, slotPages, true); status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("Send with no region: %v, want FailedPrecondition", err)
+				}
+			}
+
+			path, _ := p.regionOf(side)
+			if reg := registerOn(p.ctx, t, p.prefill, p.decode, side, path, streamLayout); reg.gen != 2 {
+				t.Fatalf("register after UnregisterRegion: generation %d, want 2", reg.gen)
+			}
+			p.moveRoom(21, 6)
+			for room, slot := range inFlight {
+				if !bytes.Equal(snapshotPages(p.dst, slotOf(slot), int64(slot)), snaps[room]) {
+					t.Errorf("room %d: decode pages changed after its Failed was visible", room)
+				}
+			}
+		})
+	}
+}
