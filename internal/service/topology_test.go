@@ -3,7 +3,6 @@ package service
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -22,17 +21,7 @@ import (
 // bytes, as newRegion, each page described as tokens x heads x head bytes.
 func describedRegion(t *testing.T, tokens, heads, headBytes int64) region {
 	t.Helper()
-	l := transfer.UniformLayout(4, 64, 4096, 8, 64).WithHeads(rankmap.MHA, tokens, heads, headBytes)
-	path, err := transfer.CreateRegionFile(t.TempDir(), l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem, err := transfer.OpenRegion(path, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { mem.Close(); os.Remove(path) })
-	return region{path, l, mem}
+	return newRegionWithLayout(t, transfer.UniformLayout(4, 64, 4096, 8, 64).WithHeads(rankmap.MHA, tokens, heads, headBytes))
 }
 
 // startObservedPair is startPair with the daemons' warnings also kept for the test to read.

@@ -17,7 +17,13 @@ type region struct {
 
 func newRegion(t testing.TB) region {
 	t.Helper()
-	l := transfer.UniformLayout(4, 64, 4096, 8, 64)
+	return newRegionWithLayout(t, transfer.UniformLayout(4, 64, 4096, 8, 64))
+}
+
+// newRegionWithLayout creates and maps a region file of layout l, removed
+// when the test ends.
+func newRegionWithLayout(t testing.TB, l transfer.Layout) region {
+	t.Helper()
 	path, err := transfer.CreateRegionFile(t.TempDir(), l)
 	if err != nil {
 		t.Fatal(err)

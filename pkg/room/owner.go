@@ -162,22 +162,35 @@ func (c *core) post(fn func()) {
 // that change a room's state (done, failed, fenced) are never dropped.
 func (c *core) postProgress(key poll.Key, fn func()) {
 	o := c.own
+	c.postCoalesced(func() bool {
+		if _, queued := o.progressQueued[key]; queued || len(o.queue) >= maxQueuedInputs {
+			o.progressDropped.Add(1)
+			return false
+		}
+		o.progressQueued[key] = struct{}{}
+		return true
+	}, func() { delete(o.progressQueued, key) }, fn)
+}
+
+// postCoalesced queues fn without waiting if admit, run under the queue's
+// lock, takes it; unmark runs under that lock just before fn, so an event
+// landing while fn waits is coalesced and one landing after unmark is
+// queued again. After the owner stopped, fn runs as any post does.
+func (c *core) postCoalesced(admit func() bool, unmark func(), fn func()) {
+	o := c.own
 	o.mu.Lock()
 	if ownerState(o.state.Load()) == ownerStopped {
 		o.mu.Unlock()
 		c.post(fn)
 		return
 	}
-	if _, queued := o.progressQueued[key]; queued || len(o.queue) >= maxQueuedInputs {
+	if !admit() {
 		o.mu.Unlock()
-		o.progressDropped.Add(1)
 		return
 	}
-	o.progressQueued[key] = struct{}{}
 	o.queue = append(o.queue, &input{fn: func() {
-		// Unmarked before it runs: a progress landing meanwhile is queued.
 		o.mu.Lock()
-		delete(o.progressQueued, key)
+		unmark()
 		o.mu.Unlock()
 		fn()
 	}})
@@ -206,28 +219,13 @@ func (c *core) deliver(tok *conn.AckToken, step func() conn.AckResult) bool {
 // retransmits and heartbeats however busy the owner is.
 func (c *core) postTick(fn func()) {
 	o := c.own
-	o.mu.Lock()
-	if ownerState(o.state.Load()) == ownerStopped {
-		o.mu.Unlock()
-		c.post(fn)
-		return
-	}
-	if o.tickQueued {
-		o.mu.Unlock()
-		return
-	}
-	o.tickQueued = true
-	o.queue = append(o.queue, &input{fn: func() {
-		o.mu.Lock()
-		o.tickQueued = false
-		o.mu.Unlock()
-		fn()
-	}})
-	o.mu.Unlock()
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
+	c.postCoalesced(func() bool {
+		if o.tickQueued {
+			return false
+		}
+		o.tickQueued = true
+		return true
+	}, func() { o.tickQueued = false }, fn)
 }
 
 // ProgressDropped is how many data-plane progress events were coalesced

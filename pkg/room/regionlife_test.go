@@ -88,35 +88,8 @@ func TestUnregisterRegionUnmapsOnlyAfterAWriterMidCopyLetGo(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	answered := make(chan Unregistered, 1)
-	go func() {
-		un, err := h.pre.UnregisterRegion(nil)
-		if err != nil {
-			t.Error(err)
-		}
-		answered <- un
-	}()
-	var key transfer.Key
-	select {
-	case key = <-tr.fenceAsked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("UnregisterRegion never fenced the room in flight")
-	}
-	select {
-	case un := <-answered:
-		t.Fatalf("UnregisterRegion answered %+v while a fenced worker still copied from the region", un)
-	default:
-	}
-	if got := h.preState(room); got == poll.Failed {
-		t.Fatal("the room's Failed is visible while its worker still copies (I9)")
-	}
-	tr.finishCopy(key)
-	var un Unregistered
-	select {
-	case un = <-answered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("UnregisterRegion did not answer once the fence was done")
-	}
+	un := unregisterPastAHeldWriter(t, func() (Unregistered, error) { return h.pre.UnregisterRegion(nil) },
+		tr.fenceAsked, func() poll.State { return h.preState(room) }, func(k transfer.Key) { tr.finishCopy(k) })
 	if !un.Dropped || un.RoomsFailed != 1 {
 		t.Fatalf("UnregisterRegion: %+v, want the region dropped and 1 room failed", un)
 	}
@@ -287,35 +260,8 @@ func TestDecodeUnregisterRegionUnmapsOnlyAfterAWriteMidCopyLetGo(t *testing.T) {
 		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
 	}
 
-	answered := make(chan Unregistered, 1)
-	go func() {
-		un, err := h.dec.UnregisterRegion(&pdlinkv1.Rank{TpRank: 0, TpSize: 1})
-		if err != nil {
-			t.Error(err)
-		}
-		answered <- un
-	}()
-	var key transfer.Key
-	select {
-	case key = <-sink.fenceAsked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("UnregisterRegion never fenced the room in flight")
-	}
-	select {
-	case un := <-answered:
-		t.Fatalf("UnregisterRegion answered %+v while a write into the region was still landing", un)
-	default:
-	}
-	if got := h.decState(room); got == poll.Failed {
-		t.Fatal("the room's Failed is visible while a write into its pages is landing (I9)")
-	}
-	sink.finishWrite(key)
-	var un Unregistered
-	select {
-	case un = <-answered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("UnregisterRegion did not answer once the fence was done")
-	}
+	un := unregisterPastAHeldWriter(t, func() (Unregistered, error) { return h.dec.UnregisterRegion(&pdlinkv1.Rank{TpRank: 0, TpSize: 1}) },
+		sink.fenceAsked, func() poll.State { return h.decState(room) }, sink.finishWrite)
 	if !un.Dropped || un.RoomsFailed != 1 {
 		t.Fatalf("UnregisterRegion: %+v, want the region dropped and 1 room failed", un)
 	}
@@ -361,4 +307,42 @@ func TestReRegisteringTheSameFileWithADescribedLayoutIsANewGeneration(t *testing
 	if got := s.get().Layout(); !got.Equal(described) {
 		t.Fatalf("the slot serves %+v, want the described layout", got)
 	}
+}
+
+// unregisterPastAHeldWriter runs unregister while the data plane holds a
+// room's copy (I9): it must fence the room, not answer and not show the
+// room Failed while the copy goes on, and answer once finish lets the
+// copy end.
+func unregisterPastAHeldWriter(t *testing.T, unregister func() (Unregistered, error), fenceAsked <-chan transfer.Key, state func() poll.State, finish func(transfer.Key)) Unregistered {
+	t.Helper()
+	answered := make(chan Unregistered, 1)
+	go func() {
+		un, err := unregister()
+		if err != nil {
+			t.Error(err)
+		}
+		answered <- un
+	}()
+	var key transfer.Key
+	select {
+	case key = <-fenceAsked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("UnregisterRegion never fenced the room in flight")
+	}
+	select {
+	case un := <-answered:
+		t.Fatalf("UnregisterRegion answered %+v while the region's memory was still being copied", un)
+	default:
+	}
+	if state() == poll.Failed {
+		t.Fatal("the room's Failed is visible while its copy is still in progress (I9)")
+	}
+	finish(key)
+	select {
+	case un := <-answered:
+		return un
+	case <-time.After(10 * time.Second):
+		t.Fatal("UnregisterRegion did not answer once the fence was done")
+	}
+	return Unregistered{}
 }
