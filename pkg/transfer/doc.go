@@ -89,7 +89,7 @@
 //
 // # Sender (prefill)
 //
-// Per decode peer the Sender keeps ConnsPerPeer connections (--data-conns), each owned by a
+// Per decode peer the Sender keeps ConnsPerPeer connections (default 2), each owned by a
 // slot goroutine that dials with a deadline, serves the connection and redials with
 // backoff. A room's transfer is a stream: Open registers it with its destination pages and
 // pins it to the slot with the fewest open streams, so its chunks and DONE stay in order on
