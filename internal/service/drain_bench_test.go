@@ -13,6 +13,7 @@ import (
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/internal/daemon"
+	"github.com/pdlink/pdlink/internal/testbed"
 )
 
 var drainBenchRooms = flag.Int("drain-rooms", 10_000, "live rooms BenchmarkPrefillDrainFailsLiveRoomsByItsCap drains")
@@ -39,7 +40,8 @@ func BenchmarkPrefillDrainFailsLiveRoomsByItsCap(b *testing.B) {
 		})
 		_, dec := registerRegions(b, p)
 		pages := dec.layout.Buffers[0].Pages()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		deadline := time.Now().Add(5 * time.Minute)
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		each := func(call func(i int) error) {
 			const workers = 8
 			var wg sync.WaitGroup
@@ -95,11 +97,8 @@ func BenchmarkPrefillDrainFailsLiveRoomsByItsCap(b *testing.B) {
 			}
 			return waiting
 		}
-		for w := bound(); w != n; w = bound() {
-			if ctx.Err() != nil {
-				b.Fatalf("%d of %d rooms bound on prefill", w, n)
-			}
-			time.Sleep(20 * time.Millisecond)
+		if _, ok := testbed.Eventually(time.Until(deadline), func() bool { return bound() == n }); !ok {
+			b.Fatalf("%d of %d rooms bound on prefill", bound(), n)
 		}
 		cancel()
 

@@ -367,6 +367,7 @@ func BenchmarkDrainDeadlineFailsLiveRooms(b *testing.B) {
 					if time.Since(start) > time.Minute {
 						b.Fatal("the rooms did not turn visible Failed within a minute")
 					}
+					// The poll interval is the measurement's resolution.
 					time.Sleep(2 * time.Millisecond)
 				}
 				visible += time.Since(start)

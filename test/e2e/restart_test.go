@@ -420,7 +420,7 @@ func (s *restartStream) waitUntil(ctx context.Context, rm *streamRoom, cond func
 			rm.final = [2]*pb.RoomStatus{}
 			return
 		}
-		time.Sleep(s.tick)
+		time.Sleep(s.tick) // a scheduler's poll interval, as SGLang's loop polls
 	}
 }
 
@@ -476,6 +476,8 @@ func (s *restartStream) restartEngine(ctx context.Context, side string, rank int
 		if time.Now().After(deadline) {
 			t.Fatal("no room was mid-transfer when the engine was to restart")
 		}
+		// Polled by hand, not with testbed.Eventually: the check must
+		// leave the engines locked when it holds.
 		time.Sleep(time.Millisecond)
 	}
 	defer s.engMu.Unlock()
