@@ -316,36 +316,6 @@ func (n *DecodeOwner) failStale(ctx context.Context, id poll.RoomID, reason poll
 	return &EndedError{Info: in}
 }
 
-// RegisterRegion maps the engine's region (building the data plane over it
-// the first time) and answers its id and file identity. Registering the
-// same file again is a no-op; a replaced file, another path or another
-// layout is a new generation and fails the rooms on the old one with
-// region_replaced (regionSlot); a new layout goes to the prefill daemons
-// in REGISTER.
-func (n *DecodeOwner) RegisterRegion(path string, l *pdlinkv1.RegionLayout) (Registered, error) {
-	return n.data.slot.register(path, l)
-}
-
-// UnregisterRegion drops rank's region: its rooms fail with
-// region_replaced, are fenced, and the file is unmapped.
-func (n *DecodeOwner) UnregisterRegion(rank *pdlinkv1.Rank) (Unregistered, error) {
-	return n.data.slot.unregister(rank)
-}
-
-// Region is the identity of the mapped region file (zero when none).
-func (n *DecodeOwner) Region() RegionFile { return n.data.slot.identity() }
-
-// RegionReplacedRooms is how many rooms failed with region_replaced.
-func (n *DecodeOwner) RegionReplacedRooms() uint64 { return n.data.slot.RegionReplacedRooms() }
-
-// RegionReplaced is how many region files were found replaced
-// (pdlink_region_replaced_total).
-func (n *DecodeOwner) RegionReplaced() uint64 { return n.data.slot.RegionReplaced() }
-
-// RegionFaults is how many faults on the region's memory failed rooms
-// instead of the daemon (pdlink_region_faults_total).
-func (n *DecodeOwner) RegionFaults() uint64 { return n.data.slot.RegionFaults() }
-
 // HasRegion reports whether a region is registered.
 func (n *DecodeOwner) HasRegion() bool { return n.data.slot.get() != nil }
 

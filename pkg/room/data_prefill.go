@@ -612,36 +612,6 @@ func (n *PrefillOwner) Send(ctx context.Context, req *pdlinkv1.SendRequest) erro
 	return n.data.send(ctx, req)
 }
 
-// RegisterRegion maps the engine's region (building the data plane over it
-// the first time) and answers its id and file identity. Registering the
-// same file again is a no-op; a replaced file, another path or another
-// layout is a new generation and fails the rooms on the old one with
-// region_replaced (regionSlot).
-func (n *PrefillOwner) RegisterRegion(path string, l *pdlinkv1.RegionLayout) (Registered, error) {
-	return n.data.slot.register(path, l)
-}
-
-// UnregisterRegion drops rank's region: its rooms fail with
-// region_replaced, are fenced, and the file is unmapped. Dropped is false
-// when the rank had none.
-func (n *PrefillOwner) UnregisterRegion(rank *pdlinkv1.Rank) (Unregistered, error) {
-	return n.data.slot.unregister(rank)
-}
-
-// Region is the identity of the mapped region file (zero when none).
-func (n *PrefillOwner) Region() RegionFile { return n.data.slot.identity() }
-
-// RegionReplacedRooms is how many rooms failed with region_replaced.
-func (n *PrefillOwner) RegionReplacedRooms() uint64 { return n.data.slot.RegionReplacedRooms() }
-
-// RegionReplaced is how many region files were found replaced
-// (pdlink_region_replaced_total).
-func (n *PrefillOwner) RegionReplaced() uint64 { return n.data.slot.RegionReplaced() }
-
-// RegionFaults is how many faults on the region's memory failed rooms
-// instead of the daemon (pdlink_region_faults_total).
-func (n *PrefillOwner) RegionFaults() uint64 { return n.data.slot.RegionFaults() }
-
 // Bytes is the KV bytes this side sent and decode confirmed.
 func (n *PrefillOwner) Bytes() uint64 { return n.data.Bytes() }
 

@@ -60,6 +60,9 @@ type DecodeConfig struct {
 // concurrent use.
 type DecodeOwner struct {
 	*core
+	// regionCalls serves RegisterRegion, UnregisterRegion and the region
+	// counters over data's slot (unset with a DataPlane of the tests').
+	regionCalls
 	dcfg DecodeConfig
 	dp   DecodeDataPlane
 	// data is the data plane built from Transport (nil with a DataPlane
@@ -101,6 +104,7 @@ func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
 	if n.dp == nil {
 		n.data = newDecodeData(cfg.DataTransport, cfg.Receiver, c.log, n)
 		n.data.slot.paths = paths
+		n.regionCalls = regionCalls{slot: &n.data.slot}
 		if cfg.newSink != nil {
 			n.data.newSink = cfg.newSink
 		}

@@ -53,6 +53,9 @@ type PrefillConfig struct {
 // drives the prefill room table. Methods are safe for concurrent use.
 type PrefillOwner struct {
 	*core
+	// regionCalls serves RegisterRegion, UnregisterRegion and the region
+	// counters over data's slot (unset with a DataPlane of the tests').
+	regionCalls
 	pcfg PrefillConfig
 	dp   PrefillDataPlane
 	// data is the data plane built from Transport (nil with a DataPlane
@@ -88,6 +91,7 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 	if n.dp == nil {
 		n.data = newPrefillData(cfg.DataTransport, cfg.Sender, c.log, n)
 		n.data.slot.paths = paths
+		n.regionCalls = regionCalls{slot: &n.data.slot}
 		if cfg.newTransport != nil {
 			n.data.newTransport = cfg.newTransport
 		}

@@ -407,3 +407,37 @@ func (c *core) retireRooms(keys func() []poll.Key, reason poll.Reason, swap func
 	}
 	return failed
 }
+
+// regionCalls is the region API both owners serve, over their slot.
+type regionCalls struct{ slot *regionSlot }
+
+// RegisterRegion maps the engine's region (building the data plane over it
+// the first time) and answers its id and file identity. Registering the
+// same file with the same layout again is a no-op; a replaced file,
+// another path or another layout is a new generation and fails the rooms
+// on the old one with region_replaced (regionSlot); on decode a new layout
+// goes to the prefill daemons in REGISTER.
+func (r regionCalls) RegisterRegion(path string, l *pb.RegionLayout) (Registered, error) {
+	return r.slot.register(path, l)
+}
+
+// UnregisterRegion drops rank's region: its rooms fail with
+// region_replaced, are fenced, and the file is unmapped. Dropped is false
+// when the rank had none.
+func (r regionCalls) UnregisterRegion(rank *pb.Rank) (Unregistered, error) {
+	return r.slot.unregister(rank)
+}
+
+// Region is the identity of the mapped region file (zero when none).
+func (r regionCalls) Region() RegionFile { return r.slot.identity() }
+
+// RegionReplacedRooms is how many rooms failed with region_replaced.
+func (r regionCalls) RegionReplacedRooms() uint64 { return r.slot.RegionReplacedRooms() }
+
+// RegionReplaced is how many region files were found replaced
+// (pdlink_region_replaced_total).
+func (r regionCalls) RegionReplaced() uint64 { return r.slot.RegionReplaced() }
+
+// RegionFaults is how many faults on the region's memory failed rooms
+// instead of the daemon (pdlink_region_faults_total).
+func (r regionCalls) RegionFaults() uint64 { return r.slot.RegionFaults() }
