@@ -89,13 +89,15 @@ type rxConn struct {
 	// in reads c: small frames (a header, its run list, the pages of a small room, the
 	// next frame) come in one read instead of one per run, while payload bytes beyond
 	// what it holds go straight into the destination pages (readPages).
-	in      *bufio.Reader
-	hdr     [HeaderSize]byte
-	out     [HeaderSize]byte
-	runBuf  []byte
-	runs    []ChunkRun
-	dsts    [][]byte // the destination pages of the chunk being read, one slice per run
-	scratch []byte
+	in     *bufio.Reader
+	hdr    [HeaderSize]byte
+	out    [HeaderSize]byte
+	runBuf []byte
+	runs   []ChunkRun
+	// sliceRuns is runs for a sliced chunk (slices.go).
+	sliceRuns []SliceRun
+	dsts      [][]byte // the destination pages of the chunk being read, one slice per run (sliced: per row)
+	scratch   []byte
 	// pending holds the rooms that received a chunk on this connection; if it breaks, the
 	// live ones fail with transfer_error.
 	pending map[*rxRoom]struct{}
@@ -218,6 +220,9 @@ func (c *rxConn) reject(room *rxRoom, payload uint64, err error) error {
 }
 
 func (c *rxConn) chunk(h *Header) error {
+	if h.Flags&FlagSliced != 0 {
+		return c.slicedChunk(h)
+	}
 	r := c.r
 	n := int(h.NumRuns) * runSize
 	if cap(c.runBuf) < n {
@@ -261,8 +266,15 @@ func (c *rxConn) chunk(h *Header) error {
 		}
 		c.dsts = append(c.dsts, dst)
 	}
+	return c.land(h, room, c.readPages)
+}
+
+// land reads a claimed chunk's payload into c.dsts with read, checks its crc32c and counts
+// its pages as verified.
+func (c *rxConn) land(h *Header, room *rxRoom, read func([]byte) (int, error)) error {
+	r := c.r
 	c.addPending(room)
-	crc, n, err := c.write(room, c.dsts, 0)
+	crc, n, err := c.write(room, c.dsts, 0, read)
 	clear(c.dsts)
 	if err == errFenced {
 		return c.discard(h.PayloadLen - uint64(n))
@@ -284,12 +296,12 @@ func (c *rxConn) chunk(h *Header) error {
 
 var errFenced = errors.New("room fenced")
 
-// write reads the bytes of dsts, in order, from the connection straight into them, one
+// write reads the bytes of dsts, in order, from the connection into them with read, one
 // piece of at most PieceBytes (spanning slices: a chunk of many small runs is one piece) at
 // a time, each piece only while the room is live (the fence protocol, see rxRoom). It
 // returns the crc32c updated over what it wrote and the bytes read, or errFenced with the
 // rest unread, or an ErrRegionFault with the bytes taken from the stream so far.
-func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32) (uint32, int, error) {
+func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32, read func([]byte) (int, error)) (uint32, int, error) {
 	n, i, off := 0, 0, 0
 	for {
 		for i < len(dsts) && off == len(dsts[i]) {
@@ -318,7 +330,7 @@ func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32) (uint32, int, er
 				p := dsts[i][off:]
 				p = p[:min(len(p), left)]
 				taken = 0
-				if taken, err = c.readPages(p); err != nil {
+				if taken, err = read(p); err != nil {
 					break
 				}
 				crc = crc32.Update(crc, castagnoli, p)
@@ -402,7 +414,7 @@ func (c *rxConn) done(h *Header) error {
 		return c.reject(room, h.PayloadLen, err)
 	}
 	c.addPending(room)
-	crc, n, err := c.write(room, [][]byte{aux}, 0)
+	crc, n, err := c.write(room, [][]byte{aux}, 0, c.readPages)
 	if err == errFenced {
 		return c.discard(uint64(len(aux) - n))
 	} else if errors.Is(err, ErrRegionFault) {

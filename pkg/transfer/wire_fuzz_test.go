@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/pdlink/pdlink/pkg/rankmap"
 )
 
 // wireSentinels are the errors a decoder may return (wrapped).
@@ -30,11 +32,15 @@ func isWireSentinel(err error) bool {
 // fuzzKey is the room the fuzz seeds speak of: a rank of a room with two.
 var fuzzKey = Key{Room: 42, Nonce: 7, Rank: Rank{TP: 1, Size: 2}}
 
-// fuzzSlicedKey is the room of head slices the seeds speak of (4-token pages of 128-byte
-// rows), fuzzSliceRuns a chunk that brings heads 2-3 of buffer 0's rows and head 0 of
-// buffer 1's.
+// fuzzSlicedKey is the room of head slices the seeds speak of; fuzzSlices are the
+// slices it expects (4-token pages of 128-byte rows: heads 2-3 of buffer 0's rows, head 0
+// of buffer 1's), fuzzSliceRuns a chunk that brings them all.
 var (
 	fuzzSlicedKey = Key{Room: 42, Nonce: 8, Rank: Rank{TP: 1, Size: 2}}
+	fuzzSlices    = []rankmap.Copy{
+		{Buffer: 0, SrcHead: 0, DstHead: 2, Heads: 2, HeadBytes: 32, PageTokens: 4, SrcRow: 64, DstRow: 128},
+		{Buffer: 1, SrcHead: 1, DstHead: 0, Heads: 1, HeadBytes: 32, PageTokens: 4, SrcRow: 64, DstRow: 128},
+	}
 	fuzzSliceRuns = []SliceRun{
 		{ChunkRun: ChunkRun{0, Run{6, 1}}, SrcHead: 0, DstHead: 2, Heads: 2, HeadBytes: 32, RowBytes: 128},
 		{ChunkRun: ChunkRun{1, Run{7, 1}}, SrcHead: 1, DstHead: 0, Heads: 1, HeadBytes: 32, RowBytes: 128},
@@ -204,7 +210,8 @@ func seedSliceRuns() [][]byte {
 }
 
 // FuzzReceiverStream feeds arbitrary bytes to a live receiver connection: it never panics,
-// and no byte lands outside the registered rooms' pages.
+// and no byte lands outside the registered rooms' pages, nor, in the room of head slices,
+// outside the heads it expects.
 func FuzzReceiverStream(f *testing.F) {
 	for _, s := range seedFrames() {
 		f.Add(s)
@@ -231,7 +238,10 @@ func FuzzReceiverStream(f *testing.F) {
 		if err := rcv.Expect(Expectation{Key: other, Dst: [][]Run{{{4, 2}}, {{0, 1}}}, AuxRow: -1}); err != nil {
 			t.Fatal(err)
 		}
-
+		rcv.Fence(fuzzSlicedKey)
+		if err := rcv.Expect(Expectation{Key: fuzzSlicedKey, Dst: [][]Run{{{6, 1}}, {{7, 1}}}, AuxRow: -1, Copies: fuzzSlices}); err != nil {
+			t.Fatal(err)
+		}
 		client, server := net.Pipe()
 		rcv.ServeConn(server)
 		go func() { // answers (results, pongs) are read and dropped
@@ -251,8 +261,17 @@ func FuzzReceiverStream(f *testing.F) {
 		for _, p := range []struct {
 			buf int
 			run Run
-		}{{0, Run{0, 1}}, {0, Run{3, 1}}, {0, Run{6, 2}}, {1, Run{1, 2}}, {1, Run{4, 4}}} {
+		}{{0, Run{0, 1}}, {0, Run{3, 1}}, {0, Run{7, 1}}, {1, Run{1, 2}}, {1, Run{4, 3}}} {
 			outside = append(outside, dst.Pages(p.buf, p.run)...)
+		}
+		// The sliced room's pages: only its heads' bytes of each 128-byte row may change.
+		for _, c := range fuzzSlices {
+			page := dst.Pages(c.Buffer, Run{int32(6 + c.Buffer), 1})
+			for tok := range c.PageTokens {
+				row := page[tok*c.DstRow : (tok+1)*c.DstRow]
+				outside = append(outside, row[:c.DstHead*c.HeadBytes]...)
+				outside = append(outside, row[(c.DstHead+c.Heads)*c.HeadBytes:]...)
+			}
 		}
 		if !bytes.Equal(outside, bytes.Repeat([]byte{0xAA}, len(outside))) {
 			t.Fatal("bytes landed outside the rooms' pages")
