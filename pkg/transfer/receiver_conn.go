@@ -97,6 +97,7 @@ type rxConn struct {
 	// sliceRuns is runs for a sliced chunk (slices.go).
 	sliceRuns []SliceRun
 	dsts      [][]byte // the destination pages of the chunk being read, one slice per run (sliced: per row)
+	stage     []byte   // a piece of head-slice rows on its way to them (scatter)
 	scratch   []byte
 	// pending holds the rooms that received a chunk on this connection; if it breaks, the
 	// live ones fail with transfer_error.
@@ -266,15 +267,15 @@ func (c *rxConn) chunk(h *Header) error {
 		}
 		c.dsts = append(c.dsts, dst)
 	}
-	return c.land(h, room, c.readPages)
+	return c.land(h, room, c.write)
 }
 
-// land reads a claimed chunk's payload into c.dsts with read, checks its crc32c and counts
-// its pages as verified.
-func (c *rxConn) land(h *Header, room *rxRoom, read func([]byte) (int, error)) error {
+// land reads a claimed chunk's payload into c.dsts with fill (write, or scatter for head
+// slices), checks its crc32c and counts its pages as verified.
+func (c *rxConn) land(h *Header, room *rxRoom, fill func(*rxRoom, [][]byte, uint32) (uint32, int, error)) error {
 	r := c.r
 	c.addPending(room)
-	crc, n, err := c.write(room, c.dsts, 0, read)
+	crc, n, err := fill(room, c.dsts, 0)
 	clear(c.dsts)
 	if err == errFenced {
 		return c.discard(h.PayloadLen - uint64(n))
@@ -296,12 +297,12 @@ func (c *rxConn) land(h *Header, room *rxRoom, read func([]byte) (int, error)) e
 
 var errFenced = errors.New("room fenced")
 
-// write reads the bytes of dsts, in order, from the connection into them with read, one
+// write reads the bytes of dsts, in order, from the connection straight into them, one
 // piece of at most PieceBytes (spanning slices: a chunk of many small runs is one piece) at
 // a time, each piece only while the room is live (the fence protocol, see rxRoom). It
 // returns the crc32c updated over what it wrote and the bytes read, or errFenced with the
 // rest unread, or an ErrRegionFault with the bytes taken from the stream so far.
-func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32, read func([]byte) (int, error)) (uint32, int, error) {
+func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32) (uint32, int, error) {
 	n, i, off := 0, 0, 0
 	for {
 		for i < len(dsts) && off == len(dsts[i]) {
@@ -310,16 +311,9 @@ func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32, read func([]byte
 		if i == len(dsts) {
 			return crc, n, nil
 		}
-		room.mu.Lock()
-		if room.state != live {
-			room.mu.Unlock()
+		if !c.join(room) {
 			return crc, n, errFenced
 		}
-		room.writing = append(room.writing, c)
-		// Armed under mu, so a fence's interrupt (which sets it to now, under mu) is never
-		// overwritten by the read it interrupts.
-		c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
-		room.mu.Unlock()
 		var err error
 		// taken is how much of p the stream gave up before a fault: a fault copying
 		// out of the read buffering leaves its bytes there, one in the checksum pass
@@ -330,7 +324,7 @@ func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32, read func([]byte
 				p := dsts[i][off:]
 				p = p[:min(len(p), left)]
 				taken = 0
-				if taken, err = read(p); err != nil {
+				if taken, err = c.readPages(p); err != nil {
 					break
 				}
 				crc = crc32.Update(crc, castagnoli, p)
@@ -353,6 +347,21 @@ func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32, read func([]byte
 			return crc, n, err
 		}
 	}
+}
+
+// join starts this connection's write of one piece into room, if the room is live (the
+// fence protocol, see rxRoom); leave ends it.
+func (c *rxConn) join(room *rxRoom) bool {
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	if room.state != live {
+		return false
+	}
+	room.writing = append(room.writing, c)
+	// Armed under mu, so a fence's interrupt (which sets it to now, under mu) is never
+	// overwritten by the read it interrupts.
+	c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
+	return true
 }
 
 // leave ends this connection's write into room and reports whether it was the last one a
@@ -414,7 +423,7 @@ func (c *rxConn) done(h *Header) error {
 		return c.reject(room, h.PayloadLen, err)
 	}
 	c.addPending(room)
-	crc, n, err := c.write(room, [][]byte{aux}, 0, c.readPages)
+	crc, n, err := c.write(room, [][]byte{aux}, 0)
 	if err == errFenced {
 		return c.discard(uint64(len(aux) - n))
 	} else if errors.Is(err, ErrRegionFault) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"testing"
@@ -444,6 +445,8 @@ func TestSlicedTransferOverTCP(t *testing.T) {
 		{prefillTP: 1, decodeTP: 8, heads: 8, headBytes: 16, pageTokens: 4, buffers: 2},
 		{prefillTP: 8, decodeTP: 1, heads: 8, headBytes: 16, pageTokens: 4, buffers: 2},
 		{prefillTP: 8, decodeTP: 2, heads: 4, headBytes: 16, pageTokens: 4, buffers: 2},
+		// rows of 8 KiB, past the receiver's 4 KiB pieces: each read where it lands
+		{prefillTP: 2, decodeTP: 1, heads: 16, headBytes: 1024, pageTokens: 2, buffers: 2},
 	} {
 		t.Run(sh.String(), func(t *testing.T) {
 			g := newTPRig(t, sh, true, SenderConfig{})
@@ -652,9 +655,75 @@ func TestSliceDescriptorPastItsRowBreaksTheConnection(t *testing.T) {
 	payload := bytes.Repeat([]byte{3}, 256)
 	c := dialRaw(t, addr)
 	c.write(append(slicedChunkHeader(fuzzSlicedKey, 0, []SliceRun{past}, 4, payload), payload...))
-	waitFor(t, func() bool { rcv.mu.Lock(); defer rcv.mu.Unlock(); return len(rcv.conns) == 0 })
+	c.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var hdr [HeaderSize]byte
+	n, err := io.ReadFull(c.c, hdr[:])
+	var ne net.Error
+	if err == nil || errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("after a slice past its row the connection answered %d bytes (%v), want it closed", n, err)
+	}
 	if !untouched(dst.Buffer(0)) || !untouched(dst.Buffer(1)) || rcv.Stats().RejectedFrames != 1 {
 		t.Fatalf("after a slice past its row: %d rejected, buffers untouched %v %v", rcv.Stats().RejectedFrames,
 			untouched(dst.Buffer(0)), untouched(dst.Buffer(1)))
+	}
+}
+
+// TestSlicedFenceMidChunkNoRowLandsAfter_R7 is TestFenceMidChunkNoByteLandsAfter_R7 for
+// head slices (scatter's staged pieces): a room fenced while a piece of its rows is on the
+// wire waits for that piece, then not one more row lands although the rest of the chunk
+// and its DONE arrive, and no byte outside the slice was ever written.
+func TestSlicedFenceMidChunkNoRowLandsAfter_R7(t *testing.T) {
+	const item, row = 4096, 128 // 32 tokens of 4 heads of 32 bytes
+	l := UniformLayout(1, 16, item, 0, 0)
+	rcv, dst, ev, addr := rawReceiver(t, l, ReceiverConfig{PieceBytes: 4096})
+	memset(dst.Buffer(0), 0xAA)
+	slice := rankmap.Copy{SrcHead: 0, DstHead: 2, Heads: 2, HeadBytes: 32, PageTokens: 32, SrcRow: 64, DstRow: row}
+	k := Key{Room: 1, Nonce: 2}
+	if err := rcv.Expect(Expectation{Key: k, Dst: [][]Run{{{0, 8}}}, AuxRow: -1, Copies: []rankmap.Copy{slice}}); err != nil {
+		t.Fatal(err)
+	}
+	runs := []SliceRun{sliceRunOf(slice, Run{0, 8})}
+	payload := bytes.Repeat([]byte{0x11}, 8*32*64) // 2 KiB per page: a piece is two pages' rows
+	c := dialRaw(t, addr)
+	c.write(append(slicedChunkHeader(k, 0, runs, 32, payload), payload[:4096]...))
+	landed := func(p int) bool { // the last row of page p has its heads
+		r := dst.Pages(0, Run{int32(p), 1})[item-row:]
+		return bytes.Equal(r[64:], payload[:64])
+	}
+	waitFor(t, func() bool { return landed(1) })
+
+	fenced := make(chan struct{})
+	go func() { rcv.FenceWait(k); close(fenced) }()
+	select {
+	case <-fenced:
+		t.Fatal("Fence returned while a piece of the room's rows was being read")
+	case <-time.After(50 * time.Millisecond):
+	}
+	c.write(payload[4096:8192]) // completes the piece in progress
+	select {
+	case <-fenced:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Fence did not return after the piece in progress landed")
+	}
+	after := bytes.Clone(dst.Buffer(0))
+	c.write(payload[8192:])
+	c.write(doneFrame(k, 1, 8, nil))
+	if res := c.sync(); res[k] != uint32(codeFenced) {
+		t.Fatalf("DONE for a fenced room answered %d, want fenced", res[k])
+	}
+	if !bytes.Equal(after, dst.Buffer(0)) {
+		t.Fatal("rows landed after Fence returned")
+	}
+	if !untouched(dst.Pages(0, Run{4, 12})) {
+		t.Fatal("pages after the fence point were written")
+	}
+	for tok := range 4 * 32 { // pages 0-3: only heads 2-3 of each row
+		r := dst.Buffer(0)[tok*row : (tok+1)*row]
+		if !untouched(r[:64]) {
+			t.Fatalf("row %d: bytes outside the slice written", tok)
+		}
+	}
+	if _, ok := ev.get(k); ok {
+		t.Fatal("a fenced room must not report an outcome")
 	}
 }
