@@ -350,8 +350,9 @@ func (c *rxConn) slicedChunk(h *Header) error {
 // PieceBytes staging buffer holds are read from the connection into it in one go, summed
 // in one crc32c pass and copied out to their rows, all while the connection is in the
 // room's writing list (the fence protocol, see rxRoom). Reading each row where it lands
-// was a read from the buffering per row of a few hundred bytes and a crc32c call per row:
-// 3x the receiver's CPU per byte of whole pages, the same bytes staged cost about 1.x.
+// (through the read buffering, 32 KiB per read, and a crc32c call per 512-byte row) cost
+// the receiver 0.60 s of CPU per GB against whole pages' 0.22 in BenchmarkSlicedTransfer
+// (prefill 4 -> decode 2, median of 6 under load); staged, 0.33, and 1.39 -> 1.81 GB/s.
 // A row larger than the staging buffer is read in place. It returns what write returns.
 func (c *rxConn) scatter(room *rxRoom, rows [][]byte, crc uint32) (uint32, int, error) {
 	if len(c.stage) < c.r.cfg.PieceBytes {

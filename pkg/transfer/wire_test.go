@@ -253,3 +253,25 @@ func TestWholePageHeadersKeepTheirV2Bytes(t *testing.T) {
 		t.Errorf("whole-page run entry %x, want v2's {buffer, start, count}", got)
 	}
 }
+
+// TestSlicedFlagIsRefusedOffChunks: FlagSliced means a chunk's run list; on any other frame
+// the header is refused (ErrBadFrameType), as an unknown flag is.
+func TestSlicedFlagIsRefusedOffChunks(t *testing.T) {
+	for _, h := range []Header{
+		{Type: FrameDone, Flags: FlagSliced, Room: 1, Nonce: 1, Rank: Rank{Size: 1}},
+		{Type: FrameResult, Flags: FlagSliced, Room: 1, Nonce: 1, Rank: Rank{Size: 1}},
+		{Type: FramePing, Flags: FlagSliced},
+		{Type: FrameChunk, Flags: 4, Room: 1, Nonce: 1, NumRuns: 1, Pages: 1, PayloadLen: 1},
+	} {
+		b := make([]byte, HeaderSize)
+		h.Encode(b)
+		if _, err := DecodeHeader(b); !errors.Is(err, ErrBadFrameType) {
+			t.Errorf("type %d flags %#x: %v, want ErrBadFrameType", h.Type, h.Flags, err)
+		}
+	}
+	b := make([]byte, HeaderSize)
+	(&Header{Type: FrameChunk, Flags: FlagSliced | FlagPayloadCRC, Room: 1, Nonce: 1, NumRuns: 1, Pages: 1, PayloadLen: 1}).Encode(b)
+	if _, err := DecodeHeader(b); err != nil {
+		t.Errorf("a sliced chunk: %v", err)
+	}
+}
