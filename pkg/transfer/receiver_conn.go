@@ -89,16 +89,17 @@ type rxConn struct {
 	// in reads c: small frames (a header, its run list, the pages of a small room, the
 	// next frame) come in one read instead of one per run, while payload bytes beyond
 	// what it holds go straight into the destination pages (readPages).
-	in     *bufio.Reader
-	hdr    [HeaderSize]byte
-	out    [HeaderSize]byte
-	runBuf []byte
-	runs   []ChunkRun
-	// sliceRuns is runs for a sliced chunk (slices.go).
+	in      *bufio.Reader
+	hdr     [HeaderSize]byte
+	out     [HeaderSize]byte
+	runBuf  []byte
+	runs    []ChunkRun
+	dsts    [][]byte // the destination pages of the chunk being read, one slice per run
+	scratch []byte
+	// sliceRuns is runs for a sliced chunk, whose dsts are rows; stage holds a piece of
+	// them on its way there (slices.go).
 	sliceRuns []SliceRun
-	dsts      [][]byte // the destination pages of the chunk being read, one slice per run (sliced: per row)
-	stage     []byte   // a piece of head-slice rows on its way to them (scatter)
-	scratch   []byte
+	stage     []byte
 	// pending holds the rooms that received a chunk on this connection; if it breaks, the
 	// live ones fail with transfer_error.
 	pending map[*rxRoom]struct{}

@@ -534,9 +534,9 @@ type job struct {
 	// dstPages and pages (their sum) are the stream's destination page counts.
 	dstPages []int64
 	pages    int64
+	slot     int // the peer's connection slot the stream is pinned to
 	// copies are Stream.Copies by buffer, nil for whole pages.
 	copies [][]rankmap.Copy
-	slot   int // the peer's connection slot the stream is pinned to
 	// fenceCh is closed by the first Fence; it ends a wait for admission.
 	fenceCh chan struct{}
 	// unadmitted counts the stream's pieces waiting for the peer's budget; closedAt is the

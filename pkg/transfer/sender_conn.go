@@ -606,12 +606,13 @@ const (
 // chunkPlan is one chunk of a stream: the destination runs it names, over any of the
 // piece's buffers, and the source pages it carries.
 type chunkPlan struct {
-	runs   []ChunkRun
-	sliced bool // the entries are slices (slices.go), runs unused
+	runs  []ChunkRun
+	iov   [][]byte // iov[0] is left for the header
+	bytes int64
+	pages int64 // page-buffer pairs
+	// sliced chunks name slices instead of runs (slices.go); pages counts page-slice pairs.
+	sliced bool
 	slices []SliceRun
-	iov    [][]byte // iov[0] is left for the header
-	bytes  int64
-	pages  int64 // page-buffer pairs
 }
 
 // planChunks packs a piece's segments, buffer after buffer, into chunks of at most
