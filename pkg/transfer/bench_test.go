@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pdlink/pdlink/pkg/rankmap"
 )
 
 // The data-plane benchmarks run the receiver in a child process (this test binary
@@ -28,25 +30,73 @@ const (
 
 type benchShape struct {
 	name      string
-	itemLen   int64
+	itemLen   int64 // bytes a page moves (a sliced shape's: the slice's)
 	dstPages  int64 // per buffer
 	srcPages  int64 // per buffer
 	scattered bool
+	// prefillTP and decodeTP, set, make a sliced shape: rank 0 of each side of a model of
+	// 8 KV heads of 256 bytes (head_dim 128, bf16) in 64-token pages, the stream moving
+	// Mapping.CopiesFrom(0, 0).
+	prefillTP, decodeTP int
 }
 
 var (
-	shape1MiB      = benchShape{"1MiB", 1 << 20, 256, 64, false}
-	shape64KiBScat = benchShape{"64KiBScattered", 64 << 10, 4096, 1024, true}
+	shape1MiB      = benchShape{name: "1MiB", itemLen: 1 << 20, dstPages: 256, srcPages: 64}
+	shape64KiBScat = benchShape{name: "64KiBScattered", itemLen: 64 << 10, dstPages: 4096, srcPages: 1024, scattered: true}
+	// shape32KiB is whole pages of the size the sliced shapes move per page.
+	shape32KiB = benchShape{name: "whole32KiB", itemLen: 32 << 10, dstPages: 8192, srcPages: 1024}
+	// shape2to4: 64 KiB prefill pages, half of each token's heads to 32 KiB decode pages
+	// (the sender gathers 64 rows of 512 bytes per page).
+	shape2to4 = benchShape{name: "mha2to4", itemLen: 32 << 10, dstPages: 8192, srcPages: 1024, prefillTP: 2, decodeTP: 4}
+	// shape4to2: 32 KiB prefill pages whole into half of each row of 64 KiB decode pages
+	// (the receiver scatters 64 rows of 512 bytes per page).
+	shape4to2 = benchShape{name: "mha4to2", itemLen: 32 << 10, dstPages: 4096, srcPages: 1024, prefillTP: 4, decodeTP: 2}
 )
 
 func benchShapeByName(n string) benchShape {
-	if n == shape1MiB.name {
-		return shape1MiB
+	for _, s := range []benchShape{shape1MiB, shape32KiB, shape2to4, shape4to2} {
+		if n == s.name {
+			return s
+		}
 	}
 	return shape64KiBScat
 }
 
 func (s benchShape) layout(pages int64) Layout { return UniformLayout(2, pages, s.itemLen, 0, 0) }
+
+// sideLayout is rank 0's layout of pages pages per buffer on a side of TP size tp.
+func (s benchShape) sideLayout(pages int64, tp int) Layout {
+	const tokens, heads, headBytes = 64, 8, 256
+	l := UniformLayout(2, pages, tokens*int64(max(heads/tp, 1))*headBytes, 0, 0)
+	l.Rank = Rank{Size: uint16(tp)}
+	return l.WithHeads(rankmap.MHA, tokens, heads, headBytes)
+}
+
+func (s benchShape) srcLayout() Layout {
+	if s.prefillTP == 0 {
+		return s.layout(s.srcPages)
+	}
+	return s.sideLayout(s.srcPages, s.prefillTP)
+}
+
+func (s benchShape) dstLayout() Layout {
+	if s.prefillTP == 0 {
+		return s.layout(s.dstPages)
+	}
+	return s.sideLayout(s.dstPages, s.decodeTP)
+}
+
+// copies are what prefill rank 0 sends decode rank 0 (nil: whole pages).
+func (s benchShape) copies() []rankmap.Copy {
+	if s.prefillTP == 0 {
+		return nil
+	}
+	m, err := PlanRanks(s.srcLayout(), s.dstLayout())
+	if err != nil {
+		panic(err)
+	}
+	return m.CopiesFrom(0, 0)
+}
 
 func (s benchShape) pagesPerRoom() int64 { return benchRoomBytes / 2 / s.itemLen }
 
@@ -79,7 +129,7 @@ func (s benchShape) plan(i int) (src, dst []Run) {
 func benchReceiverChild() int {
 	sh := benchShapeByName(os.Getenv("PDLINK_BENCH_SHAPE"))
 	cs, _ := ParseChecksum(os.Getenv("PDLINK_BENCH_CHECKSUM"))
-	region, err := OpenRegion(os.Getenv("PDLINK_BENCH_REGION"), sh.layout(sh.dstPages))
+	region, err := OpenRegion(os.Getenv("PDLINK_BENCH_REGION"), sh.dstLayout())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -102,7 +152,7 @@ func benchReceiverChild() int {
 	for in.Scan() {
 		i, _ := strconv.Atoi(strings.TrimPrefix(in.Text(), "expect "))
 		_, dst := sh.plan(i)
-		if err := rcv.Expect(Expectation{Key: Key{Room: uint64(i), Nonce: 1}, Dst: SamePages(2, dst), AuxRow: -1}); err != nil {
+		if err := rcv.Expect(Expectation{Key: Key{Room: uint64(i), Nonce: 1}, Dst: SamePages(2, dst), AuxRow: -1, Copies: sh.copies()}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -141,12 +191,12 @@ func benchTransfer(b *testing.B, sh benchShape, cs Checksum) {
 	if _, err := os.Stat(dir); err != nil {
 		dir = b.TempDir()
 	}
-	dstPath, err := CreateRegionFile(dir, sh.layout(sh.dstPages))
+	dstPath, err := CreateRegionFile(dir, sh.dstLayout())
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer os.Remove(dstPath)
-	src := openTestRegion(b, sh.layout(sh.srcPages))
+	src := openTestRegion(b, sh.srcLayout())
 	for i := 0; i < 2; i++ {
 		fill(src.Buffer(i), uint64(i+1))
 	}
@@ -177,7 +227,7 @@ func benchTransfer(b *testing.B, sh benchShape, cs Checksum) {
 		b.Fatal(err)
 	}
 	defer snd.Close()
-	if err := snd.AddPeer(addr, sh.layout(sh.dstPages)); err != nil {
+	if err := snd.AddPeer(addr, sh.dstLayout()); err != nil {
 		b.Fatal(err)
 	}
 	const depth = 2 // rooms in flight, so the stream does not idle between rooms
@@ -186,7 +236,7 @@ func benchTransfer(b *testing.B, sh benchShape, cs Checksum) {
 		expect(i)
 		s, d := sh.plan(i)
 		if err := snd.Send(context.Background(), SendRequest{Peer: addr, Key: Key{Room: uint64(i), Nonce: 1},
-			Src: SamePages(2, s), Dst: SamePages(2, d), Done: func(err error) { dones <- err }}); err != nil {
+			Src: SamePages(2, s), Dst: SamePages(2, d), Copies: sh.copies(), Done: func(err error) { dones <- err }}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -224,6 +274,16 @@ func BenchmarkTCP_1MiB(b *testing.B) {
 func BenchmarkTCP_64KiBScattered(b *testing.B) {
 	b.Run("crc32c", func(b *testing.B) { benchTransfer(b, shape64KiBScat, ChecksumCRC32C) })
 	b.Run("none", func(b *testing.B) { benchTransfer(b, shape64KiBScat, ChecksumNone) })
+}
+
+// BenchmarkSlicedTransfer moves 64 MiB rooms of head slices, 32 KiB per page and buffer,
+// beside the same bytes as whole 32 KiB pages: prefill 2 -> decode 4 (the sender gathers
+// each token's half of the heads by iovec) and 4 -> 2 (the receiver scatters each source
+// page into half of each destination row). Compare ns/op or MB/s with whole32KiB.
+func BenchmarkSlicedTransfer(b *testing.B) {
+	for _, sh := range []benchShape{shape32KiB, shape2to4, shape4to2} {
+		b.Run(sh.name, func(b *testing.B) { benchTransfer(b, sh, ChecksumCRC32C) })
+	}
 }
 
 // BenchmarkMemcpyReference copies a room's worth of bytes (64 MiB) with one thread between

@@ -34,6 +34,9 @@ var (
 	// ErrRunsMismatch means source and destination page lists differ in page count, or the
 	// number of per-buffer page lists differs from the layout's buffer count.
 	ErrRunsMismatch = errors.New("transfer: source and destination page lists do not match")
+	// ErrSliceMismatch means a chunk's head slice is not one its room expects, or a room of
+	// head slices got whole pages (or the other way round).
+	ErrSliceMismatch = errors.New("transfer: head slice not expected by the room")
 	// ErrAuxMismatch means an aux row is missing, the wrong length or out of range.
 	ErrAuxMismatch = errors.New("transfer: aux row mismatch")
 )
@@ -55,6 +58,8 @@ var (
 	ErrFrameTooLarge = errors.New("transfer: frame too large")
 	// ErrRunsChecksum means the run list does not match the crc32c in its header.
 	ErrRunsChecksum = errors.New("transfer: run list checksum mismatch")
+	// ErrBadSlice means a head slice names no heads, or heads outside its row or page.
+	ErrBadSlice = errors.New("transfer: head slice outside its row")
 )
 
 // Transfer errors.

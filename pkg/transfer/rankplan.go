@@ -12,7 +12,9 @@ import (
 // engines uses, or a refusal wrapping ErrIncompatibleLayout and the reason's sentinel:
 //
 //   - both described: rankmap.Plan of their Topologies (its sentinels: page size, dtype
-//     bytes, head counts, TP sizes that do not divide, ...);
+//     bytes, head counts, TP sizes that do not divide, ...); MHA between different TP sizes
+//     maps to head slices, which a stream carries as Stream.Copies and
+//     Expectation.Copies (Mapping.CopiesFrom of its pair of ranks);
 //   - either opaque: the layouts compare as opaque, buffer count (rankmap.ErrBufferCountMismatch),
 //     item_len per buffer (rankmap.ErrPageSizeMismatch), aux row length
 //     (rankmap.ErrAuxRowMismatch) and TP size (ErrOpaqueTP) must be equal, and the mapping

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/pdlink/pdlink/pkg/rankmap"
 )
 
 // ReceiverConfig configures the decode side. Zero values take the defaults.
@@ -75,10 +77,16 @@ func (c *ReceiverConfig) setDefaults() error {
 // Expectation is a room's destination on the decode side, from its METADATA: the pages per
 // buffer (Dst has one entry per buffer of the region; an entry may be empty) and the aux row
 // index (-1 for none). Bytes land only in these pages.
+//
+// Copies, for MHA between different TP sizes, are the head slices this stream brings
+// (rankmap's Mapping.CopiesFrom(source rank, this decode rank)): each destination page of
+// a buffer then takes exactly those slices, the bytes outside them are never written, and
+// the room is Complete once every (page, slice) pair landed. Nil is whole pages.
 type Expectation struct {
 	Key    Key
 	Dst    [][]Run
 	AuxRow int64
+	Copies []rankmap.Copy
 }
 
 // ReceiverStats counts frames that were received but not written, and fence interventions.
@@ -135,7 +143,8 @@ func (r *Receiver) Stats() ReceiverStats {
 type rxBuf struct {
 	runs    []Run
 	pos     []int64
-	claimed []uint64
+	claimed []uint64 // by position; a sliced room's by position*len(slices)+slice
+	slices  []rankmap.Copy
 }
 
 type outcome uint8
@@ -165,6 +174,7 @@ type rxRoom struct {
 	claimed  int64
 	verified int64
 	bufs     []rxBuf
+	sliced   bool          // the room takes head slices (Expectation.Copies), never whole pages
 	letGo    chan struct{} // made by a Fence that found a write; closed when it ends
 	grace    *time.Timer   // interrupts the stalled read of a pending fence; nil once handed back
 }
@@ -192,11 +202,15 @@ func (r *Receiver) Expect(e Expectation) error {
 	}
 	room := &rxRoom{key: e.Key, auxRow: e.AuxRow, bufs: make([]rxBuf, len(e.Dst))}
 	counts := make([]int64, len(e.Dst))
+	mult, err := expectSlices(room, e.Copies, l)
+	if err != nil {
+		return err
+	}
 	var words int64
 	for i, runs := range e.Dst {
 		if i > 0 && samePageList(runs, e.Dst[i-1]) {
 			// SamePages: one sorted list serves every buffer (runs and pos are read-only).
-			room.bufs[i], counts[i] = room.bufs[i-1], counts[i-1]
+			room.bufs[i].runs, room.bufs[i].pos, counts[i] = room.bufs[i-1].runs, room.bufs[i-1].pos, counts[i-1]
 		} else {
 			s := slices.Clone(runs)
 			slices.SortFunc(s, func(a, b Run) int { return int(a.Start) - int(b.Start) })
@@ -206,14 +220,14 @@ func (r *Receiver) Expect(e Expectation) error {
 				b.pos[j] = counts[i]
 				counts[i] += int64(run.Count)
 			}
-			room.bufs[i] = b
+			room.bufs[i].runs, room.bufs[i].pos = b.runs, b.pos
 		}
-		room.total += counts[i]
-		words += (counts[i] + 63) / 64
+		room.total += counts[i] * mult[i]
+		words += (counts[i]*mult[i] + 63) / 64
 	}
 	claimed := make([]uint64, words) // one allocation for every buffer's claim bits
 	for i, n := range counts {
-		w := (n + 63) / 64
+		w := (n*mult[i] + 63) / 64
 		room.bufs[i].claimed, claimed = claimed[:w:w], claimed[w:]
 	}
 	r.mu.Lock()
@@ -344,6 +358,9 @@ func (r *Receiver) fail(room *rxRoom, reason Reason, err error) {
 // pages, under room.mu. Nothing is written before claim succeeds, and a refused chunk
 // claims nothing.
 func (room *rxRoom) claim(h *Header, runs []ChunkRun, l Layout) error {
+	if room.sliced {
+		return fmt.Errorf("%w: whole pages for a room of head slices", ErrSliceMismatch)
+	}
 	if h.Seq != room.nextSeq {
 		return fmt.Errorf("%w: seq %d, want %d", ErrRejected, h.Seq, room.nextSeq)
 	}

@@ -96,6 +96,10 @@ type rxConn struct {
 	runs    []ChunkRun
 	dsts    [][]byte // the destination pages of the chunk being read, one slice per run
 	scratch []byte
+	// sliceRuns is runs for a sliced chunk, whose dsts are rows; stage holds a piece of
+	// them on its way there (slices.go).
+	sliceRuns []SliceRun
+	stage     []byte
 	// pending holds the rooms that received a chunk on this connection; if it breaks, the
 	// live ones fail with transfer_error.
 	pending map[*rxRoom]struct{}
@@ -218,6 +222,9 @@ func (c *rxConn) reject(room *rxRoom, payload uint64, err error) error {
 }
 
 func (c *rxConn) chunk(h *Header) error {
+	if h.Flags&FlagSliced != 0 {
+		return c.slicedChunk(h)
+	}
 	r := c.r
 	n := int(h.NumRuns) * runSize
 	if cap(c.runBuf) < n {
@@ -261,8 +268,15 @@ func (c *rxConn) chunk(h *Header) error {
 		}
 		c.dsts = append(c.dsts, dst)
 	}
+	return c.land(h, room, c.write)
+}
+
+// land reads a claimed chunk's payload into c.dsts with fill (write, or scatter for head
+// slices), checks its crc32c and counts its pages as verified.
+func (c *rxConn) land(h *Header, room *rxRoom, fill func(*rxRoom, [][]byte, uint32) (uint32, int, error)) error {
+	r := c.r
 	c.addPending(room)
-	crc, n, err := c.write(room, c.dsts, 0)
+	crc, n, err := fill(room, c.dsts, 0)
 	clear(c.dsts)
 	if err == errFenced {
 		return c.discard(h.PayloadLen - uint64(n))
@@ -298,16 +312,9 @@ func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32) (uint32, int, er
 		if i == len(dsts) {
 			return crc, n, nil
 		}
-		room.mu.Lock()
-		if room.state != live {
-			room.mu.Unlock()
+		if !c.join(room) {
 			return crc, n, errFenced
 		}
-		room.writing = append(room.writing, c)
-		// Armed under mu, so a fence's interrupt (which sets it to now, under mu) is never
-		// overwritten by the read it interrupts.
-		c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
-		room.mu.Unlock()
 		var err error
 		// taken is how much of p the stream gave up before a fault: a fault copying
 		// out of the read buffering leaves its bytes there, one in the checksum pass
@@ -341,6 +348,21 @@ func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32) (uint32, int, er
 			return crc, n, err
 		}
 	}
+}
+
+// join starts this connection's write of one piece into room, if the room is live (the
+// fence protocol, see rxRoom); leave ends it.
+func (c *rxConn) join(room *rxRoom) bool {
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	if room.state != live {
+		return false
+	}
+	room.writing = append(room.writing, c)
+	// Armed under mu, so a fence's interrupt (which sets it to now, under mu) is never
+	// overwritten by the read it interrupts.
+	c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
+	return true
 }
 
 // leave ends this connection's write into room and reports whether it was the last one a

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/pdlink/pdlink/pkg/rankmap"
 )
 
 // SenderConfig configures the prefill side. Zero values take the defaults.
@@ -123,6 +125,8 @@ type SendRequest struct {
 	Aux      []byte
 	// Done is as Stream.Done.
 	Done func(err error)
+	// Copies is as Stream.Copies (nil: whole pages).
+	Copies []rankmap.Copy
 }
 
 // Stream is one rank's share of a room, opened once decode's destination pages are known
@@ -151,6 +155,11 @@ type Stream struct {
 	// it), under no transfer lock, and must not block. A stream fenced before may not see
 	// it.
 	Admitted func()
+	// Copies, for MHA between different TP sizes, are the head slices the stream carries
+	// (rankmap's Mapping.CopiesFrom(this prefill rank, the decode rank)): each page then
+	// ships only those heads of each token, and the receiver must expect the same Copies.
+	// Nil is whole pages.
+	Copies []rankmap.Copy
 }
 
 // Piece is the next page positions of a stream: Src has one page list per buffer, the
@@ -252,7 +261,7 @@ func (s *Sender) RemovePeer(addr string) {
 // with reason fenced: the fence's caller knows why the room ended). A Send that returns an
 // error charged nothing and its Done will not run.
 func (s *Sender) Send(ctx context.Context, req SendRequest) error {
-	if err := s.Open(Stream{Peer: req.Peer, Key: req.Key, Dst: req.Dst, Done: req.Done}); err != nil {
+	if err := s.Open(Stream{Peer: req.Peer, Key: req.Key, Dst: req.Dst, Done: req.Done, Copies: req.Copies}); err != nil {
 		return err
 	}
 	err := s.Append(req.Key, Piece{Src: req.Src, Last: true, Aux: req.Aux})
@@ -281,8 +290,14 @@ func (s *Sender) Open(st Stream) error {
 		j.dstPages[b] = CountPages(runs)
 		j.pages += j.dstPages[b]
 	}
-	if j.pages > 1<<32-1 {
-		return fmt.Errorf("%w: %d pages in one room", ErrFrameTooLarge, j.pages)
+	if len(st.Copies) > 0 {
+		var err error
+		if j.copies, err = copiesByBuffer(st.Copies, local, false); err != nil {
+			return err
+		}
+	}
+	if n := j.pairs(); n > 1<<32-1 {
+		return fmt.Errorf("%w: %d pages in one room", ErrFrameTooLarge, n)
 	}
 	s.mu.Lock()
 	p := s.peers[st.Peer]
@@ -520,6 +535,8 @@ type job struct {
 	dstPages []int64
 	pages    int64
 	slot     int // the peer's connection slot the stream is pinned to
+	// copies are Stream.Copies by buffer, nil for whole pages.
+	copies [][]rankmap.Copy
 	// fenceCh is closed by the first Fence; it ends a wait for admission.
 	fenceCh chan struct{}
 	// unadmitted counts the stream's pieces waiting for the peer's budget; closedAt is the

@@ -610,6 +610,9 @@ type chunkPlan struct {
 	iov   [][]byte // iov[0] is left for the header
 	bytes int64
 	pages int64 // page-buffer pairs
+	// sliced chunks name slices instead of runs (slices.go); pages counts page-slice pairs.
+	sliced bool
+	slices []SliceRun
 }
 
 // planChunks packs a piece's segments, buffer after buffer, into chunks of at most
@@ -617,6 +620,9 @@ type chunkPlan struct {
 // the bounds the receiver checks each chunk against. A chunk does not end where a buffer
 // does: the pages of a small piece over many buffers travel as one chunk, not one per buffer.
 func (s *Sender) planChunks(w *piece) ([]chunkPlan, bool) {
+	if w.j.copies != nil {
+		return s.planSlicedChunks(w)
+	}
 	cfg := &s.cfg
 	// A piece is checked against the region's mapping at Append; one that
 	// no longer fits was taken before the region was replaced, and its
@@ -778,9 +784,9 @@ func (tc *txConn) writePiece(w *piece) (end pieceEnd, err error) {
 				return pieceAbandoned, w.fault // stopped by Fence, or the pages faulted: the connection breaks
 			}
 		}
-		tc.meta = AppendRuns(append(tc.meta[:0], zeroHeader[:]...), c.runs)
-		h := Header{Type: FrameChunk, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank,
-			Seq: j.seq, NumRuns: uint32(len(c.runs)), Pages: uint32(c.pages),
+		tc.meta = c.appendRunList(append(tc.meta[:0], zeroHeader[:]...))
+		h := Header{Type: FrameChunk, Flags: flags | c.flags(), Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank,
+			Seq: j.seq, NumRuns: c.entries(), Pages: uint32(c.pages),
 			PayloadLen: uint64(c.bytes), PayloadCRC: crc, RunsCRC: RunsChecksum(tc.meta[HeaderSize:])}
 		h.Encode(tc.meta)
 		c.iov[0] = tc.meta

@@ -8,20 +8,21 @@ import (
 	"github.com/pdlink/pdlink/pkg/pagelist"
 )
 
-// Data-connection framing, wire v2. Every frame is a fixed 64-byte little-endian header,
-// then for a chunk the run list (NumRuns x 12 bytes), then PayloadLen bytes of payload:
+// Data-connection framing, wire v3. Every frame is a fixed 64-byte little-endian header,
+// then for a chunk the run list (NumRuns x 12 bytes, or NumRuns x 32 for a sliced chunk),
+// then PayloadLen bytes of payload:
 //
 //	off size field
 //	  0    4 magic "PDKV"
-//	  4    1 version (2)
+//	  4    1 version (3)
 //	  5    1 type (chunk, done, result, ping, pong)
-//	  6    2 flags (bit 0: PayloadCRC is set)
+//	  6    2 flags (bit 0: PayloadCRC is set; bit 1, chunk only: sliced run list)
 //	  8    8 room
 //	 16    8 nonce
 //	 24    4 seq     chunk: sequence within the stream; done: number of chunks sent
 //	 28    4 status  result: 0 ok, else a Reason code
 //	 32    4 runs    chunk: number of entries in the run list
-//	 36    4 pages   chunk: page-buffer pairs in this chunk; done: in the stream
+//	 36    4 pages   chunk: page-buffer pairs in this chunk (sliced: page-slice pairs); done: in the stream
 //	 40    2 tp_rank chunk, done, result: the rank the frame is about
 //	 42    2 tp_size
 //	 44    8 payload length in bytes (chunk: the pages' bytes; done: the aux row)
@@ -37,8 +38,12 @@ import (
 //
 // The header checksum is always on (whatever the payload checksum setting) and the run list
 // has its own, so a corrupted header or run list is refused before a single payload byte is
-// placed: it cannot steer bytes into another room's (or rank's) pages. Version 1 frames (no
-// rank, one buffer per chunk) are refused with ErrBadVersion: both daemons ship together.
+// placed: it cannot steer bytes into another room's (or rank's) pages. Frames of another
+// version are refused with ErrBadVersion (v1: no rank, one buffer per chunk; v2: no sliced
+// chunks, its bytes otherwise the same as v3's): both daemons ship together.
+//
+// A sliced chunk (FlagSliced, wire_slices.go) moves head slices between TP sizes: its
+// entries are SliceRuns, whole-page entries plus the slice every page carries.
 const (
 	// HeaderSize is the fixed size of a frame header.
 	HeaderSize = 64
@@ -46,7 +51,7 @@ const (
 	wireMagic = 0x564B4450
 	// WireVersion is the data-connection protocol version this build speaks, and the only
 	// one it accepts.
-	WireVersion = 2
+	WireVersion = 3
 
 	// maxRunsPerFrame bounds the run list a decoder will allocate for; the sender keeps a
 	// chunk's entries, over all its buffers, within one page list's bound.
@@ -148,8 +153,8 @@ func DecodeHeader(b []byte) (Header, error) {
 		PayloadCRC: le.Uint32(b[52:]),
 		RunsCRC:    le.Uint32(b[56:]),
 	}
-	if h.Flags&^FlagPayloadCRC != 0 {
-		return h, fmt.Errorf("%w: flags %#x", ErrBadFrameType, h.Flags)
+	if h.Flags&^(FlagPayloadCRC|FlagSliced) != 0 || (h.Flags&FlagSliced != 0 && h.Type != FrameChunk) {
+		return h, fmt.Errorf("%w: flags %#x on a frame of type %d", ErrBadFrameType, h.Flags, h.Type)
 	}
 	if h.Type != FrameResult && h.Status != 0 {
 		return h, fmt.Errorf("%w: status on a frame of type %d", ErrBadFrameType, h.Type)

@@ -12,11 +12,13 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/pdlink/pdlink/pkg/rankmap"
 )
 
 // wireSentinels are the errors a decoder may return (wrapped).
 var wireSentinels = []error{ErrShortFrame, ErrBadMagic, ErrBadVersion, ErrHeaderChecksum, ErrBadFrameType,
-	ErrFrameTooLarge, ErrRunsChecksum, ErrEmptyRun}
+	ErrFrameTooLarge, ErrRunsChecksum, ErrEmptyRun, ErrBadSlice}
 
 func isWireSentinel(err error) bool {
 	for _, s := range wireSentinels {
@@ -30,9 +32,25 @@ func isWireSentinel(err error) bool {
 // fuzzKey is the room the fuzz seeds speak of: a rank of a room with two.
 var fuzzKey = Key{Room: 42, Nonce: 7, Rank: Rank{TP: 1, Size: 2}}
 
-// seedFrames are frames of every type, the seeds of the fuzz targets: valid v2 frames, a
+// fuzzSlicedKey is the room of head slices the seeds speak of; fuzzSlices are the
+// slices it expects (4-token pages of 128-byte rows: heads 2-3 of buffer 0's rows, head 0
+// of buffer 1's), fuzzSliceRuns a chunk that brings them all.
+var (
+	fuzzSlicedKey = Key{Room: 42, Nonce: 8, Rank: Rank{TP: 1, Size: 2}}
+	fuzzSlices    = []rankmap.Copy{
+		{Buffer: 0, SrcHead: 0, DstHead: 2, Heads: 2, HeadBytes: 32, PageTokens: 4, SrcRow: 64, DstRow: 128},
+		{Buffer: 1, SrcHead: 1, DstHead: 0, Heads: 1, HeadBytes: 32, PageTokens: 4, SrcRow: 64, DstRow: 128},
+	}
+	fuzzSliceRuns = []SliceRun{
+		{ChunkRun: ChunkRun{0, Run{6, 1}}, SrcHead: 0, DstHead: 2, Heads: 2, HeadBytes: 32, RowBytes: 128},
+		{ChunkRun: ChunkRun{1, Run{7, 1}}, SrcHead: 1, DstHead: 0, Heads: 1, HeadBytes: 32, RowBytes: 128},
+	}
+)
+
+// seedFrames are frames of every type, the seeds of the fuzz targets: valid v3 frames, a
 // chunk naming two buffers, a whole stream of fuzzKey (its pages in FuzzReceiverStream's
-// room, then DONE) and a v1 frame (refused).
+// room, then DONE), a whole stream of head slices for fuzzSlicedKey, and a v1 and a v2
+// frame (refused).
 func seedFrames() [][]byte {
 	k := fuzzKey
 	var out [][]byte
@@ -55,7 +73,46 @@ func seedFrames() [][]byte {
 	out = append(out, append(bytes.Clone(stream), doneFrame(k, 1, 3, bytes.Repeat([]byte{5}, 16))...))
 	out = append(out, encodeV1(Header{Type: FrameChunk, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce,
 		NumRuns: 1, Pages: 1, PayloadLen: 512}, 0))
+	sk := fuzzSlicedKey
+	payload = bytes.Repeat([]byte{3}, 4*2*32+4*1*32)
+	sliced := append(slicedChunkHeader(sk, 0, fuzzSliceRuns, 4, payload), payload...)
+	out = append(out, append(sliced, doneFrame(sk, 1, 2, nil)...))
+	v2 := append(chunkHeader(k, 0, 0, []Run{{1, 2}}, 512, bytes.Repeat(page, 2)), bytes.Repeat(page, 2)...)
+	out = append(out, withVersion(v2, 2))
 	return out
+}
+
+// withVersion is frame with its version byte set to v and its header checksum redone, as
+// a build speaking wire v sends the same fields.
+func withVersion(frame []byte, v byte) []byte {
+	b := bytes.Clone(frame)
+	b[4] = v
+	binary.LittleEndian.PutUint32(b[60:], crc32.Checksum(b[:60], castagnoli))
+	return b
+}
+
+// encodeV2 is a header in the v2 layout, field by field from v2's table (wire.go before
+// v3): whole-page frames kept every byte but the version in v3.
+func encodeV2(h Header) []byte {
+	b := make([]byte, HeaderSize)
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], wireMagic)
+	b[4] = 2
+	b[5] = byte(h.Type)
+	le.PutUint16(b[6:], h.Flags)
+	le.PutUint64(b[8:], h.Room)
+	le.PutUint64(b[16:], h.Nonce)
+	le.PutUint32(b[24:], h.Seq)
+	le.PutUint32(b[28:], h.Status)
+	le.PutUint32(b[32:], h.NumRuns)
+	le.PutUint32(b[36:], h.Pages)
+	le.PutUint16(b[40:], h.Rank.TP)
+	le.PutUint16(b[42:], h.Rank.Size)
+	le.PutUint64(b[44:], h.PayloadLen)
+	le.PutUint32(b[52:], h.PayloadCRC)
+	le.PutUint32(b[56:], h.RunsCRC)
+	le.PutUint32(b[60:], crc32.Checksum(b[:60], castagnoli))
+	return b
 }
 
 // encodeV1 is a header in the v1 layout (buffer at 28, status at 40, no rank), as a build
@@ -120,8 +177,41 @@ func FuzzDecodeRuns(f *testing.F) {
 	})
 }
 
+// FuzzDecodeSliceRuns: hostile sliced run lists never panic, fail with a wire sentinel,
+// and every entry decoded lies inside its row; a decoded list encodes back to its bytes.
+func FuzzDecodeSliceRuns(f *testing.F) {
+	for _, rs := range seedSliceRuns() {
+		f.Add(rs, uint32(len(rs)/sliceRunSize), RunsChecksum(rs))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, n uint32, crc uint32) {
+		got, err := DecodeSliceRuns(nil, b, n, crc)
+		if err != nil {
+			if !isWireSentinel(err) {
+				t.Fatalf("non-sentinel error %v", err)
+			}
+			return
+		}
+		for _, r := range got {
+			if r.Heads == 0 || r.HeadBytes == 0 || (uint64(r.DstHead)+uint64(r.Heads))*uint64(r.HeadBytes) > uint64(r.RowBytes) {
+				t.Fatalf("decoded a slice outside its row: %+v", r)
+			}
+		}
+		if uint32(len(got)) != n || !bytes.Equal(AppendSliceRuns(nil, got), b) {
+			t.Fatalf("round trip differs")
+		}
+	})
+}
+
+// seedSliceRuns are encoded sliced run lists: the fuzz room's, and one slice past its row.
+func seedSliceRuns() [][]byte {
+	past := fuzzSliceRuns[0]
+	past.DstHead = 3
+	return [][]byte{AppendSliceRuns(nil, fuzzSliceRuns), AppendSliceRuns(nil, []SliceRun{past})}
+}
+
 // FuzzReceiverStream feeds arbitrary bytes to a live receiver connection: it never panics,
-// and no byte lands outside the one registered room's pages.
+// and no byte lands outside the registered rooms' pages, nor, in the room of head slices,
+// outside the heads it expects.
 func FuzzReceiverStream(f *testing.F) {
 	for _, s := range seedFrames() {
 		f.Add(s)
@@ -148,6 +238,10 @@ func FuzzReceiverStream(f *testing.F) {
 		if err := rcv.Expect(Expectation{Key: other, Dst: [][]Run{{{4, 2}}, {{0, 1}}}, AuxRow: -1}); err != nil {
 			t.Fatal(err)
 		}
+		rcv.Fence(fuzzSlicedKey)
+		if err := rcv.Expect(Expectation{Key: fuzzSlicedKey, Dst: [][]Run{{{6, 1}}, {{7, 1}}}, AuxRow: -1, Copies: fuzzSlices}); err != nil {
+			t.Fatal(err)
+		}
 		client, server := net.Pipe()
 		rcv.ServeConn(server)
 		go func() { // answers (results, pongs) are read and dropped
@@ -167,8 +261,17 @@ func FuzzReceiverStream(f *testing.F) {
 		for _, p := range []struct {
 			buf int
 			run Run
-		}{{0, Run{0, 1}}, {0, Run{3, 1}}, {0, Run{6, 2}}, {1, Run{1, 2}}, {1, Run{4, 4}}} {
+		}{{0, Run{0, 1}}, {0, Run{3, 1}}, {0, Run{7, 1}}, {1, Run{1, 2}}, {1, Run{4, 3}}} {
 			outside = append(outside, dst.Pages(p.buf, p.run)...)
+		}
+		// The sliced room's pages: only its heads' bytes of each 128-byte row may change.
+		for _, c := range fuzzSlices {
+			page := dst.Pages(c.Buffer, Run{int32(6 + c.Buffer), 1})
+			for tok := range c.PageTokens {
+				row := page[tok*c.DstRow : (tok+1)*c.DstRow]
+				outside = append(outside, row[:c.DstHead*c.HeadBytes]...)
+				outside = append(outside, row[(c.DstHead+c.Heads)*c.HeadBytes:]...)
+			}
 		}
 		if !bytes.Equal(outside, bytes.Repeat([]byte{0xAA}, len(outside))) {
 			t.Fatal("bytes landed outside the rooms' pages")
@@ -202,14 +305,35 @@ func TestWriteFuzzSeedCorpus(t *testing.T) {
 			}
 		}
 	}
-	dir := filepath.Join("testdata", "fuzz", "FuzzDecodeRuns")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for i, rs := range seedRuns() {
-		body := fmt.Sprintf("go test fuzz v1\n[]byte(%s)\nuint32(%d)\nuint32(%d)\n", strconv.Quote(string(rs)), len(rs)/runSize, RunsChecksum(rs))
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%d", i)), []byte(body), 0o644); err != nil {
+	for target, seeds := range map[string]struct {
+		lists [][]byte
+		size  int
+	}{"FuzzDecodeRuns": {seedRuns(), runSize}, "FuzzDecodeSliceRuns": {seedSliceRuns(), sliceRunSize}} {
+		dir := filepath.Join("testdata", "fuzz", target)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
+		for i, rs := range seeds.lists {
+			body := fmt.Sprintf("go test fuzz v1\n[]byte(%s)\nuint32(%d)\nuint32(%d)\n", strconv.Quote(string(rs)), len(rs)/seeds.size, RunsChecksum(rs))
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%d", i)), []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
+}
+
+// slicedChunkHeader is the header and run list of a sliced chunk whose destination pages
+// hold pageTokens tokens, with the crc32c of payload.
+func slicedChunkHeader(k Key, seq uint32, runs []SliceRun, pageTokens int64, payload []byte) []byte {
+	meta := AppendSliceRuns(make([]byte, HeaderSize), runs)
+	var pages, n int64
+	for _, r := range runs {
+		pages += int64(r.Count)
+		n += int64(r.Count) * r.sliceBytes(pageTokens)
+	}
+	h := Header{Type: FrameChunk, Flags: FlagPayloadCRC | FlagSliced, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: seq,
+		NumRuns: uint32(len(runs)), Pages: uint32(pages), PayloadLen: uint64(n),
+		PayloadCRC: crc32.Checksum(payload, castagnoli), RunsCRC: RunsChecksum(meta[HeaderSize:])}
+	h.Encode(meta)
+	return meta
 }

@@ -80,7 +80,7 @@ func TestChunkCarriesPagesOfSeveralBuffers(t *testing.T) {
 
 // TestV1FramesAreRefused: a v1 frame (no rank, one buffer) is refused by the decoder with
 // ErrBadVersion, and by a receiver before any of its bytes land: the frame is counted as
-// rejected and its connection closed, the room it names is untouched and still takes a v2
+// rejected and its connection closed, the room it names is untouched and still takes a v3
 // stream.
 func TestV1FramesAreRefused(t *testing.T) {
 	const item = 512
@@ -118,15 +118,15 @@ func TestV1FramesAreRefused(t *testing.T) {
 		t.Fatalf("the room has outcome %q from a v1 frame", r)
 	}
 
-	c = dialRaw(t, addr) // the twin: the same room over v2 completes
+	c = dialRaw(t, addr) // the twin: the same room over the current version completes
 	c.write(chunkHeader(k, 0, 0, []Run{{0, 1}}, item, page))
 	c.write(page)
 	c.write(doneFrame(k, 1, 1, nil))
 	if res := c.sync(); res[k] != uint32(codeOK) {
-		t.Fatalf("v2 twin: result %d, want ok", res[k])
+		t.Fatalf("twin: result %d, want ok", res[k])
 	}
 	if !bytes.Equal(dst.Pages(0, Run{0, 1}), page) {
-		t.Fatal("v2 twin: page not in place")
+		t.Fatal("twin: page not in place")
 	}
 }
 
@@ -180,5 +180,98 @@ func TestRunNamingABufferPastTheLayoutIsRejectedBeforeAnyByte(t *testing.T) {
 	}
 	if n := rcv.Stats().RejectedFrames; n != 2 {
 		t.Fatalf("%d rejected frames, want 2", n)
+	}
+}
+
+// TestV2FramesAreRefused: a v2 frame (every field as v3's, version 2) is refused by the
+// decoder with ErrBadVersion, and by a receiver before any of its bytes land: counted as
+// rejected, its connection closed, the room untouched and still taking the same frame as v3.
+func TestV2FramesAreRefused(t *testing.T) {
+	const item = 512
+	l := UniformLayout(1, 4, item, 0, 0)
+	rcv, dst, ev, addr := rawReceiver(t, l, ReceiverConfig{})
+	memset(dst.Buffer(0), 0xAA)
+	k := Key{Room: 3, Nonce: 9, Rank: Rank{Size: 1}}
+	if err := rcv.Expect(Expectation{Key: k, Dst: [][]Run{{{0, 1}}}, AuxRow: -1}); err != nil {
+		t.Fatal(err)
+	}
+	page := bytes.Repeat([]byte{7}, item)
+	v3 := chunkHeader(k, 0, 0, []Run{{0, 1}}, item, page)
+	v2 := withVersion(v3, 2)
+	if _, err := DecodeHeader(v2); !errors.Is(err, ErrBadVersion) {
+		t.Fatalf("decode a v2 header: %v, want ErrBadVersion", err)
+	}
+	c := dialRaw(t, addr)
+	c.write(append(v2, page...))
+	c.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [HeaderSize]byte
+	n, err := io.ReadFull(c.c, b[:])
+	var ne net.Error
+	if err == nil || errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("after a v2 frame the connection answered %d bytes (%v), want it closed", n, err)
+	}
+	if n := rcv.Stats().RejectedFrames; n != 1 {
+		t.Fatalf("%d rejected frames, want the v2 frame counted", n)
+	}
+	if !bytes.Equal(dst.Pages(0, Run{0, 1}), bytes.Repeat([]byte{0xAA}, item)) {
+		t.Fatal("a v2 frame's bytes landed")
+	}
+	if r, ok := ev.get(k); ok {
+		t.Fatalf("the room has outcome %q from a v2 frame", r)
+	}
+	c = dialRaw(t, addr)
+	c.write(append(v3, page...))
+	c.write(doneFrame(k, 1, 1, nil))
+	if res := c.sync(); res[k] != uint32(codeOK) {
+		t.Fatalf("v3 twin: result %d, want ok", res[k])
+	}
+}
+
+// TestWholePageHeadersKeepTheirV2Bytes: wire v3 changed no byte of a whole-page frame but
+// the version (and so the header checksum): every frame type's header, encoded from v2's
+// field table, equals this build's with the version byte swapped.
+func TestWholePageHeadersKeepTheirV2Bytes(t *testing.T) {
+	k := Key{Room: 0x0102030405060708, Nonce: 0x1112131415161718, Rank: Rank{TP: 3, Size: 4}}
+	for _, h := range []Header{
+		{Type: FrameChunk, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: 5, NumRuns: 2, Pages: 9,
+			PayloadLen: 9 * 4096, PayloadCRC: 0xdeadbeef, RunsCRC: 0xfeedface},
+		{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: 6, Pages: 9, PayloadLen: 24, PayloadCRC: 7},
+		{Type: FrameResult, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Status: uint32(codeInvalid)},
+		{Type: FramePing}, {Type: FramePong},
+	} {
+		b := make([]byte, HeaderSize)
+		h.Encode(b)
+		if b[4] != WireVersion || WireVersion != 3 {
+			t.Fatalf("version byte %d, WireVersion %d; want 3", b[4], WireVersion)
+		}
+		if got, want := withVersion(b, 2), encodeV2(h); !bytes.Equal(got, want) {
+			t.Errorf("frame type %d:\n v3 as v2 %x\n v2       %x", h.Type, got, want)
+		}
+	}
+	runs := []ChunkRun{{Buffer: 1, Run: Run{Start: 2, Count: 3}}}
+	if got := AppendRuns(nil, runs); !bytes.Equal(got, []byte{1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}) {
+		t.Errorf("whole-page run entry %x, want v2's {buffer, start, count}", got)
+	}
+}
+
+// TestSlicedFlagIsRefusedOffChunks: FlagSliced means a chunk's run list; on any other frame
+// the header is refused (ErrBadFrameType), as an unknown flag is.
+func TestSlicedFlagIsRefusedOffChunks(t *testing.T) {
+	for _, h := range []Header{
+		{Type: FrameDone, Flags: FlagSliced, Room: 1, Nonce: 1, Rank: Rank{Size: 1}},
+		{Type: FrameResult, Flags: FlagSliced, Room: 1, Nonce: 1, Rank: Rank{Size: 1}},
+		{Type: FramePing, Flags: FlagSliced},
+		{Type: FrameChunk, Flags: 4, Room: 1, Nonce: 1, NumRuns: 1, Pages: 1, PayloadLen: 1},
+	} {
+		b := make([]byte, HeaderSize)
+		h.Encode(b)
+		if _, err := DecodeHeader(b); !errors.Is(err, ErrBadFrameType) {
+			t.Errorf("type %d flags %#x: %v, want ErrBadFrameType", h.Type, h.Flags, err)
+		}
+	}
+	b := make([]byte, HeaderSize)
+	(&Header{Type: FrameChunk, Flags: FlagSliced | FlagPayloadCRC, Room: 1, Nonce: 1, NumRuns: 1, Pages: 1, PayloadLen: 1}).Encode(b)
+	if _, err := DecodeHeader(b); err != nil {
+		t.Errorf("a sliced chunk: %v", err)
 	}
 }
