@@ -183,3 +183,105 @@ func TestRanksJoinOneRoomAndConflictingOpensAreRefused(t *testing.T) {
 	_, err = p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: 8, PrefillBootstrapAddr: p.bootstrap, ExpectedSenders: 1, Rank: tpRank(0, 2)})
 	wantCode("decode tp 2 fed by 1 prefill rank", err, codes.FailedPrecondition, "")
 }
+
+// reregister gives rank its region again on one side, from a new file (a
+// new generation), and answers how many rooms failed.
+func (p *tpPair) reregister(t *testing.T, decode bool, rank int) (region, uint32) {
+	t.Helper()
+	r := newRegion(t)
+	l := layoutPB(r.layout)
+	l.Rank = tpRank(rank, p.n)
+	if decode {
+		res, err := p.decode.RegisterRegion(ctxT(t), &pb.DecodeServiceRegisterRegionRequest{RegionPath: r.path, Layout: l})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.dec[rank] = r
+		return r, res.RoomsFailed
+	}
+	res, err := p.prefill.RegisterRegion(ctxT(t), &pb.PrefillServiceRegisterRegionRequest{RegionPath: r.path, Layout: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.pre[rank] = r
+	return r, res.RoomsFailed
+}
+
+// One rank's engine restarts mid-room (a new generation of its region): a
+// room spans every rank, so each room holding data-plane state on that
+// rank (decode: its metadata; prefill: its binding) fails region_replaced
+// on both sides; a room with no state on that rank yet is untouched and
+// then succeeds on the new file, every byte verified.
+func TestOneRanksNewGenerationFailsOnlyTheRoomsOnIt(t *testing.T) {
+	for _, side := range []string{"decode", "prefill"} {
+		t.Run(side, func(t *testing.T) {
+			p := startTPPair(t, 2)
+			const held, spared = 11, 12
+			p.openRoom(t, held)
+			p.openRoom(t, spared)
+			src := func(rank int) []int32 { return []int32{int32(3 + rank), 20} }
+			dst := func(rank int) []int32 { return []int32{int32(40 + rank), 50} }
+			meta := func(room uint64, rank int) {
+				t.Helper()
+				if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, Rank: tpRank(rank, 2),
+					DstPages: &pb.PageList{Indices: dst(rank)}, AuxIndex: uint32(rank)}); err != nil {
+					t.Fatalf("SendMetadata room %d rank %d: %v", room, rank, err)
+				}
+			}
+			// held has state on rank 1 on both sides (decode's metadata, and
+			// prefill's binding once it is WaitingForInput); spared only on
+			// rank 0.
+			meta(held, 0)
+			meta(held, 1)
+			meta(spared, 0)
+			eventually(t, "held WaitingForInput on prefill", func() bool {
+				ps, _ := pollState(t, p.pair, held)
+				return ps.State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT
+			})
+			_, failed := p.reregister(t, side == "decode", 1)
+			if failed != 1 {
+				t.Fatalf("re-registering %s rank 1 failed %d rooms, want 1 (the one with state on it)", side, failed)
+			}
+			eventually(t, "held Failed on both sides", func() bool {
+				ps, ds := pollState(t, p.pair, held)
+				return ps.State == pb.RoomState_ROOM_STATE_FAILED && ds.State == pb.RoomState_ROOM_STATE_FAILED
+			})
+			ps, ds := pollState(t, p.pair, held)
+			if local, peer := map[string]*pb.RoomStatus{"prefill": ps, "decode": ds}[side], map[string]*pb.RoomStatus{"prefill": ds, "decode": ps}[side]; local.Reason != "region_replaced" || peer.PeerReason != "region_replaced" {
+				t.Fatalf("held: %s reason %q, peer's peer_reason %q; want region_replaced", side, local.Reason, peer.PeerReason)
+			}
+			if ps, ds := pollState(t, p.pair, spared); ps.State != pb.RoomState_ROOM_STATE_BOOTSTRAPPING || ds.State == pb.RoomState_ROOM_STATE_FAILED {
+				t.Fatalf("spared touched by rank 1's new generation: prefill %v, decode %v %s", ps.State, ds.State, ds.Reason)
+			}
+			// spared goes on with rank 1 on the new file.
+			for i := range 2 {
+				p.fillRank(i, src(i), int64(i))
+			}
+			meta(spared, 1)
+			eventually(t, "spared WaitingForInput on prefill", func() bool {
+				ps, _ := pollState(t, p.pair, spared)
+				return ps.State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT
+			})
+			for i := range 2 {
+				if _, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: spared, Rank: tpRank(i, 2), Pages: &pb.PageList{Indices: src(i)},
+					Last: true, AuxIndex: uint32(i)}); err != nil {
+					t.Fatalf("Send rank %d: %v", i, err)
+				}
+			}
+			eventually(t, "spared Success on both sides", func() bool {
+				ps, ds := pollState(t, p.pair, spared)
+				return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
+			})
+			for i := range 2 {
+				for b := range p.dec[i].layout.Buffers {
+					for k, pg := range dst(i) {
+						want := p.pre[i].mem.Pages(b, transfer.Run{Start: src(i)[k], Count: 1})
+						if got := p.dec[i].mem.Pages(b, transfer.Run{Start: pg, Count: 1}); string(got) != string(want) {
+							t.Fatalf("spared: decode rank %d buffer %d page %d differs from prefill rank %d page %d", i, b, pg, i, src(i)[k])
+						}
+					}
+				}
+			}
+		})
+	}
+}

@@ -141,17 +141,10 @@ func (n *DecodeOwner) OpenRank(room poll.RoomID, prefillAddr string, ranks int, 
 	if prefillAddr == "" {
 		return 0, fmt.Errorf("%w: address %q", conn.ErrBadArgument, prefillAddr)
 	}
-	s, err := n.link.Session(prefillAddr)
-	if err != nil {
-		return 0, err
-	}
-	id := n.link.CurrentPeer(s)
-	nonce := poll.Nonce(randomUint64())
 	var got poll.Nonce
-	created := false
-	n.exec(func() {
+	var err error
+	join := func() (joined bool) {
 		var rec *openRecord
-		var joined bool
 		rec, joined, err = n.joinOwned(room, rank, func(rec *openRecord) error {
 			switch {
 			case rec.addr != prefillAddr:
@@ -161,10 +154,27 @@ func (n *DecodeOwner) OpenRank(room poll.RoomID, prefillAddr string, ranks int, 
 			}
 			return nil
 		})
-		if joined {
-			if err == nil {
-				got = rec.key.Nonce
-			}
+		if joined && err == nil {
+			got = rec.key.Nonce
+		}
+		return joined
+	}
+	// A sibling rank's room is joined before any session is made: a
+	// joining Open that names another prefill daemon dials nothing.
+	var joined bool
+	n.exec(func() { joined = join() })
+	if joined {
+		return got, err
+	}
+	s, err := n.link.Session(prefillAddr)
+	if err != nil {
+		return 0, err
+	}
+	id := n.link.CurrentPeer(s)
+	nonce := poll.Nonce(randomUint64())
+	created := false
+	n.exec(func() {
+		if join() { // a sibling rank opened it meanwhile
 			return
 		}
 		key := poll.Key{Room: room, Nonce: nonce}
