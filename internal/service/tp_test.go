@@ -285,3 +285,43 @@ func TestOneRanksNewGenerationFailsOnlyTheRoomsOnIt(t *testing.T) {
 		})
 	}
 }
+
+// A decode rank whose METADATA maps to a prefill rank with no region here
+// (its engine never registered, or unregistered) fails the room invalid on
+// both sides at once: no stream is opened for a rank that has no file.
+func TestMetadataForAPrefillRankWithNoRegionFailsTheRoom(t *testing.T) {
+	p := startPair(t)
+	for i := range 2 {
+		r := newRegion(t)
+		l := layoutPB(r.layout)
+		l.Rank = tpRank(i, 2)
+		if _, err := p.decode.RegisterRegion(ctxT(t), &pb.DecodeServiceRegisterRegionRequest{RegionPath: r.path, Layout: l}); err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 {
+			continue // prefill rank 1 has no region
+		}
+		if _, err := p.prefill.RegisterRegion(ctxT(t), &pb.PrefillServiceRegisterRegionRequest{RegionPath: r.path, Layout: l}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const room = 9
+	if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(0, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(1, 2)})
+	wantField(t, err, "rank")
+	for i := range 2 {
+		if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap, ExpectedSenders: 2, Rank: tpRank(i, 2)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, Rank: tpRank(1, 2), DstPages: &pb.PageList{Indices: []int32{1}}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the room Failed invalid on both sides", func() bool {
+		ps, ds := pollState(t, p, room)
+		return ps.State == pb.RoomState_ROOM_STATE_FAILED && ps.Reason == "invalid" &&
+			ds.State == pb.RoomState_ROOM_STATE_FAILED && ds.PeerReason == "invalid"
+	})
+}
