@@ -253,9 +253,9 @@ class _Client:
         self._closed = threading.Event()
         self._stream_lock = threading.Lock()
         self._stream: Any = None
-        # Test hook: when set, the watch thread waits on it before taking each
+        # Test hook: when set, the watch thread calls it before it takes each
         # event, to play a slow consumer.
-        self._watch_gate: threading.Event | None = None
+        self._watch_hook: Callable[[], object] | None = None
         self._watch_thread: threading.Thread | None = None
         if watch:
             self._watch_thread = threading.Thread(
@@ -287,8 +287,6 @@ class _Client:
         with self._stream_lock:
             if self._stream is not None:
                 self._stream.cancel()
-        if self._watch_gate is not None:
-            self._watch_gate.set()
         if self._watch_thread is not None:
             self._watch_thread.join(timeout=10)
         self._channel.close()
@@ -449,9 +447,9 @@ class _Client:
                 self.cache.connected.set()
                 delay = self.backoff
                 for resp in stream:
-                    gate = self._watch_gate
-                    if gate is not None:
-                        gate.wait()
+                    hook = self._watch_hook
+                    if hook is not None:
+                        hook()
                     ev = resp.event
                     kind = ev.WhichOneof("event")
                     if kind == "transition":
