@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -54,6 +55,17 @@ def env(pair) -> Iterator[Env]:
     dec.close()
     src.close()
     dst.close()
+
+
+@pytest.fixture(autouse=True)
+def no_watch_thread_left():
+    """Every client a test made is closed by its end: no watch thread outlives it."""
+    yield
+    wait_for(
+        lambda: not [t for t in threading.enumerate() if t.name.startswith("pdlink-watch")],
+        10,
+        what="watch threads of closed clients ended",
+    )
 
 
 @pytest.hookimpl(wrapper=True)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
+import signal
+
+import grpc
 import numpy as np
+import pytest
 from conftest import LAYOUT, fill, open_bound, settle, state_of
 
+import pdlink
 from pdlink import DecodeClient, PrefillClient, Region, RoomState
 
 
@@ -129,8 +136,6 @@ def test_tcp_address(pair, tmp_path):
     pair.decode.args.append("--grpc-listen=127.0.0.1:0")
     pair.decode.restart()
     serving = [ln for ln in pair.decode.logs if '"serving"' in ln][-1]
-    import json
-
     addr = json.loads(serving)["grpc"]
     assert addr.startswith("127.0.0.1:")
     with DecodeClient(addr) as dec, PrefillClient(pair.prefill.address) as pre:
@@ -139,3 +144,48 @@ def test_tcp_address(pair, tmp_path):
         assert dec.register_region(region).generation == 1
         assert dec.poll([1])[0].found is False
         region.close()
+
+
+def test_statuses_answer_in_order_with_none_for_untracked_rooms(env):
+    env.decode.open(60, env.bootstrap)
+    env.decode.open(61, env.bootstrap)
+    got = env.decode.statuses([61, 62, 60])
+    assert [s.room_id if s else None for s in got] == [61, None, 60]
+
+
+def test_open_takes_the_rank_and_sets_it_only_where_the_api_has_it(env):
+    from pdlink.v1 import decode_pb2, prefill_pb2
+
+    assert env.prefill.open(70, rank=(0, 1)).found
+    assert env.decode.open(70, env.bootstrap, rank=(0, 1)).found
+    for req in (prefill_pb2.OpenSenderRequest(), decode_pb2.OpenReceiverRequest()):
+        if "rank" in type(req).DESCRIPTOR.fields_by_name:
+            env.prefill._set_open_rank(req, (1, 2))
+            assert (req.rank.tp_rank, req.rank.tp_size) == (1, 2)
+        else:
+            # Before the API has a rank on open, only rank 0 of 1 can mean what it says.
+            with pytest.raises(ValueError, match="no rank"):
+                env.prefill._set_open_rank(req, (1, 2))
+    # A request type that has the field gets it set.
+    send = prefill_pb2.SendRequest()
+    env.prefill._set_open_rank(send, (1, 2))
+    assert (send.rank.tp_rank, send.rank.tp_size) == (1, 2)
+
+
+def test_every_call_has_a_deadline(pair):
+    # A stopped daemon answers nothing: the call ends at the client's default
+    # deadline instead of hanging (a call with no deadline fails the bound below).
+    with (
+        DecodeClient(pair.decode.address, watch=False, timeout=0.3) as dec,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        assert dec.poll([1])[0].found is False  # connected
+        pair.decode.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(pdlink.DeadlineExceeded) as e:
+                pool.submit(dec.poll, [1]).result(timeout=10)
+            assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+            with pytest.raises(pdlink.DeadlineExceeded):
+                pool.submit(dec.open, 1, pair.prefill.bootstrap).result(timeout=10)
+        finally:
+            pair.decode.proc.send_signal(signal.SIGCONT)
