@@ -172,6 +172,11 @@ def test_open_takes_the_rank_and_sets_it_only_where_the_api_has_it(env):
     assert (send.rank.tp_rank, send.rank.tp_size) == (1, 2)
 
 
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_every_call_has_a_deadline(pair):
     # A stopped daemon answers nothing: the call ends at the client's default
     # deadline instead of hanging (a call with no deadline fails the bound below).
@@ -182,6 +187,8 @@ def test_every_call_has_a_deadline(pair):
         assert dec.poll([1])[0].found is False  # connected
         pair.decode.proc.send_signal(signal.SIGSTOP)
         try:
+            # kill() returns before the stop takes hold: wait until it has.
+            settle(lambda: _proc_state(pair.decode.proc.pid) == "T", "decoded stopped")
             with pytest.raises(pdlink.DeadlineExceeded) as e:
                 pool.submit(dec.poll, [1]).result(timeout=10)
             assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
