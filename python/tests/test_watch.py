@@ -119,3 +119,27 @@ def test_a_slow_consumer_still_sees_every_room_end(env):
     )
     assert env.decode.cache.missed == 0
     assert [s.state for s in env.decode.poll(rooms)] == [RoomState.SUCCESS] * len(rooms)
+
+
+def test_a_cleared_rooms_late_transitions_do_not_reach_the_next_room_with_its_id():
+    c = StatusCache()
+    # Room 6 ends Success by a call's answer; its transitions are still on
+    # the stream when the scheduler clears it and opens room 6 again.
+    c.put(RoomStatus(6, nonce=11, found=True, state=RoomState.SUCCESS))
+    c.drop(6)
+    c.transition(_tr(6, 11, RoomState.WAITING_FOR_INPUT, RoomState.TRANSFERRING))
+    c.put(RoomStatus(6, nonce=0, found=True, state=RoomState.BOOTSTRAPPING))  # reopened, unbound
+    c.transition(_tr(6, 11, RoomState.TRANSFERRING, RoomState.SUCCESS))
+    assert c.get(6) == RoomStatus(6, 0, True, RoomState.BOOTSTRAPPING)
+    c.transition(_tr(6, 12, RoomState.BOOTSTRAPPING, RoomState.WAITING_FOR_INPUT))  # the new room's
+    assert c.get(6).state == RoomState.WAITING_FOR_INPUT and c.get(6).nonce == 12
+
+
+def test_a_room_lost_in_a_restart_takes_the_transitions_of_its_reopening():
+    c = StatusCache()
+    c.put(RoomStatus(7, nonce=3, found=True, state=RoomState.TRANSFERRING))
+    c.resynced([RoomStatus(7)], c.mark())  # the daemon restarted: lost
+    assert not c.get(7).found
+    c.transition(_tr(7, 9, RoomState.BOOTSTRAPPING, RoomState.WAITING_FOR_INPUT))
+    c.put(RoomStatus(7, nonce=9, found=True, state=RoomState.BOOTSTRAPPING))
+    assert c.get(7).state == RoomState.WAITING_FOR_INPUT
