@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import grpc
 import pytest
 from conftest import LAYOUT, open_bound, settle, state_of
@@ -141,3 +143,20 @@ def test_a_retry_reaches_a_daemon_that_comes_back(pair):
         dec._stub.Poll = poll_then_restart
         assert dec.poll([1])[0].found is False
         assert poll_then_restart.calls >= 2
+
+
+def test_open_while_draining_is_unavailable(env):
+    env.decode.open(1, env.bootstrap)  # a live room keeps the drain going
+    env.pair.decode.proc.send_signal(signal.SIGTERM)
+
+    def refused():
+        try:
+            env.decode.open(2, env.bootstrap)
+        except pdlink.Unavailable as e:
+            return e
+        env.decode.abort(2)  # opened before the signal took hold: try another id
+        env.decode.clear([2])
+        return None
+
+    err = settle(refused, "OpenReceiver refused while draining")
+    assert err.code == grpc.StatusCode.UNAVAILABLE and err.method == "OpenReceiver"
