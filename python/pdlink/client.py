@@ -141,6 +141,10 @@ class StatusCache:
         self.resyncs = 0  # batched Polls the watch thread made
         self.reconnects = 0  # Watch streams opened after the first
         self.connected = threading.Event()  # set while a subscribed stream runs
+        # time.monotonic() when the stream was lost (None while connected): the
+        # cached statuses are not updated meanwhile, so a scheduler that must
+        # not wait on a dead daemon fails its rooms past a bound of its own.
+        self.disconnected_since: float | None = time.monotonic()
 
     def get(self, room_id: int) -> RoomStatus | None:
         return self._rooms.get(room_id)
@@ -480,6 +484,7 @@ class _Client:
                     self.cache.reconnects += 1
                 first = False
                 self._resync()
+                self.cache.disconnected_since = None
                 self.cache.connected.set()
                 delay = self.backoff
                 for resp in stream:
@@ -495,6 +500,8 @@ class _Client:
                         self._resync()
             except (grpc.RpcError, PdlinkError):
                 pass
+            if self.cache.connected.is_set():
+                self.cache.disconnected_since = time.monotonic()
             self.cache.connected.clear()
             if self._closed.wait(delay):
                 return

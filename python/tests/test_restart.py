@@ -25,10 +25,15 @@ def test_prefilld_restart_mid_run(env):
     for i, r in enumerate(live):
         open_bound(env, r, [10 + i])
     reconnects = env.prefill.cache.reconnects
-    env.pair.prefill.restart()
+    assert env.prefill.cache.disconnected_since is None
+    env.pair.prefill.kill()
+    settle(lambda: not env.prefill.cache.connected.is_set(), "prefill watch sees the daemon gone")
+    assert env.prefill.cache.disconnected_since is not None
+    env.pair.prefill.start()
 
     # The prefill client's watch reconnects and its resync finds the rooms gone.
     settle(lambda: env.prefill.cache.reconnects > reconnects, "prefill watch reconnected")
+    settle(lambda: env.prefill.cache.disconnected_since is None, "prefill watch resynced")
     settle(
         lambda: all(not env.prefill.status(r).found for r in live),
         "prefill rooms lost in the restart show found=False",
