@@ -15,6 +15,7 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 10m
 
 export GOFLAGS ?= -mod=readonly
 
+.PHONY: python-test python-lint
 .PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update chaos twohost fresh-check
 
 all: build
@@ -35,7 +36,14 @@ SYSTEM_PKGS := ./test/... ./deploy/...
 test:
 	@scripts/deps.sh test
 	$(GO) test $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/ -e /deploy)
+	$(MAKE) python-test
 	$(GO) test $(GOTEST_FLAGS) -p 1 $(SYSTEM_PKGS)
+
+## python-test: the Python package's tests (python/tests) in the project's
+## venv (scripts/pyenv.sh), on real daemons built into bin/.
+python-test: build
+	scripts/pyenv.sh test
+	cd python && PDLINK_BIN_DIR=$(abspath $(BIN)) ../.venv/bin/python -m pytest -q tests
 
 ## demo: Go only, no Debian package.
 demo: build
@@ -45,8 +53,13 @@ bench: build
 	@scripts/deps.sh bench
 	scripts/bench.sh
 
-## lint: formatting, vet, staticcheck (pinned) and buf lint (pinned).
-lint: style vet staticcheck buf-lint
+## lint: formatting, vet, staticcheck (pinned), buf lint (pinned), ruff (pinned).
+lint: style vet staticcheck buf-lint python-lint
+
+python-lint:
+	scripts/pyenv.sh test
+	.venv/bin/ruff format --check python
+	.venv/bin/ruff check python
 
 style:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -60,7 +73,8 @@ staticcheck:
 buf-lint:
 	cd api && $(GO) run $(BUF) lint
 
-## proto: regenerate api/pdlink/v1 with Debian's protoc and the pinned plugins.
+## proto: regenerate api/pdlink/v1 with Debian's protoc and the pinned plugins,
+## and the Python stubs (python/pdlink/v1) with the pinned grpcio-tools.
 proto:
 	@scripts/deps.sh proto
 	$(GO) build -o $(BIN)/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
@@ -70,11 +84,15 @@ proto:
 		--go_out=. --go_opt=paths=source_relative \
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
 		pdlink/v1/*.proto
+	scripts/pyenv.sh proto
+	.venv/bin/python -m grpc_tools.protoc -I api \
+		--python_out=python --pyi_out=python --grpc_python_out=python \
+		api/pdlink/v1/*.proto
 
 ## proto-check: regeneration must not change the committed code.
 proto-check: proto
-	git diff --exit-code -- api/
-	@test -z "$$(git status --porcelain -- api/)" || { git status --porcelain -- api/; echo "untracked generated files"; exit 1; }
+	git diff --exit-code -- api/ python/pdlink/v1/
+	@test -z "$$(git status --porcelain -- api/ python/pdlink/v1/)" || { git status --porcelain -- api/ python/pdlink/v1/; echo "untracked generated files"; exit 1; }
 
 ## tidy-check: go mod tidy must not change go.mod or go.sum.
 tidy-check:

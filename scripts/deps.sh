@@ -16,6 +16,8 @@
 #   bench        make bench (its iperf3 reference)
 #   systemd-check  make systemd-check (systemd-nspawn, a minimal Debian root)
 #   fresh-check  make fresh-check (the minimal Debian root)
+#   python       scripts/pyenv.sh: the Python venv of make test, make lint,
+#                make proto (Debian's python3 and its venv module)
 #   all          every group
 set -euo pipefail
 
@@ -31,6 +33,7 @@ test=(prometheus systemd procps iproute2)
 bench=(iperf3)
 systemd_check=(systemd-container debootstrap)
 fresh_check=(debootstrap)
+python=(python3 python3-venv)
 
 groups=("$@")
 ((${#groups[@]})) || groups=(all)
@@ -42,9 +45,10 @@ for g in "${groups[@]}"; do
 	bench) want+=("${bench[@]}") ;;
 	systemd-check) want+=("${systemd_check[@]}") ;;
 	fresh-check) want+=("${fresh_check[@]}") ;;
-	all) want+=("${proto[@]}" "${test[@]}" "${bench[@]}" "${systemd_check[@]}" "${fresh_check[@]}") ;;
+	python) want+=("${python[@]}") ;;
+	all) want+=("${proto[@]}" "${test[@]}" "${bench[@]}" "${systemd_check[@]}" "${fresh_check[@]}" "${python[@]}") ;;
 	*)
-		echo "deps: unknown group $g (proto, test, bench, systemd-check, fresh-check, all)" >&2
+		echo "deps: unknown group $g (proto, test, bench, systemd-check, fresh-check, python, all)" >&2
 		exit 2
 		;;
 	esac

@@ -98,7 +98,7 @@ func TestDepsInstallsMissingPackageEvenWhenItsCommandIsPresent(t *testing.T) {
 }
 
 func TestDepsCallsNoAptWhenEveryPackageIsInstalled(t *testing.T) {
-	all := []string{"protobuf-compiler", "libprotobuf-dev", "prometheus", "systemd", "procps", "iproute2", "iperf3", "systemd-container", "debootstrap"}
+	all := []string{"protobuf-compiler", "libprotobuf-dev", "prometheus", "systemd", "procps", "iproute2", "iperf3", "systemd-container", "debootstrap", "python3", "python3-venv"}
 	s := newStubs(t, "0", all, false)
 	if out, err := s.run(t, "all"); err != nil {
 		t.Fatalf("deps.sh all: %v\n%s", err, out)
@@ -115,6 +115,7 @@ func TestDepsInstallsEachGroupsPackages(t *testing.T) {
 		"bench":         {"iperf3"},
 		"systemd-check": {"debootstrap", "systemd-container"},
 		"fresh-check":   {"debootstrap"},
+		"python":        {"python3", "python3-venv"},
 	} {
 		s := newStubs(t, "0", nil, false)
 		if out, err := s.run(t, group); err != nil {

@@ -1,0 +1,1 @@
+"""The generated pdlink.v1 API (protoc output; make proto regenerates it)."""

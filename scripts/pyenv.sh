@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# pyenv.sh GROUP... : makes or updates the project's Python venv (.venv/ at
+# the repo root) and prints nothing else on success but what pip says.
+#
+# It uses Debian's /usr/bin/python3 (scripts/deps.sh python installs python3
+# and python3-venv, as on a minimal Debian root), never a python found first
+# on PATH. Installs are pinned (python/requirements/GROUP.txt, every
+# transitive package listed, pip --no-deps) and happen once: a stamp holds the
+# hash of the requirement files, pyproject.toml and the groups, and a run
+# whose hash matches the stamp touches nothing.
+#
+# GROUPs:
+#   test   pytest, ruff and the runtime, plus ./python installed editable
+#          (make test, make lint, make bench)
+#   proto  grpcio-tools (make proto)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+groups=("$@")
+((${#groups[@]})) || groups=(test)
+for g in "${groups[@]}"; do
+	[[ -f python/requirements/$g.txt ]] || {
+		echo "pyenv: unknown group $g (test, proto)" >&2
+		exit 2
+	}
+done
+
+scripts/deps.sh python
+
+venv=.venv
+# One stamp per group, so make proto and make test do not undo each other.
+for g in "${groups[@]}"; do
+	stamp=$venv/.pdlink-stamp-$g
+	hash=$(cat python/requirements/*.txt python/pyproject.toml | sha256sum | cut -d' ' -f1)
+	[[ -f $stamp && $(cat "$stamp") == "$hash" && -x $venv/bin/python ]] && continue
+	[[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv "$venv"
+	pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+	"${pip[@]}" install --no-deps -r "python/requirements/$g.txt"
+	if [[ $g == test ]]; then
+		# Editable: the tests run the worktree's code, not a copy of it.
+		"${pip[@]}" install --no-deps --no-build-isolation -e ./python
+	fi
+	echo "$hash" >"$stamp"
+done
