@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdlink.v1 import common_pb2 as pdlink_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdlink/v1/decode.proto\x12\tpdlink.v1\x1a\x16pdlink/v1/common.proto\"b\n\"DecodeServiceRegisterRegionRequest\x12\x13\n\x0bregion_path\x18\x01 \x01(\t\x12\'\n\x06layout\x18\x02 \x01(\x0b\x32\x17.pdlink.v1.RegionLayout\"\x81\x01\n#DecodeServiceRegisterRegionResponse\x12\x11\n\tregion_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\x04\x12\r\n\x05inode\x18\x04 \x01(\x04\x12\x14\n\x0crooms_failed\x18\x05 \x01(\r\"E\n$DecodeServiceUnregisterRegionRequest\x12\x1d\n\x04rank\x18\x01 \x01(\x0b\x32\x0f.pdlink.v1.Rank\"g\n%DecodeServiceUnregisterRegionResponse\x12\x14\n\x0cunregistered\x18\x01 \x01(\x08\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x14\n\x0crooms_failed\x18\x03 \x01(\r\"`\n\x13OpenReceiverRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x1e\n\x16prefill_bootstrap_addr\x18\x02 \x01(\t\x12\x18\n\x10\x65xpected_senders\x18\x03 \x01(\r\"=\n\x14OpenReceiverResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\"\x94\x01\n\x13SendMetadataRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x1d\n\x04rank\x18\x02 \x01(\x0b\x32\x0f.pdlink.v1.Rank\x12&\n\tdst_pages\x18\x03 \x01(\x0b\x32\x13.pdlink.v1.PageList\x12\x11\n\taux_index\x18\x04 \x01(\r\x12\x12\n\nprefix_len\x18\x05 \x01(\r\"=\n\x14SendMetadataResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\",\n\x18\x44\x65\x63odeServicePollRequest\x12\x10\n\x08room_ids\x18\x01 \x03(\x04\"D\n\x19\x44\x65\x63odeServicePollResponse\x12\'\n\x08statuses\x18\x01 \x03(\x0b\x32\x15.pdlink.v1.RoomStatus\"C\n\x19\x44\x65\x63odeServiceWatchRequest\x12&\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x16.pdlink.v1.WatchFilter\"B\n\x1a\x44\x65\x63odeServiceWatchResponse\x12$\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.WatchEvent\"<\n\x19\x44\x65\x63odeServiceAbortRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"C\n\x1a\x44\x65\x63odeServiceAbortResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\"-\n\x19\x44\x65\x63odeServiceClearRequest\x12\x10\n\x08room_ids\x18\x01 \x03(\x04\"E\n\x1a\x44\x65\x63odeServiceClearResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.pdlink.v1.ClearResult2\xf0\x05\n\rDecodeService\x12o\n\x0eRegisterRegion\x12-.pdlink.v1.DecodeServiceRegisterRegionRequest\x1a..pdlink.v1.DecodeServiceRegisterRegionResponse\x12u\n\x10UnregisterRegion\x12/.pdlink.v1.DecodeServiceUnregisterRegionRequest\x1a\x30.pdlink.v1.DecodeServiceUnregisterRegionResponse\x12O\n\x0cOpenReceiver\x12\x1e.pdlink.v1.OpenReceiverRequest\x1a\x1f.pdlink.v1.OpenReceiverResponse\x12O\n\x0cSendMetadata\x12\x1e.pdlink.v1.SendMetadataRequest\x1a\x1f.pdlink.v1.SendMetadataResponse\x12Q\n\x04Poll\x12#.pdlink.v1.DecodeServicePollRequest\x1a$.pdlink.v1.DecodeServicePollResponse\x12V\n\x05Watch\x12$.pdlink.v1.DecodeServiceWatchRequest\x1a%.pdlink.v1.DecodeServiceWatchResponse0\x01\x12T\n\x05\x41\x62ort\x12$.pdlink.v1.DecodeServiceAbortRequest\x1a%.pdlink.v1.DecodeServiceAbortResponse\x12T\n\x05\x43lear\x12$.pdlink.v1.DecodeServiceClearRequest\x1a%.pdlink.v1.DecodeServiceClearResponseB1Z/github.com/pdlink/pdlink/api/pdlink/v1;pdlinkv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdlink/v1/decode.proto\x12\tpdlink.v1\x1a\x16pdlink/v1/common.proto\"b\n\"DecodeServiceRegisterRegionRequest\x12\x13\n\x0bregion_path\x18\x01 \x01(\t\x12\'\n\x06layout\x18\x02 \x01(\x0b\x32\x17.pdlink.v1.RegionLayout\"\x81\x01\n#DecodeServiceRegisterRegionResponse\x12\x11\n\tregion_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\x04\x12\r\n\x05inode\x18\x04 \x01(\x04\x12\x14\n\x0crooms_failed\x18\x05 \x01(\r\"E\n$DecodeServiceUnregisterRegionRequest\x12\x1d\n\x04rank\x18\x01 \x01(\x0b\x32\x0f.pdlink.v1.Rank\"g\n%DecodeServiceUnregisterRegionResponse\x12\x14\n\x0cunregistered\x18\x01 \x01(\x08\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x14\n\x0crooms_failed\x18\x03 \x01(\r\"\x7f\n\x13OpenReceiverRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x1e\n\x16prefill_bootstrap_addr\x18\x02 \x01(\t\x12\x18\n\x10\x65xpected_senders\x18\x03 \x01(\r\x12\x1d\n\x04rank\x18\x04 \x01(\x0b\x32\x0f.pdlink.v1.Rank\"=\n\x14OpenReceiverResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\"\x94\x01\n\x13SendMetadataRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x1d\n\x04rank\x18\x02 \x01(\x0b\x32\x0f.pdlink.v1.Rank\x12&\n\tdst_pages\x18\x03 \x01(\x0b\x32\x13.pdlink.v1.PageList\x12\x11\n\taux_index\x18\x04 \x01(\r\x12\x12\n\nprefix_len\x18\x05 \x01(\r\"=\n\x14SendMetadataResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\",\n\x18\x44\x65\x63odeServicePollRequest\x12\x10\n\x08room_ids\x18\x01 \x03(\x04\"D\n\x19\x44\x65\x63odeServicePollResponse\x12\'\n\x08statuses\x18\x01 \x03(\x0b\x32\x15.pdlink.v1.RoomStatus\"C\n\x19\x44\x65\x63odeServiceWatchRequest\x12&\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x16.pdlink.v1.WatchFilter\"B\n\x1a\x44\x65\x63odeServiceWatchResponse\x12$\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.WatchEvent\"<\n\x19\x44\x65\x63odeServiceAbortRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"C\n\x1a\x44\x65\x63odeServiceAbortResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\"-\n\x19\x44\x65\x63odeServiceClearRequest\x12\x10\n\x08room_ids\x18\x01 \x03(\x04\"E\n\x1a\x44\x65\x63odeServiceClearResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.pdlink.v1.ClearResult2\xf0\x05\n\rDecodeService\x12o\n\x0eRegisterRegion\x12-.pdlink.v1.DecodeServiceRegisterRegionRequest\x1a..pdlink.v1.DecodeServiceRegisterRegionResponse\x12u\n\x10UnregisterRegion\x12/.pdlink.v1.DecodeServiceUnregisterRegionRequest\x1a\x30.pdlink.v1.DecodeServiceUnregisterRegionResponse\x12O\n\x0cOpenReceiver\x12\x1e.pdlink.v1.OpenReceiverRequest\x1a\x1f.pdlink.v1.OpenReceiverResponse\x12O\n\x0cSendMetadata\x12\x1e.pdlink.v1.SendMetadataRequest\x1a\x1f.pdlink.v1.SendMetadataResponse\x12Q\n\x04Poll\x12#.pdlink.v1.DecodeServicePollRequest\x1a$.pdlink.v1.DecodeServicePollResponse\x12V\n\x05Watch\x12$.pdlink.v1.DecodeServiceWatchRequest\x1a%.pdlink.v1.DecodeServiceWatchResponse0\x01\x12T\n\x05\x41\x62ort\x12$.pdlink.v1.DecodeServiceAbortRequest\x1a%.pdlink.v1.DecodeServiceAbortResponse\x12T\n\x05\x43lear\x12$.pdlink.v1.DecodeServiceClearRequest\x1a%.pdlink.v1.DecodeServiceClearResponseB1Z/github.com/pdlink/pdlink/api/pdlink/v1;pdlinkv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,29 +42,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DECODESERVICEUNREGISTERREGIONRESPONSE']._serialized_start=364
   _globals['_DECODESERVICEUNREGISTERREGIONRESPONSE']._serialized_end=467
   _globals['_OPENRECEIVERREQUEST']._serialized_start=469
-  _globals['_OPENRECEIVERREQUEST']._serialized_end=565
-  _globals['_OPENRECEIVERRESPONSE']._serialized_start=567
-  _globals['_OPENRECEIVERRESPONSE']._serialized_end=628
-  _globals['_SENDMETADATAREQUEST']._serialized_start=631
-  _globals['_SENDMETADATAREQUEST']._serialized_end=779
-  _globals['_SENDMETADATARESPONSE']._serialized_start=781
-  _globals['_SENDMETADATARESPONSE']._serialized_end=842
-  _globals['_DECODESERVICEPOLLREQUEST']._serialized_start=844
-  _globals['_DECODESERVICEPOLLREQUEST']._serialized_end=888
-  _globals['_DECODESERVICEPOLLRESPONSE']._serialized_start=890
-  _globals['_DECODESERVICEPOLLRESPONSE']._serialized_end=958
-  _globals['_DECODESERVICEWATCHREQUEST']._serialized_start=960
-  _globals['_DECODESERVICEWATCHREQUEST']._serialized_end=1027
-  _globals['_DECODESERVICEWATCHRESPONSE']._serialized_start=1029
-  _globals['_DECODESERVICEWATCHRESPONSE']._serialized_end=1095
-  _globals['_DECODESERVICEABORTREQUEST']._serialized_start=1097
-  _globals['_DECODESERVICEABORTREQUEST']._serialized_end=1157
-  _globals['_DECODESERVICEABORTRESPONSE']._serialized_start=1159
-  _globals['_DECODESERVICEABORTRESPONSE']._serialized_end=1226
-  _globals['_DECODESERVICECLEARREQUEST']._serialized_start=1228
-  _globals['_DECODESERVICECLEARREQUEST']._serialized_end=1273
-  _globals['_DECODESERVICECLEARRESPONSE']._serialized_start=1275
-  _globals['_DECODESERVICECLEARRESPONSE']._serialized_end=1344
-  _globals['_DECODESERVICE']._serialized_start=1347
-  _globals['_DECODESERVICE']._serialized_end=2099
+  _globals['_OPENRECEIVERREQUEST']._serialized_end=596
+  _globals['_OPENRECEIVERRESPONSE']._serialized_start=598
+  _globals['_OPENRECEIVERRESPONSE']._serialized_end=659
+  _globals['_SENDMETADATAREQUEST']._serialized_start=662
+  _globals['_SENDMETADATAREQUEST']._serialized_end=810
+  _globals['_SENDMETADATARESPONSE']._serialized_start=812
+  _globals['_SENDMETADATARESPONSE']._serialized_end=873
+  _globals['_DECODESERVICEPOLLREQUEST']._serialized_start=875
+  _globals['_DECODESERVICEPOLLREQUEST']._serialized_end=919
+  _globals['_DECODESERVICEPOLLRESPONSE']._serialized_start=921
+  _globals['_DECODESERVICEPOLLRESPONSE']._serialized_end=989
+  _globals['_DECODESERVICEWATCHREQUEST']._serialized_start=991
+  _globals['_DECODESERVICEWATCHREQUEST']._serialized_end=1058
+  _globals['_DECODESERVICEWATCHRESPONSE']._serialized_start=1060
+  _globals['_DECODESERVICEWATCHRESPONSE']._serialized_end=1126
+  _globals['_DECODESERVICEABORTREQUEST']._serialized_start=1128
+  _globals['_DECODESERVICEABORTREQUEST']._serialized_end=1188
+  _globals['_DECODESERVICEABORTRESPONSE']._serialized_start=1190
+  _globals['_DECODESERVICEABORTRESPONSE']._serialized_end=1257
+  _globals['_DECODESERVICECLEARREQUEST']._serialized_start=1259
+  _globals['_DECODESERVICECLEARREQUEST']._serialized_end=1304
+  _globals['_DECODESERVICECLEARRESPONSE']._serialized_start=1306
+  _globals['_DECODESERVICECLEARRESPONSE']._serialized_end=1375
+  _globals['_DECODESERVICE']._serialized_start=1378
+  _globals['_DECODESERVICE']._serialized_end=2130
 # @@protoc_insertion_point(module_scope)

@@ -46,14 +46,16 @@ class DecodeServiceUnregisterRegionResponse(_message.Message):
     def __init__(self, unregistered: _Optional[bool] = ..., generation: _Optional[int] = ..., rooms_failed: _Optional[int] = ...) -> None: ...
 
 class OpenReceiverRequest(_message.Message):
-    __slots__ = ("room_id", "prefill_bootstrap_addr", "expected_senders")
+    __slots__ = ("room_id", "prefill_bootstrap_addr", "expected_senders", "rank")
     ROOM_ID_FIELD_NUMBER: _ClassVar[int]
     PREFILL_BOOTSTRAP_ADDR_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SENDERS_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     room_id: int
     prefill_bootstrap_addr: str
     expected_senders: int
-    def __init__(self, room_id: _Optional[int] = ..., prefill_bootstrap_addr: _Optional[str] = ..., expected_senders: _Optional[int] = ...) -> None: ...
+    rank: _common_pb2.Rank
+    def __init__(self, room_id: _Optional[int] = ..., prefill_bootstrap_addr: _Optional[str] = ..., expected_senders: _Optional[int] = ..., rank: _Optional[_Union[_common_pb2.Rank, _Mapping]] = ...) -> None: ...
 
 class OpenReceiverResponse(_message.Message):
     __slots__ = ("status",)

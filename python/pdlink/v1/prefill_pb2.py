@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdlink.v1 import common_pb2 as pdlink_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdlink/v1/prefill.proto\x12\tpdlink.v1\x1a\x16pdlink/v1/common.proto\"c\n#PrefillServiceRegisterRegionRequest\x12\x13\n\x0bregion_path\x18\x01 \x01(\t\x12\'\n\x06layout\x18\x02 \x01(\x0b\x32\x17.pdlink.v1.RegionLayout\"\x82\x01\n$PrefillServiceRegisterRegionResponse\x12\x11\n\tregion_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\x04\x12\r\n\x05inode\x18\x04 \x01(\x04\x12\x14\n\x0crooms_failed\x18\x05 \x01(\r\"F\n%PrefillServiceUnregisterRegionRequest\x12\x1d\n\x04rank\x18\x01 \x01(\x0b\x32\x0f.pdlink.v1.Rank\"h\n&PrefillServiceUnregisterRegionResponse\x12\x14\n\x0cunregistered\x18\x01 \x01(\x08\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x14\n\x0crooms_failed\x18\x03 \x01(\r\"O\n\x11OpenSenderRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\x1a\n\x12\x65xpected_receivers\x18\x03 \x01(\r\";\n\x12OpenSenderResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\"\xab\x01\n\x0bSendRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x1d\n\x04rank\x18\x02 \x01(\x0b\x32\x0f.pdlink.v1.Rank\x12\x16\n\x0estart_position\x18\x03 \x01(\r\x12\"\n\x05pages\x18\x04 \x01(\x0b\x32\x13.pdlink.v1.PageList\x12\x0c\n\x04last\x18\x05 \x01(\x08\x12\x11\n\taux_index\x18\x06 \x01(\r\x12\x0f\n\x07\x62uffers\x18\x07 \x03(\r\"5\n\x0cSendResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\"-\n\x19PrefillServicePollRequest\x12\x10\n\x08room_ids\x18\x01 \x03(\x04\"E\n\x1aPrefillServicePollResponse\x12\'\n\x08statuses\x18\x01 \x03(\x0b\x32\x15.pdlink.v1.RoomStatus\"D\n\x1aPrefillServiceWatchRequest\x12&\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x16.pdlink.v1.WatchFilter\"C\n\x1bPrefillServiceWatchResponse\x12$\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.WatchEvent\"=\n\x1aPrefillServiceAbortRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"D\n\x1bPrefillServiceAbortResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\".\n\x1aPrefillServiceClearRequest\x12\x10\n\x08room_ids\x18\x01 \x03(\x04\"F\n\x1bPrefillServiceClearResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.pdlink.v1.ClearResult2\xdf\x05\n\x0ePrefillService\x12q\n\x0eRegisterRegion\x12..pdlink.v1.PrefillServiceRegisterRegionRequest\x1a/.pdlink.v1.PrefillServiceRegisterRegionResponse\x12w\n\x10UnregisterRegion\x12\x30.pdlink.v1.PrefillServiceUnregisterRegionRequest\x1a\x31.pdlink.v1.PrefillServiceUnregisterRegionResponse\x12I\n\nOpenSender\x12\x1c.pdlink.v1.OpenSenderRequest\x1a\x1d.pdlink.v1.OpenSenderResponse\x12\x37\n\x04Send\x12\x16.pdlink.v1.SendRequest\x1a\x17.pdlink.v1.SendResponse\x12S\n\x04Poll\x12$.pdlink.v1.PrefillServicePollRequest\x1a%.pdlink.v1.PrefillServicePollResponse\x12X\n\x05Watch\x12%.pdlink.v1.PrefillServiceWatchRequest\x1a&.pdlink.v1.PrefillServiceWatchResponse0\x01\x12V\n\x05\x41\x62ort\x12%.pdlink.v1.PrefillServiceAbortRequest\x1a&.pdlink.v1.PrefillServiceAbortResponse\x12V\n\x05\x43lear\x12%.pdlink.v1.PrefillServiceClearRequest\x1a&.pdlink.v1.PrefillServiceClearResponseB1Z/github.com/pdlink/pdlink/api/pdlink/v1;pdlinkv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdlink/v1/prefill.proto\x12\tpdlink.v1\x1a\x16pdlink/v1/common.proto\"c\n#PrefillServiceRegisterRegionRequest\x12\x13\n\x0bregion_path\x18\x01 \x01(\t\x12\'\n\x06layout\x18\x02 \x01(\x0b\x32\x17.pdlink.v1.RegionLayout\"\x82\x01\n$PrefillServiceRegisterRegionResponse\x12\x11\n\tregion_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\x04\x12\r\n\x05inode\x18\x04 \x01(\x04\x12\x14\n\x0crooms_failed\x18\x05 \x01(\r\"F\n%PrefillServiceUnregisterRegionRequest\x12\x1d\n\x04rank\x18\x01 \x01(\x0b\x32\x0f.pdlink.v1.Rank\"h\n&PrefillServiceUnregisterRegionResponse\x12\x14\n\x0cunregistered\x18\x01 \x01(\x08\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x14\n\x0crooms_failed\x18\x03 \x01(\r\"n\n\x11OpenSenderRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\x1a\n\x12\x65xpected_receivers\x18\x03 \x01(\r\x12\x1d\n\x04rank\x18\x04 \x01(\x0b\x32\x0f.pdlink.v1.Rank\";\n\x12OpenSenderResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\"\xab\x01\n\x0bSendRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x1d\n\x04rank\x18\x02 \x01(\x0b\x32\x0f.pdlink.v1.Rank\x12\x16\n\x0estart_position\x18\x03 \x01(\r\x12\"\n\x05pages\x18\x04 \x01(\x0b\x32\x13.pdlink.v1.PageList\x12\x0c\n\x04last\x18\x05 \x01(\x08\x12\x11\n\taux_index\x18\x06 \x01(\r\x12\x0f\n\x07\x62uffers\x18\x07 \x03(\r\"5\n\x0cSendResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\"-\n\x19PrefillServicePollRequest\x12\x10\n\x08room_ids\x18\x01 \x03(\x04\"E\n\x1aPrefillServicePollResponse\x12\'\n\x08statuses\x18\x01 \x03(\x0b\x32\x15.pdlink.v1.RoomStatus\"D\n\x1aPrefillServiceWatchRequest\x12&\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x16.pdlink.v1.WatchFilter\"C\n\x1bPrefillServiceWatchResponse\x12$\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.WatchEvent\"=\n\x1aPrefillServiceAbortRequest\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"D\n\x1bPrefillServiceAbortResponse\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.RoomStatus\".\n\x1aPrefillServiceClearRequest\x12\x10\n\x08room_ids\x18\x01 \x03(\x04\"F\n\x1bPrefillServiceClearResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.pdlink.v1.ClearResult2\xdf\x05\n\x0ePrefillService\x12q\n\x0eRegisterRegion\x12..pdlink.v1.PrefillServiceRegisterRegionRequest\x1a/.pdlink.v1.PrefillServiceRegisterRegionResponse\x12w\n\x10UnregisterRegion\x12\x30.pdlink.v1.PrefillServiceUnregisterRegionRequest\x1a\x31.pdlink.v1.PrefillServiceUnregisterRegionResponse\x12I\n\nOpenSender\x12\x1c.pdlink.v1.OpenSenderRequest\x1a\x1d.pdlink.v1.OpenSenderResponse\x12\x37\n\x04Send\x12\x16.pdlink.v1.SendRequest\x1a\x17.pdlink.v1.SendResponse\x12S\n\x04Poll\x12$.pdlink.v1.PrefillServicePollRequest\x1a%.pdlink.v1.PrefillServicePollResponse\x12X\n\x05Watch\x12%.pdlink.v1.PrefillServiceWatchRequest\x1a&.pdlink.v1.PrefillServiceWatchResponse0\x01\x12V\n\x05\x41\x62ort\x12%.pdlink.v1.PrefillServiceAbortRequest\x1a&.pdlink.v1.PrefillServiceAbortResponse\x12V\n\x05\x43lear\x12%.pdlink.v1.PrefillServiceClearRequest\x1a&.pdlink.v1.PrefillServiceClearResponseB1Z/github.com/pdlink/pdlink/api/pdlink/v1;pdlinkv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,29 +42,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILLSERVICEUNREGISTERREGIONRESPONSE']._serialized_start=368
   _globals['_PREFILLSERVICEUNREGISTERREGIONRESPONSE']._serialized_end=472
   _globals['_OPENSENDERREQUEST']._serialized_start=474
-  _globals['_OPENSENDERREQUEST']._serialized_end=553
-  _globals['_OPENSENDERRESPONSE']._serialized_start=555
-  _globals['_OPENSENDERRESPONSE']._serialized_end=614
-  _globals['_SENDREQUEST']._serialized_start=617
-  _globals['_SENDREQUEST']._serialized_end=788
-  _globals['_SENDRESPONSE']._serialized_start=790
-  _globals['_SENDRESPONSE']._serialized_end=843
-  _globals['_PREFILLSERVICEPOLLREQUEST']._serialized_start=845
-  _globals['_PREFILLSERVICEPOLLREQUEST']._serialized_end=890
-  _globals['_PREFILLSERVICEPOLLRESPONSE']._serialized_start=892
-  _globals['_PREFILLSERVICEPOLLRESPONSE']._serialized_end=961
-  _globals['_PREFILLSERVICEWATCHREQUEST']._serialized_start=963
-  _globals['_PREFILLSERVICEWATCHREQUEST']._serialized_end=1031
-  _globals['_PREFILLSERVICEWATCHRESPONSE']._serialized_start=1033
-  _globals['_PREFILLSERVICEWATCHRESPONSE']._serialized_end=1100
-  _globals['_PREFILLSERVICEABORTREQUEST']._serialized_start=1102
-  _globals['_PREFILLSERVICEABORTREQUEST']._serialized_end=1163
-  _globals['_PREFILLSERVICEABORTRESPONSE']._serialized_start=1165
-  _globals['_PREFILLSERVICEABORTRESPONSE']._serialized_end=1233
-  _globals['_PREFILLSERVICECLEARREQUEST']._serialized_start=1235
-  _globals['_PREFILLSERVICECLEARREQUEST']._serialized_end=1281
-  _globals['_PREFILLSERVICECLEARRESPONSE']._serialized_start=1283
-  _globals['_PREFILLSERVICECLEARRESPONSE']._serialized_end=1353
-  _globals['_PREFILLSERVICE']._serialized_start=1356
-  _globals['_PREFILLSERVICE']._serialized_end=2091
+  _globals['_OPENSENDERREQUEST']._serialized_end=584
+  _globals['_OPENSENDERRESPONSE']._serialized_start=586
+  _globals['_OPENSENDERRESPONSE']._serialized_end=645
+  _globals['_SENDREQUEST']._serialized_start=648
+  _globals['_SENDREQUEST']._serialized_end=819
+  _globals['_SENDRESPONSE']._serialized_start=821
+  _globals['_SENDRESPONSE']._serialized_end=874
+  _globals['_PREFILLSERVICEPOLLREQUEST']._serialized_start=876
+  _globals['_PREFILLSERVICEPOLLREQUEST']._serialized_end=921
+  _globals['_PREFILLSERVICEPOLLRESPONSE']._serialized_start=923
+  _globals['_PREFILLSERVICEPOLLRESPONSE']._serialized_end=992
+  _globals['_PREFILLSERVICEWATCHREQUEST']._serialized_start=994
+  _globals['_PREFILLSERVICEWATCHREQUEST']._serialized_end=1062
+  _globals['_PREFILLSERVICEWATCHRESPONSE']._serialized_start=1064
+  _globals['_PREFILLSERVICEWATCHRESPONSE']._serialized_end=1131
+  _globals['_PREFILLSERVICEABORTREQUEST']._serialized_start=1133
+  _globals['_PREFILLSERVICEABORTREQUEST']._serialized_end=1194
+  _globals['_PREFILLSERVICEABORTRESPONSE']._serialized_start=1196
+  _globals['_PREFILLSERVICEABORTRESPONSE']._serialized_end=1264
+  _globals['_PREFILLSERVICECLEARREQUEST']._serialized_start=1266
+  _globals['_PREFILLSERVICECLEARREQUEST']._serialized_end=1312
+  _globals['_PREFILLSERVICECLEARRESPONSE']._serialized_start=1314
+  _globals['_PREFILLSERVICECLEARRESPONSE']._serialized_end=1384
+  _globals['_PREFILLSERVICE']._serialized_start=1387
+  _globals['_PREFILLSERVICE']._serialized_end=2122
 # @@protoc_insertion_point(module_scope)

@@ -46,14 +46,16 @@ class PrefillServiceUnregisterRegionResponse(_message.Message):
     def __init__(self, unregistered: _Optional[bool] = ..., generation: _Optional[int] = ..., rooms_failed: _Optional[int] = ...) -> None: ...
 
 class OpenSenderRequest(_message.Message):
-    __slots__ = ("room_id", "nonce", "expected_receivers")
+    __slots__ = ("room_id", "nonce", "expected_receivers", "rank")
     ROOM_ID_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_RECEIVERS_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     room_id: int
     nonce: int
     expected_receivers: int
-    def __init__(self, room_id: _Optional[int] = ..., nonce: _Optional[int] = ..., expected_receivers: _Optional[int] = ...) -> None: ...
+    rank: _common_pb2.Rank
+    def __init__(self, room_id: _Optional[int] = ..., nonce: _Optional[int] = ..., expected_receivers: _Optional[int] = ..., rank: _Optional[_Union[_common_pb2.Rank, _Mapping]] = ...) -> None: ...
 
 class OpenSenderResponse(_message.Message):
     __slots__ = ("status",)
