@@ -14,6 +14,7 @@ read and clear on Success.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -108,6 +109,9 @@ def servers(pair, monkeypatch) -> Iterator[Servers]:
     bootstrap.close()
     ranks.__exit__(None, None, None)
     override.restore()
+    # The managers' Watch threads end with them (close joins them).
+    leaked = [t.name for t in threading.enumerate() if t.name.startswith("pdlink-watch")]
+    assert not leaked, leaked
 
 
 def wait_poll(obj, want: set[int], what: str) -> int:
@@ -282,3 +286,63 @@ def test_staging_smaller_than_the_request_fails_the_room_with_a_reason(servers):
         req.receiver.failure_exception()
     wait_poll(req.sender, {KVPoll.Failed}, "prefill sees decode's abort")
     req.sender.clear()
+
+
+# What the backend adds to one scheduler step: printed for the report (pytest
+# -s), asserted only loosely, so an RPC sneaking into poll() is caught.
+ROOMS = 256
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def test_poll_of_256_rooms_and_send_latency_and_rooms_per_second(servers):
+    s = servers
+    sender_cls = kv_class(KVClassType.SENDER)
+    receiver_cls = kv_class(KVClassType.RECEIVER)
+    assert s.decode_mgr.try_ensure_parallel_info(s.bootstrap_addr)
+    senders, receivers = [], []
+    for i in range(ROOMS):
+        room = 50_000 + i
+        senders.append(sender_cls(s.prefill_mgr, s.bootstrap_addr, room))
+        r = receiver_cls(s.decode_mgr, s.bootstrap_addr, room)
+        r.init(0)
+        receivers.append(r)
+    for r in receivers:
+        wait_poll(r, {KVPoll.WaitingForInput}, "handshake")
+
+    # One scheduler tick polls every queued sender: 256 poll() calls.
+    ticks = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        for snd in senders:
+            snd.poll()
+        ticks.append(time.perf_counter() - t0)
+    poll_p50 = _pct(ticks, 0.5) * 1e6
+
+    # One page per room: send_metadata, then init and a single last Send
+    # (staging copy included), then both sides to Success and clear.
+    sends = []
+    t_rooms = time.perf_counter()
+    for i, (snd, r) in enumerate(zip(senders, receivers, strict=True)):
+        r.send_metadata(torch.tensor([i % 32], dtype=torch.int32).numpy(), i % 16)
+        wait_poll(snd, {KVPoll.WaitingForInput}, "bootstrap")
+        snd.init(1, i % 16)
+        t0 = time.perf_counter()
+        snd.send(torch.tensor([i % 32], dtype=torch.int32).numpy())
+        sends.append(time.perf_counter() - t0)
+        wait_poll(snd, {KVPoll.Success}, "prefill")
+        wait_poll(r, {KVPoll.Success}, "decode")
+        snd.clear()
+        r.clear()
+    rooms_per_s = ROOMS / (time.perf_counter() - t_rooms)
+    send_p50, send_p99 = _pct(sends, 0.5) * 1e3, _pct(sends, 0.99) * 1e3
+    print(
+        f"\nsglang backend: poll of {ROOMS} senders p50 {poll_p50:.0f} us; "
+        f"send (1 page, staging copy + Send RPC) p50 {send_p50:.2f} ms p99 {send_p99:.2f} ms; "
+        f"{rooms_per_s:.0f} rooms/s one at a time"
+    )
+    # Loose: an RPC per poll would take tens of ms for 256 rooms.
+    assert poll_p50 < 20_000
