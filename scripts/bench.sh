@@ -16,3 +16,6 @@ if [[ -x pkg/transfer/bench.sh ]]; then
 fi
 echo "== end to end: both daemons, simulated schedulers (ratios to iperf3 and memcpy, same run)"
 bin/pdctl bench --requests "${BENCH_REQUESTS:-100}"
+echo "== Python client: cache poll, Send, rooms/s, beside the Go Poll benchmarks (same run)"
+scripts/pyenv.sh test
+.venv/bin/python python/bench/client_bench.py

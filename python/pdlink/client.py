@@ -110,10 +110,10 @@ def _has_field(msg_type: Any, name: str) -> bool:
 class StatusCache:
     """Room statuses kept current by a Watch stream; see _Client.status.
 
-    Only rooms the client opened (or polled) are kept; clearing one drops
-    it. The watch thread re-syncs them with one batched Poll whenever the
-    stream says it missed transitions and whenever it reconnects (after a
-    daemon restart the rooms the daemon lost come back found=False).
+    Only rooms the client opened are kept; clearing one drops it. The watch
+    thread re-syncs them with one batched Poll whenever the stream says it
+    missed transitions and whenever it reconnects (after a daemon restart
+    the rooms the daemon lost come back found=False).
     """
 
     def __init__(self) -> None:
@@ -127,6 +127,16 @@ class StatusCache:
         # transitions can reach the watch thread before its open call's
         # answer does, and put() must not lose them.
         self._untracked: OrderedDict[int, common_pb2.Transition] = OrderedDict()
+        # Rooms whose terminal status came from a call's answer, not from the
+        # stream: their terminal transition is still to come on the stream.
+        self._terminal_unseen: set[int] = set()
+        # Rooms cleared before the stream delivered their terminal transition,
+        # with the cleared room's nonce: transitions of that nonce belong to
+        # it, not to a later room opened with the same id, and are dropped
+        # until its terminal one arrives. (A room cleared unbound, nonce 0,
+        # holds back a later unbound room's transitions until then; calls'
+        # answers and resyncs still reach it.)
+        self._stale: OrderedDict[int, int] = OrderedDict()
         self.missed = 0  # transitions the daemon reported missed, in total
         self.resyncs = 0  # batched Polls the watch thread made
         self.reconnects = 0  # Watch streams opened after the first
@@ -153,10 +163,12 @@ class StatusCache:
                     return
                 if not moves_forward(cur.state, st.state):
                     return
-            early = self._untracked.pop(st.room_id, None) if cur is None else None
+            fresh = cur is None or not cur.found
+            early = self._untracked.pop(st.room_id, None) if fresh else None
             self._seq += 1
             self._rooms[st.room_id] = st
             self._written[st.room_id] = self._seq
+            self._note_terminal(st)
             if early is not None:
                 self._apply(early)
 
@@ -174,22 +186,40 @@ class StatusCache:
                 self._seq += 1
                 self._rooms[st.room_id] = st
                 self._written[st.room_id] = self._seq
+                self._note_terminal(st)
+
+    def _note_terminal(self, st: RoomStatus) -> None:
+        if st.found and st.state.terminal:
+            self._terminal_unseen.add(st.room_id)
+        else:
+            self._terminal_unseen.discard(st.room_id)
 
     def transition(self, tr: common_pb2.Transition) -> None:
         with self._lock:
+            old = self._stale.get(tr.room_id)
+            if old is not None and tr.nonce == old:
+                if RoomState.from_proto(tr.to).terminal:
+                    del self._stale[tr.room_id]
+                return
             if tr.room_id not in self._rooms:
-                self._untracked[tr.room_id] = tr
-                self._untracked.move_to_end(tr.room_id)
-                if len(self._untracked) > _UNTRACKED_KEPT:
-                    self._untracked.popitem(last=False)
+                self._stash(tr)
                 return
             self._apply(tr)
+
+    def _stash(self, tr: common_pb2.Transition) -> None:
+        self._untracked[tr.room_id] = tr
+        self._untracked.move_to_end(tr.room_id)
+        if len(self._untracked) > _UNTRACKED_KEPT:
+            self._untracked.popitem(last=False)
 
     def _apply(self, tr: common_pb2.Transition) -> None:
         to = RoomState.from_proto(tr.to)
         cur = self._rooms[tr.room_id]
         if not cur.found:
-            return  # lost (cleared, reaped, a daemon restart): a transition now is another room's
+            # Lost (reaped, a daemon restart): a transition now is a new room's
+            # with this id, which an open may yet claim.
+            self._stash(tr)
+            return
         if cur.nonce and tr.nonce and cur.nonce != tr.nonce:
             return  # another request's room with the same id
         if not moves_forward(cur.state, to):
@@ -204,12 +234,18 @@ class StatusCache:
             peer_reason=tr.peer_reason,
         )
         self._written[tr.room_id] = self._seq
+        self._terminal_unseen.discard(tr.room_id)
 
     def drop(self, room_id: int) -> None:
         with self._lock:
-            self._rooms.pop(room_id, None)
+            cur = self._rooms.pop(room_id, None)
             self._written.pop(room_id, None)
             self._untracked.pop(room_id, None)
+            if cur is not None and room_id in self._terminal_unseen:
+                self._terminal_unseen.discard(room_id)
+                self._stale[room_id] = cur.nonce
+                if len(self._stale) > _UNTRACKED_KEPT:
+                    self._stale.popitem(last=False)
 
 
 class _Client:
@@ -253,9 +289,9 @@ class _Client:
         self._closed = threading.Event()
         self._stream_lock = threading.Lock()
         self._stream: Any = None
-        # Test hook: when set, the watch thread waits on it before taking each
+        # Test hook: when set, the watch thread calls it before it takes each
         # event, to play a slow consumer.
-        self._watch_gate: threading.Event | None = None
+        self._watch_hook: Callable[[], object] | None = None
         self._watch_thread: threading.Thread | None = None
         if watch:
             self._watch_thread = threading.Thread(
@@ -287,8 +323,6 @@ class _Client:
         with self._stream_lock:
             if self._stream is not None:
                 self._stream.cancel()
-        if self._watch_gate is not None:
-            self._watch_gate.set()
         if self._watch_thread is not None:
             self._watch_thread.join(timeout=10)
         self._channel.close()
@@ -449,9 +483,9 @@ class _Client:
                 self.cache.connected.set()
                 delay = self.backoff
                 for resp in stream:
-                    gate = self._watch_gate
-                    if gate is not None:
-                        gate.wait()
+                    hook = self._watch_hook
+                    if hook is not None:
+                        hook()
                     ev = resp.event
                     kind = ev.WhichOneof("event")
                     if kind == "transition":

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 from google.rpc import error_details_pb2, status_pb2
+
+from pdlink.states import RoomState
 
 _DETAILS_KEY = "grpc-status-details-bin"
 
@@ -12,8 +16,9 @@ class PdlinkError(Exception):
     """A daemon call failed.
 
     code is the grpc.StatusCode and details the daemon's message. When the
-    call was about a Failed room the daemon names the room's state, reason
-    and peer_reason (ErrorInfo ROOM_FAILED); field is the request field a
+    call was about a Failed room the daemon names the room's state (a
+    RoomState; UNSPECIFIED when not named), reason and peer_reason
+    (ErrorInfo ROOM_FAILED); field is the request field a
     refused request named (BadRequest). method is the RPC, e.g. "Send".
     """
 
@@ -25,7 +30,7 @@ class PdlinkError(Exception):
         *,
         code: grpc.StatusCode | None = None,
         method: str = "",
-        state: str = "",
+        state: RoomState = RoomState.UNSPECIFIED,
         reason: str = "",
         peer_reason: str = "",
         field: str = "",
@@ -108,7 +113,7 @@ def from_rpc_error(err: grpc.RpcError, method: str) -> PdlinkError:
     """The typed error for a failed call, with the details the daemon attached."""
     code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = (err.details() if isinstance(err, grpc.Call) else None) or str(err)
-    extra: dict[str, str] = {}
+    extra: dict[str, Any] = {}
     if isinstance(err, grpc.Call):
         for key, value in err.trailing_metadata() or ():
             if key == _DETAILS_KEY:
@@ -117,8 +122,8 @@ def from_rpc_error(err: grpc.RpcError, method: str) -> PdlinkError:
     return cls(details, code=code, method=method, **extra)
 
 
-def _parse_details(blob: bytes) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _parse_details(blob: bytes) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     try:
         st = status_pb2.Status.FromString(blob)
     except Exception:  # a detail we cannot read leaves the message, not a new error
@@ -126,7 +131,10 @@ def _parse_details(blob: bytes) -> dict[str, str]:
     for any_msg in st.details:
         info = error_details_pb2.ErrorInfo()
         if any_msg.Unpack(info) and info.reason == "ROOM_FAILED":
-            out["state"] = info.metadata.get("state", "")
+            name = info.metadata.get("state", "").removeprefix("ROOM_STATE_")
+            out["state"] = (
+                RoomState(name) if name in RoomState.__members__ else RoomState.UNSPECIFIED
+            )
             out["reason"] = info.metadata.get("reason", "")
             out["peer_reason"] = info.metadata.get("peer_reason", "")
             continue

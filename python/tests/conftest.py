@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 from daemons import Pair
 
-from pdlink import DecodeClient, PrefillClient, Region, RegionLayout
+from pdlink import DecodeClient, PrefillClient, Region, RegionLayout, RoomState
+from pdlink.client import wait_for
 
 # Two buffers of 64 pages of 256 bytes and 16 aux rows of 32 bytes: small
 # enough that a test fills every page, big enough for many rooms at once.
@@ -33,7 +36,7 @@ def pair(tmp_path, request) -> Iterator[Pair]:
     extra = getattr(request, "param", {})
     p = Pair(tmp_path, tuple(extra.get("prefill", ())), tuple(extra.get("decode", ())))
     yield p
-    p.stop()
+    p.kill()
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
         print(p.logs())
 
@@ -54,9 +57,49 @@ def env(pair) -> Iterator[Env]:
     dst.close()
 
 
+@pytest.fixture(autouse=True)
+def no_watch_thread_left():
+    """Every client a test made is closed by its end: no watch thread outlives it."""
+    yield
+    wait_for(
+        lambda: not [t for t in threading.enumerate() if t.name.startswith("pdlink-watch")],
+        10,
+        what="watch threads of closed clients ended",
+    )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     rep = yield
     if rep.when == "call":
         item.rep_call = rep
     return rep
+
+
+def settle(pred, what: str, timeout: float = 15.0):
+    """Wait (a bounded poll) until pred() is truthy; returns its value."""
+    return wait_for(pred, timeout, what=what)
+
+
+def state_of(client, room: int) -> RoomState | None:
+    st = client.status(room)
+    return st.state if st is not None else None
+
+
+def fill(region: Region, buffer: int, page: int, seed: int) -> None:
+    """A page pattern that differs per buffer, page and seed."""
+    row = region.pages(buffer)[page]
+    row[:] = (np.arange(row.size, dtype=np.uint32) * 31 + seed * 7 + buffer * 13 + page) % 251
+
+
+def open_bound(env: Env, room: int, dst_pages, *, aux_index: int = 0) -> int:
+    """Open room on both sides, send decode's metadata, wait until prefill is bound
+    (WaitingForInput); returns decode's nonce."""
+    d = env.decode.open(room, env.bootstrap)
+    env.prefill.open(room)
+    env.decode.send_metadata(room, dst_pages, aux_index=aux_index)
+    settle(
+        lambda: state_of(env.prefill, room) == RoomState.WAITING_FOR_INPUT,
+        f"prefill room {room} bound",
+    )
+    return d.nonce

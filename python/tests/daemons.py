@@ -116,12 +116,13 @@ class Pair:
         try:
             self.decode = Daemon("decoded", tmp, ["--data-listen=127.0.0.1:0", *decode_extra])
         except BaseException:
-            self.prefill.stop()
+            self.prefill.kill()
             raise
 
-    def stop(self) -> None:
-        self.decode.stop()
-        self.prefill.stop()
+    def kill(self) -> None:
+        """The end of a test: no drain (live rooms would hold SIGTERM for --drain-timeout)."""
+        self.decode.kill()
+        self.prefill.kill()
 
     def logs(self) -> str:
         return "\n".join(
