@@ -40,9 +40,10 @@ test:
 	$(GO) test $(GOTEST_FLAGS) -p 1 $(SYSTEM_PKGS)
 
 ## python-test: the Python package's tests (python/tests) in the project's
-## venv (scripts/pyenv.sh), on real daemons built into bin/.
+## venv (scripts/pyenv.sh), on real daemons built into bin/; the sglang group
+## brings SGLang for the backend's tests (python/tests/sglang).
 python-test: build
-	scripts/pyenv.sh test
+	scripts/pyenv.sh test sglang
 	cd python && PDLINK_BIN_DIR=$(abspath $(BIN)) ../.venv/bin/python -m pytest -q tests
 
 ## demo: Go only, no Debian package.

@@ -13,6 +13,8 @@
 #   test   pytest, ruff and the runtime, plus ./python installed editable
 #          (make test, make lint, make bench)
 #   proto  grpcio-tools (make proto)
+#   sglang the test group plus SGLang 0.5.23 and torch (python/tests/sglang):
+#          about 6 GB, 100 s from PyPI, once per machine (the stamp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +22,7 @@ groups=("$@")
 ((${#groups[@]})) || groups=(test)
 for g in "${groups[@]}"; do
 	[[ -f python/requirements/$g.txt ]] || {
-		echo "pyenv: unknown group $g (test, proto)" >&2
+		echo "pyenv: unknown group $g (test, proto, sglang)" >&2
 		exit 2
 	}
 done
@@ -36,7 +38,7 @@ for g in "${groups[@]}"; do
 	[[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv "$venv"
 	pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 	"${pip[@]}" install --no-deps -r "python/requirements/$g.txt"
-	if [[ $g == test ]]; then
+	if [[ $g == test || $g == sglang ]]; then
 		# Editable: the tests run the worktree's code, not a copy of it.
 		"${pip[@]}" install --no-deps --no-build-isolation -e ./python
 	fi

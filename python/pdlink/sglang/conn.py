@@ -1,0 +1,509 @@
+"""pdlink's KVManager, KVSender, KVReceiver and KVBootstrapServer for SGLang.
+
+Subclasses of SGLang's Common* classes, because SGLang's schedulers read
+their internals (prefill_info_table, try_ensure_parallel_info,
+conclude_state, is_dummy_cp_rank). Discovery stays SGLang's: the prefill
+manager registers with SGLang's bootstrap server (/route) as usual, except
+that the rank endpoint it advertises is prefilld's bootstrap socket
+(PDLINK_PREFILL_BOOTSTRAP), which the decode receiver hands to OpenReceiver.
+Control and bytes go through the local daemon (pdlink.PrefillClient /
+DecodeClient), each scheduler's per-request poll reading the client's
+Watch-fed cache.
+
+Configuration (environment of each SGLang server):
+  PDLINK_PREFILLD_ADDR / PDLINK_DECODED_ADDR  the local daemon's gRPC address
+  PDLINK_REGION_DIR                            the daemon's --region-dir
+  PDLINK_PREFILL_BOOTSTRAP                     prefilld's --bootstrap-listen (prefill)
+  PDLINK_STAGING_SLOTS                         staging pages per buffer (default 4096)
+  PDLINK_DAEMON_LOST_TIMEOUT                   seconds without the daemon before its
+                                               rooms fail (default 5)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from sglang.srt.disaggregation.base.conn import KVArgs, KVPoll, KVTransferDestination
+from sglang.srt.disaggregation.common.conn import (
+    CommonKVBootstrapServer,
+    CommonKVManager,
+    CommonKVReceiver,
+    CommonKVSender,
+    KVTransferError,
+)
+from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType
+
+from pdlink import DecodeClient, PdlinkError, PrefillClient, Region, RoomState, RoomStatus
+from pdlink.region import AuxLayout, BufferLayout, RegionLayout
+from pdlink.sglang import checks
+from pdlink.sglang.plugin import installed_sglang_version
+from pdlink.sglang.staging import SlotPool, StagingFull, copier, copy_pages
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STAGING_SLOTS = 4096
+DEFAULT_DAEMON_LOST_TIMEOUT = 5.0
+
+# pdlink's room states to SGLang's KVPoll, by name. Never by number: KVPoll's
+# Failed is 0 and the schedulers' MIN all-reduce over ranks relies on it,
+# while pdlink's FAILED is the last state.
+PREFILL_STATE_TO_KVPOLL = {
+    RoomState.UNSPECIFIED: KVPoll.Bootstrapping,
+    RoomState.BOOTSTRAPPING: KVPoll.Bootstrapping,
+    RoomState.WAITING_FOR_INPUT: KVPoll.WaitingForInput,
+    RoomState.TRANSFERRING: KVPoll.Transferring,
+    RoomState.SUCCESS: KVPoll.Success,
+    RoomState.FAILED: KVPoll.Failed,
+}
+# Decode after send_metadata: everything short of the end is Transferring
+# (SGLang's transfer queue waits on it); SUCCESS is reported only after the
+# copy out of staging, by the receiver.
+DECODE_STATE_TO_KVPOLL = {
+    RoomState.UNSPECIFIED: KVPoll.Transferring,
+    RoomState.BOOTSTRAPPING: KVPoll.Transferring,
+    RoomState.WAITING_FOR_INPUT: KVPoll.Transferring,
+    RoomState.TRANSFERRING: KVPoll.Transferring,
+    RoomState.SUCCESS: KVPoll.Success,
+    RoomState.FAILED: KVPoll.Failed,
+}
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name, "")
+    if not value:
+        raise ValueError(f"--disaggregation-transfer-backend pdlink needs {name} set")
+    return value
+
+
+def _failure_text(st: RoomStatus) -> str:
+    if not st.found:
+        return f"pdlink room {st.room_id} is gone from the daemon (cleared, reaped or restarted)"
+    reason = st.reason or "unknown"
+    if st.peer_reason:
+        reason += f" (peer: {st.peer_reason})"
+    return f"pdlink room {st.room_id} failed: {reason}"
+
+
+class PdlinkKVManager(CommonKVManager):
+    """One per scheduler process: the daemon client and the staging region."""
+
+    def __init__(
+        self,
+        args: KVArgs,
+        disaggregation_mode: DisaggregationMode,
+        server_args: Any,
+        is_mla_backend: bool | None = False,
+    ) -> None:
+        checks.check_version(installed_sglang_version())
+        checks.check_server_args(server_args)
+        checks.check_kv_args(args)
+        self.is_prefill = disaggregation_mode == DisaggregationMode.PREFILL
+        if self.is_prefill:
+            self.daemon_addr = _env("PDLINK_PREFILLD_ADDR")
+            self.prefill_bootstrap = _env("PDLINK_PREFILL_BOOTSTRAP")
+        else:
+            self.daemon_addr = _env("PDLINK_DECODED_ADDR")
+        region_dir = _env("PDLINK_REGION_DIR")
+        slots = int(os.environ.get("PDLINK_STAGING_SLOTS", DEFAULT_STAGING_SLOTS))
+        self.lost_timeout = float(
+            os.environ.get("PDLINK_DAEMON_LOST_TIMEOUT", DEFAULT_DAEMON_LOST_TIMEOUT)
+        )
+        # SGLang's own set-up: parallel context, its ZMQ socket, and on
+        # prefill register_to_bootstrap (overridden below).
+        super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
+        self.rank = (int(args.engine_rank), int(self.attn_tp_size))
+
+        self.item_lens = [int(x) for x in args.kv_item_lens]
+        self.aux_item_lens = [int(x) for x in args.aux_item_lens]
+        aux_rows = int(args.aux_data_lens[0]) // self.aux_item_lens[0] if self.aux_item_lens else 0
+        aux = AuxLayout(aux_rows, sum(self.aux_item_lens)) if aux_rows else None
+        layout = RegionLayout(tuple(BufferLayout(slots, n) for n in self.item_lens), aux)
+        self.region = Region.create(region_dir, layout)
+        self.region_bases = [
+            int(self.region.pages(i).ctypes.data) for i in range(len(layout.buffers))
+        ]
+        self.region_aux_base = int(self.region.aux().ctypes.data) if aux else 0
+        self.region_aux_row_len = aux.row_len if aux else 0
+        self.slots = SlotPool(slots)
+        self.copy = copier(on_device=self._pool_on_device(args))
+
+        client_type = PrefillClient if self.is_prefill else DecodeClient
+        self.client = client_type(self.daemon_addr)
+        self.client.register_region(self.region, rank=self.rank)
+        if not self.client.wait_connected(30):
+            raise RuntimeError(f"pdlink daemon at {self.daemon_addr} did not answer Watch in 30s")
+        self._lost_since: float | None = None
+        self._lost_lock = threading.Lock()
+        logger.info(
+            "pdlink kv manager ready: mode=%s daemon=%s rank=%s region=%s slots=%d",
+            "prefill" if self.is_prefill else "decode",
+            self.daemon_addr,
+            self.rank,
+            self.region.path,
+            slots,
+        )
+
+    @staticmethod
+    def _pool_on_device(args: KVArgs) -> bool:
+        kinds = getattr(args, "kv_data_mem_kinds", None)
+        if kinds:
+            return any(k == "VRAM" for k in kinds)
+        try:
+            import torch
+
+            return bool(torch.cuda.is_available())
+        except ImportError:
+            return False
+
+    def register_to_bootstrap(self) -> None:
+        """Advertise prefilld's bootstrap socket as this rank's endpoint on /route."""
+        endpoint = self.prefill_bootstrap.removeprefix("tcp://")
+        host, _, port = endpoint.rpartition(":")
+        own = (self.local_ip, self.rank_port)
+        self.local_ip, self.rank_port = host.strip("[]"), int(port)
+        try:
+            super().register_to_bootstrap()
+        finally:
+            self.local_ip, self.rank_port = own
+
+    def daemon_lost(self) -> str | None:
+        """A failure reason once the daemon's Watch stream has been down too long."""
+        if self.client.cache.connected.is_set():
+            self._lost_since = None
+            return None
+        now = time.monotonic()
+        with self._lost_lock:
+            if self._lost_since is None:
+                self._lost_since = now
+            lost_for = now - self._lost_since
+        if lost_for < self.lost_timeout:
+            return None
+        return f"pdlink daemon at {self.daemon_addr} unreachable for {lost_for:.1f}s"
+
+    def copy_aux_in(self, aux_index: int) -> None:
+        """The request's row of every SGLang aux buffer, side by side, into the region row."""
+        dst = self.region_aux_base + aux_index * self.region_aux_row_len
+        for ptr, n in zip(self.kv_args.aux_data_ptrs, self.aux_item_lens, strict=True):
+            self.copy(dst, int(ptr) + aux_index * n, n)
+            dst += n
+
+    def copy_aux_out(self, aux_index: int) -> None:
+        src = self.region_aux_base + aux_index * self.region_aux_row_len
+        for ptr, n in zip(self.kv_args.aux_data_ptrs, self.aux_item_lens, strict=True):
+            self.copy(int(ptr) + aux_index * n, src, n)
+            src += n
+
+    def close(self) -> None:
+        self.client.close()
+        self.region.close()
+
+
+class _Room:
+    """What sender and receiver share: failure bookkeeping against the manager."""
+
+    kv_mgr: PdlinkKVManager
+    bootstrap_room: int
+    conclude_state: Any
+
+    def _fail(self, reason: str) -> int:
+        self.kv_mgr.record_failure(self.bootstrap_room, reason)
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+        self.conclude_state = KVPoll.Failed
+        self.kv_mgr.slots.give_back(self.bootstrap_room)
+        return KVPoll.Failed
+
+    def _daemon_status(self) -> RoomStatus | None:
+        return self.kv_mgr.client.status(self.bootstrap_room)
+
+    def _raise_failure(self) -> None:
+        with self.kv_mgr.failure_lock:
+            reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, None)
+        if reason is None:
+            st = self._daemon_status()
+            reason = _failure_text(st) if st is not None else "pdlink room failed"
+        raise KVTransferError(self.bootstrap_room, reason)
+
+    def _release(self, abort_reason: str) -> None:
+        """Clear the daemon's room (abort first if it is still live) and free its slots."""
+        self.kv_mgr.slots.give_back(self.bootstrap_room)
+        if not self._opened:
+            return
+        self._opened = False
+        client = self.kv_mgr.client
+        try:
+            res = client.clear([self.bootstrap_room])
+            if res and res[0].error == "NOT_TERMINAL":
+                client.abort(self.bootstrap_room, abort_reason)
+                client.clear([self.bootstrap_room])
+        except PdlinkError as err:
+            # The daemon is gone or restarted: its room went with it.
+            logger.warning("pdlink clear failed: room=%d err=%s", self.bootstrap_room, err)
+
+    def _abort_daemon_room(self, reason: str) -> None:
+        if not self._opened:
+            return
+        try:
+            self.kv_mgr.client.abort(self.bootstrap_room, reason)
+        except PdlinkError as err:
+            logger.warning("pdlink abort failed: room=%d err=%s", self.bootstrap_room, err)
+
+    _opened = False
+
+
+class PdlinkKVSender(_Room, CommonKVSender):
+    """Prefill, one per request: OpenSender at creation, Send per chunk, cached poll."""
+
+    def __init__(
+        self,
+        mgr: PdlinkKVManager,
+        bootstrap_addr: str,
+        bootstrap_room: int,
+        req_has_disagg_prefill_dp_rank: bool = False,
+    ) -> None:
+        super().__init__(mgr, bootstrap_addr, bootstrap_room, req_has_disagg_prefill_dp_rank)
+        self.num_kv_indices = 0
+        self.slots_held: np.ndarray | None = None
+        if self.conclude_state is not None:
+            return
+        try:
+            mgr.client.open(bootstrap_room, expected_receivers=1, rank=mgr.rank)
+            self._opened = True
+        except PdlinkError as err:
+            self._fail(f"pdlink OpenSender of room {bootstrap_room} refused: {err}")
+
+    def init(self, num_kv_indices: int, aux_index: int | None = None) -> None:
+        super().init(num_kv_indices, aux_index)
+        if self.conclude_state is not None:
+            return
+        try:
+            self.slots_held = self.kv_mgr.slots.take(self.bootstrap_room, num_kv_indices)
+        except StagingFull as err:
+            self._abort_daemon_room("staging_full")
+            self._fail(str(err))
+
+    def send(
+        self,
+        kv_indices: Any,
+        state_indices: Any = None,
+        num_kv_tokens: int | None = None,
+        indices_event: Any = None,
+        **_: Any,
+    ) -> None:
+        if self.conclude_state is not None or self.slots_held is None:
+            return
+        if state_indices:
+            self._abort_daemon_room("state_unsupported")
+            self._fail("pdlink carries no state components (state_indices given)")
+            return
+        start = self.curr_idx
+        self.curr_idx += len(kv_indices)
+        last = self.curr_idx == self.num_kv_indices
+        slots = self.slots_held[start : self.curr_idx]
+        mgr = self.kv_mgr
+        copy_pages(
+            mgr.copy,
+            mgr.kv_args.kv_data_ptrs,
+            mgr.region_bases,
+            mgr.item_lens,
+            kv_indices,
+            slots,
+        )
+        aux_index = 0
+        if last and self.aux_index is not None and mgr.region_aux_row_len:
+            mgr.copy_aux_in(self.aux_index)
+            aux_index = int(self.aux_index)
+        try:
+            mgr.client.send(
+                self.bootstrap_room,
+                slots,
+                rank=mgr.rank,
+                start_position=start,
+                last=last,
+                aux_index=aux_index,
+            )
+        except PdlinkError as err:
+            self._fail(f"pdlink Send of room {self.bootstrap_room} failed: {err}")
+            return
+        self._record_transfer_indices(kv_indices, None)
+
+    def poll(self) -> int:
+        if self.conclude_state is not None:
+            return self.conclude_state
+        lost = self.kv_mgr.daemon_lost()
+        if lost is not None:
+            return self._fail(lost)
+        st = self._daemon_status()
+        if st is None or not st.found:
+            return self._fail(_failure_text(st or RoomStatus(self.bootstrap_room)))
+        state = PREFILL_STATE_TO_KVPOLL[st.state]
+        if state == KVPoll.Failed:
+            return self._fail(_failure_text(st))
+        if state == KVPoll.Success:
+            self.conclude_state = KVPoll.Success
+        return state
+
+    def failure_exception(self) -> None:
+        self.conclude_state = KVPoll.Failed
+        self.clear()
+        self._raise_failure()
+
+    def abort(self) -> None:
+        self._abort_daemon_room("aborted by SGLang")
+        self._fail("Aborted by AbortReq.")
+
+    def clear(self) -> None:
+        self._release("cleared by SGLang")
+        self.kv_mgr.request_status.pop(self.bootstrap_room, None)
+
+
+class PdlinkKVReceiver(_Room, CommonKVReceiver):
+    """Decode, one per request: OpenReceiver at init, SendMetadata, Success after the copy."""
+
+    def __init__(
+        self, mgr: PdlinkKVManager, bootstrap_addr: str, bootstrap_room: int | None = None
+    ) -> None:
+        super().__init__(mgr, bootstrap_addr, bootstrap_room)
+        self.dst_pages: np.ndarray | None = None
+        self.dst_aux_index: int | None = None
+
+    def _register_kv_args(self) -> bool:
+        # SGLang's registration frame carries raw pointers for its own data
+        # plane; pdlink's daemons learn the region from RegisterRegion.
+        return self.bootstrap_infos is not None
+
+    def init(self, prefill_dp_rank: int) -> None:
+        super().init(prefill_dp_rank)
+        if self.conclude_state is not None:
+            return
+        info = self.bootstrap_infos[0]
+        host = str(info["rank_ip"])
+        if ":" in host:
+            host = f"[{host}]"
+        addr = f"tcp://{host}:{int(info['rank_port'])}"
+        try:
+            self.kv_mgr.client.open(
+                self.bootstrap_room, addr, expected_senders=1, rank=self.kv_mgr.rank
+            )
+            self._opened = True
+        except PdlinkError as err:
+            self._fail(
+                f"pdlink OpenReceiver of room {self.bootstrap_room} to {addr} refused: {err}"
+            )
+
+    def send_metadata(
+        self,
+        kv_indices: Any,
+        aux_index: int | None = None,
+        state_indices: Any = None,
+        decode_prefix_len: int | None = None,
+        destination: Any = KVTransferDestination.DEVICE,
+        **_: Any,
+    ) -> None:
+        if self.conclude_state is not None:
+            return
+        if state_indices:
+            self._abort_daemon_room("state_unsupported")
+            self._fail("pdlink carries no state components (state_indices given)")
+            return
+        if decode_prefix_len:
+            self._abort_daemon_room("prefix_unsupported")
+            self._fail("pdlink v1 sends no decode prefix (decode_prefix_len > 0)")
+            return
+        try:
+            slots = self.kv_mgr.slots.take(self.bootstrap_room, len(kv_indices))
+        except StagingFull as err:
+            self._abort_daemon_room("staging_full")
+            self._fail(str(err))
+            return
+        self.dst_pages = np.asarray(kv_indices, dtype=np.int64)
+        self.dst_aux_index = aux_index
+        try:
+            self.kv_mgr.client.send_metadata(
+                self.bootstrap_room,
+                slots,
+                rank=self.kv_mgr.rank,
+                aux_index=int(aux_index or 0),
+            )
+        except PdlinkError as err:
+            self._fail(f"pdlink SendMetadata of room {self.bootstrap_room} failed: {err}")
+
+    def poll(self) -> int:
+        if self.conclude_state is not None:
+            return self.conclude_state
+        if self._opened:
+            lost = self.kv_mgr.daemon_lost()
+            if lost is not None:
+                return self._fail(lost)
+            st = self._daemon_status()
+            if st is None or not st.found:
+                return self._fail(_failure_text(st or RoomStatus(self.bootstrap_room)))
+            if st.state == RoomState.FAILED:
+                return self._fail(_failure_text(st))
+        if self.dst_pages is None:
+            # Before send_metadata SGLang's prealloc queue accepts only
+            # Bootstrapping, WaitingForInput and Failed: init's own state.
+            return self.kv_mgr.request_status.get(self.bootstrap_room, KVPoll.Bootstrapping)
+        state = DECODE_STATE_TO_KVPOLL[st.state]
+        if state == KVPoll.Success:
+            self._copy_out()
+            self.conclude_state = KVPoll.Success
+            self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Success)
+        return state
+
+    def _copy_out(self) -> None:
+        mgr = self.kv_mgr
+        slots = mgr.slots.held(self.bootstrap_room)
+        assert slots is not None and self.dst_pages is not None
+        copy_pages(
+            mgr.copy,
+            mgr.region_bases,
+            mgr.kv_args.kv_data_ptrs,
+            mgr.item_lens,
+            slots,
+            self.dst_pages,
+        )
+        if self.dst_aux_index is not None and mgr.region_aux_row_len:
+            mgr.copy_aux_out(int(self.dst_aux_index))
+
+    def failure_exception(self) -> None:
+        self.conclude_state = KVPoll.Failed
+        self.clear()
+        self._raise_failure()
+
+    def abort(self) -> None:
+        self._abort_daemon_room("aborted by SGLang")
+        self._fail("Aborted by AbortReq.")
+
+    def clear(self) -> None:
+        self._release("cleared by SGLang")
+        mgr = self.kv_mgr
+        mgr.request_status.pop(self.bootstrap_room, None)
+        mgr.required_prefill_response_num_table.pop(self.bootstrap_room, None)
+        mgr.prefill_response_tracker.pop(self.bootstrap_room, None)
+        mgr.addr_to_rooms_tracker[self.bootstrap_addr].discard(self.bootstrap_room)
+
+
+class PdlinkKVBootstrapServer(CommonKVBootstrapServer):
+    """SGLang's own bootstrap HTTP server: /route carries prefilld's endpoint."""
+
+
+_CLASSES = {
+    KVClassType.KVARGS: KVArgs,
+    KVClassType.MANAGER: PdlinkKVManager,
+    KVClassType.SENDER: PdlinkKVSender,
+    KVClassType.RECEIVER: PdlinkKVReceiver,
+    KVClassType.BOOTSTRAP_SERVER: PdlinkKVBootstrapServer,
+}
+
+
+def kv_class(class_type: Any) -> Any:
+    """get_kv_class's answer for the pdlink backend (class_type compared by value)."""
+    for key, cls in _CLASSES.items():
+        if key.value == getattr(class_type, "value", class_type):
+            return cls
+    raise ValueError(f"pdlink has no {class_type} class")

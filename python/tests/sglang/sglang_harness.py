@@ -1,0 +1,87 @@
+"""SGLang's real disaggregation classes, wired as its schedulers wire them, on real daemons.
+
+Not an imitation of SGLang: the classes come from get_kv_class after
+SGLang's own load_plugins() found pdlink's entry point, the process's
+config is SGLang's RuntimeContext (override_server_args, as SGLang's unit
+tests do), and the bootstrap server is SGLang's, on loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import pytest
+
+
+def require_sglang() -> None:
+    """Skip (printing why) when SGLang is absent; under CI=true fail instead."""
+    try:
+        import sglang.srt.disaggregation.common.conn  # noqa: F401
+    except ImportError as err:
+        msg = f"SGLang is not installed ({err}); install it with scripts/pyenv.sh sglang"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg + " (CI=true: make test installs the sglang group)", pytrace=False)
+        pytest.skip(msg, allow_module_level=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Pool:
+    """A KV pool and metadata buffers as torch CPU tensors, as SGLang's pools hand them over."""
+
+    kv: list  # one uint8 tensor (pages, item_len) per layer-buffer (K layers, then V)
+    aux: list  # one tensor (rows, ...) per metadata buffer
+
+    @classmethod
+    def make(cls, buffers: int, pages: int, item_len: int, aux_rows: int):
+        import torch
+
+        kv = [torch.zeros((pages, item_len), dtype=torch.uint8) for _ in range(buffers)]
+        # Two metadata buffers of different row sizes: the output ids and the
+        # bootstrap-room echo, like MetadataBuffers' first token and room.
+        aux = [
+            torch.zeros((aux_rows, 16), dtype=torch.int32),
+            torch.zeros((aux_rows, 8), dtype=torch.int64),
+        ]
+        return cls(kv, aux)
+
+    def kv_args(self, kv_args_cls, page_size: int):
+        a = kv_args_cls()
+        a.engine_rank = 0
+        a.kv_data_ptrs = [t.data_ptr() for t in self.kv]
+        a.kv_data_lens = [t.numel() * t.element_size() for t in self.kv]
+        a.kv_item_lens = [t[0].numel() * t.element_size() for t in self.kv]
+        a.kv_layer_ids = list(range(len(self.kv)))
+        a.kv_cache_dtype_str = "bfloat16"
+        a.aux_data_ptrs = [t.data_ptr() for t in self.aux]
+        a.aux_data_lens = [t.numel() * t.element_size() for t in self.aux]
+        a.aux_item_lens = [t[0].numel() * t.element_size() for t in self.aux]
+        a.state_types = []
+        a.state_data_ptrs = []
+        a.state_data_lens = []
+        a.state_item_lens = []
+        a.state_layer_ids = []
+        a.state_dim_per_tensor = []
+        a.state_slice_outer_counts = []
+        a.state_conv_shard_groups = []
+        a.is_hybrid_mla_backend = False
+        a.swa_kv_cache_layout = None
+        a.ib_device = None
+        a.gpu_id = 0
+        a.kv_head_num = 1
+        a.total_kv_head_num = 1
+        a.page_size = page_size
+        a.system_dp_rank = 0
+        a.rust_http_port = None
+        a.pp_rank = 0
+        a.prefill_start_layer = 0
+        a.prefill_end_layer = None
+        a.mla_compression_ratios = None
+        return a

@@ -1,0 +1,348 @@
+"""SGLang's real classes, in its schedulers' call order, on a real prefilld and decoded.
+
+Prefill (prefill.py): the bootstrap server at start; KVArgs and the manager
+in _init_kv_manager; per request the sender in PrefillBootstrapQueue.add,
+polled until bootstrapped (pop_bootstrapped), then init(num_pages,
+metadata row), one send per chunk (send_kv_chunk, the aux row written
+before the last), polled in the inflight queue, clear on Success.
+Decode (decode.py): the manager; per request the receiver,
+try_ensure_parallel_info then init(0) (DecodePreallocQueue), polled for
+WaitingForInput (_update_handshake_waiters), pages pre-allocated and
+send_metadata (pop_preallocated), polled in the transfer queue, the aux row
+read and clear on Success.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from sglang_harness import Pool, free_port, require_sglang
+
+require_sglang()
+
+import torch  # noqa: E402
+from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
+from sglang.srt.disaggregation.common.conn import KVTransferError  # noqa: E402
+from sglang.srt.disaggregation.utils import (  # noqa: E402
+    DisaggregationMode,
+    KVClassType,
+    TransferBackend,
+    get_kv_class,
+)
+from sglang.srt.plugins import load_plugins  # noqa: E402
+from sglang.srt.runtime_context import get_context, get_parallel  # noqa: E402
+
+load_plugins()
+
+BUFFERS = 4  # two layers, K then V
+POOL_PAGES = 64
+ITEM_LEN = 256
+PAGE_SIZE = 4
+AUX_ROWS = 16
+# Smaller than the pool: rooms borrow slots and return them at clear.
+STAGING_SLOTS = 40
+SINGLE_RANK = {
+    "pp_group": 0,
+    "attn_dcp_rank": 0,
+    "attn_tp_rank": 0,
+    "attn_cp_rank": 0,
+    "attn_dp_rank": 0,
+}
+# Bound on any wait for a room's state (a loaded 2-core machine).
+WAIT = 30.0
+
+
+def kv_class(class_type):
+    return get_kv_class(TransferBackend("pdlink"), class_type)
+
+
+@dataclass
+class Servers:
+    pair: object
+    bootstrap_addr: str
+    prefill_mgr: object
+    decode_mgr: object
+    src: Pool
+    dst: Pool
+
+
+@pytest.fixture
+def servers(pair, monkeypatch) -> Iterator[Servers]:
+    monkeypatch.setenv("SGLANG_HOST_IP", "127.0.0.1")
+    monkeypatch.setenv("PDLINK_STAGING_SLOTS", str(STAGING_SLOTS))
+    monkeypatch.setenv("PDLINK_DAEMON_LOST_TIMEOUT", "1")
+    port = free_port()
+    override = get_context().override_server_args(
+        host="127.0.0.1",
+        disaggregation_bootstrap_port=port,
+        disaggregation_transfer_backend="pdlink",
+    )
+    server_args = override.install()
+    # This process's place in the TP/CP/DP/PP groups, as a scheduler of a
+    # single-GPU server has it once its groups are built.
+    ranks = get_parallel().override(**SINGLE_RANK)
+    ranks.__enter__()
+    bootstrap = kv_class(KVClassType.BOOTSTRAP_SERVER)("127.0.0.1", port)
+    kv_args_cls = kv_class(KVClassType.KVARGS)
+    manager_cls = kv_class(KVClassType.MANAGER)
+    src = Pool.make(BUFFERS, POOL_PAGES, ITEM_LEN, AUX_ROWS)
+    dst = Pool.make(BUFFERS, POOL_PAGES, ITEM_LEN, AUX_ROWS)
+
+    monkeypatch.setenv("PDLINK_PREFILLD_ADDR", pair.prefill.address)
+    monkeypatch.setenv("PDLINK_PREFILL_BOOTSTRAP", pair.prefill.bootstrap)
+    monkeypatch.setenv("PDLINK_REGION_DIR", str(pair.prefill.region_dir))
+    pmgr = manager_cls(
+        src.kv_args(kv_args_cls, PAGE_SIZE), DisaggregationMode.PREFILL, server_args, False
+    )
+    monkeypatch.setenv("PDLINK_DECODED_ADDR", pair.decode.address)
+    monkeypatch.setenv("PDLINK_REGION_DIR", str(pair.decode.region_dir))
+    dmgr = manager_cls(
+        dst.kv_args(kv_args_cls, PAGE_SIZE), DisaggregationMode.DECODE, server_args, False
+    )
+    yield Servers(pair, f"127.0.0.1:{port}", pmgr, dmgr, src, dst)
+    pmgr.close()
+    dmgr.close()
+    bootstrap.close()
+    ranks.__exit__(None, None, None)
+    override.restore()
+    # The managers' Watch threads end with them (close joins them).
+    leaked = [t.name for t in threading.enumerate() if t.name.startswith("pdlink-watch")]
+    assert not leaked, leaked
+
+
+def wait_poll(obj, want: set[int], what: str) -> int:
+    """Poll as a scheduler tick does until the state is in want (bounded)."""
+    end = time.monotonic() + WAIT
+    while True:
+        state = obj.poll()
+        if state in want:
+            return state
+        assert state != KVPoll.Failed, f"{what}: Failed unexpectedly"
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: still {state} after {WAIT}s")
+        time.sleep(0.002)
+
+
+@dataclass
+class Request:
+    room: int
+    sender: object
+    receiver: object
+    src_pages: list[int]
+    dst_pages: list[int]
+    aux_src: int
+    aux_dst: int
+
+
+def open_request(s: Servers, room: int, src_pages, dst_pages, aux_src, aux_dst) -> Request:
+    sender = kv_class(KVClassType.SENDER)(s.prefill_mgr, s.bootstrap_addr, room)
+    receiver = kv_class(KVClassType.RECEIVER)(s.decode_mgr, s.bootstrap_addr, room)
+    assert s.decode_mgr.try_ensure_parallel_info(s.bootstrap_addr)
+    receiver.init(0)
+    assert wait_poll(receiver, {KVPoll.WaitingForInput}, "decode handshake") == (
+        KVPoll.WaitingForInput
+    )
+    return Request(room, sender, receiver, list(src_pages), list(dst_pages), aux_src, aux_dst)
+
+
+def fill_source(s: Servers, req: Request) -> None:
+    for b, t in enumerate(s.src.kv):
+        for i, p in enumerate(req.src_pages):
+            t[p] = torch.full((ITEM_LEN,), (req.room * 7 + b * 31 + i) % 251, dtype=torch.uint8)
+    s.src.aux[0][req.aux_src] = torch.arange(16, dtype=torch.int32) + req.room
+    s.src.aux[1][req.aux_src] = req.room
+
+
+def drive_prefill(s: Servers, req: Request, chunks: int) -> None:
+    # decode's prealloc: pages for the whole request, then metadata
+    req.receiver.send_metadata(torch.tensor(req.dst_pages, dtype=torch.int32).numpy(), req.aux_dst)
+    assert req.receiver.poll() in (KVPoll.Transferring, KVPoll.Success)
+    # prefill: bootstrapped, then init and the chunks
+    wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
+    req.sender.init(len(req.src_pages), req.aux_src)
+    fill_source(s, req)
+    pages = req.src_pages
+    step = max(1, -(-len(pages) // chunks))
+    for i in range(0, len(pages), step):
+        req.sender.send(torch.tensor(pages[i : i + step], dtype=torch.int32).numpy())
+
+
+def verify(s: Servers, req: Request) -> None:
+    for b in range(BUFFERS):
+        for sp, dp in zip(req.src_pages, req.dst_pages, strict=True):
+            assert torch.equal(s.src.kv[b][sp], s.dst.kv[b][dp]), (req.room, b, sp, dp)
+    assert torch.equal(s.dst.aux[0][req.aux_dst], s.src.aux[0][req.aux_src])
+    # The decode scheduler's metadata gate: the room echo in the aux row.
+    assert int(s.dst.aux[1][req.aux_dst][0]) == req.room
+
+
+def test_many_requests_in_scheduler_order_move_verified_kv_and_aux(servers):
+    s = servers
+    rooms = 24
+    done = 0
+    for wave in range(rooms // 4):
+        reqs = []
+        # Pages in flight belong to one request each, as SGLang's allocators
+        # hand them out; scattered, so the copies are not one run.
+        gen = torch.Generator().manual_seed(wave)
+        src_free = torch.randperm(POOL_PAGES, generator=gen).tolist()
+        dst_free = torch.randperm(POOL_PAGES, generator=gen).tolist()
+        for k in range(4):
+            room = 1000 + wave * 4 + k
+            n = 3 + (room % 6)  # 3..8 pages, several chunks each
+            src, src_free = src_free[:n], src_free[n:]
+            dst, dst_free = dst_free[:n], dst_free[n:]
+            reqs.append(open_request(s, room, src, dst, k, (k + 5) % AUX_ROWS))
+        for req in reqs:
+            drive_prefill(s, req, chunks=3)
+        for req in reqs:
+            assert wait_poll(req.sender, {KVPoll.Success}, "prefill inflight") == KVPoll.Success
+            req.sender.clear()
+            assert wait_poll(req.receiver, {KVPoll.Success}, "decode transfer") == KVPoll.Success
+            verify(s, req)
+            req.receiver.clear()
+            done += 1
+    assert done == rooms
+    # Every staging slot came back at clear, on both sides.
+    assert s.prefill_mgr.slots.free == STAGING_SLOTS
+    assert s.decode_mgr.slots.free == STAGING_SLOTS
+
+
+def test_decode_reports_success_only_after_the_copy_out_of_staging(servers):
+    s = servers
+    req = open_request(s, 77, [1, 2, 3], [10, 11, 12], 0, 1)
+    drive_prefill(s, req, chunks=1)
+    wait_poll(req.sender, {KVPoll.Success}, "prefill")
+    assert wait_poll(req.receiver, {KVPoll.Success}, "decode") == KVPoll.Success
+    # At the moment poll() answered Success the pages were already in the pool.
+    verify(s, req)
+    req.sender.clear()
+    req.receiver.clear()
+
+
+def test_prefill_abort_fails_both_sides_with_a_reason(servers):
+    s = servers
+    req = open_request(s, 201, [1, 2], [3, 4], 0, 0)
+    req.receiver.send_metadata(torch.tensor(req.dst_pages, dtype=torch.int32).numpy(), 0)
+    wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
+    req.sender.init(2, 0)
+    req.sender.abort()  # Scheduler.abort_request
+    assert req.sender.poll() == KVPoll.Failed
+    assert wait_poll(req.receiver, {KVPoll.Failed}, "decode sees the abort") == KVPoll.Failed
+    with pytest.raises(KVTransferError, match="aborted"):
+        req.receiver.failure_exception()
+    with pytest.raises(KVTransferError, match="Aborted"):
+        req.sender.failure_exception()
+    assert s.decode_mgr.slots.free == STAGING_SLOTS
+    assert s.prefill_mgr.slots.free == STAGING_SLOTS
+
+
+def test_decode_abort_fails_prefill_with_the_peers_reason(servers):
+    s = servers
+    req = open_request(s, 202, [5, 6, 7], [8, 9, 10], 1, 1)
+    req.receiver.send_metadata(torch.tensor(req.dst_pages, dtype=torch.int32).numpy(), 1)
+    wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
+    req.receiver.abort()
+    assert req.receiver.poll() == KVPoll.Failed
+    assert wait_poll(req.sender, {KVPoll.Failed}, "prefill sees the abort") == KVPoll.Failed
+    with pytest.raises(KVTransferError, match="aborted:remote"):
+        req.sender.failure_exception()
+    req.receiver.clear()
+
+
+# prefilld's drain on SIGTERM would wait its default 30 s on the connection
+# to the killed decoded; the test is about the room, not the drain.
+@pytest.mark.parametrize("pair", [{"prefill": ["--drain-timeout=1s"]}], indirect=True)
+def test_decoded_killed_mid_run_fails_both_sides_with_a_reason_never_a_hang(servers):
+    s = servers
+    req = open_request(s, 301, [1, 2, 3, 4], [5, 6, 7, 8], 2, 2)
+    req.receiver.send_metadata(torch.tensor(req.dst_pages, dtype=torch.int32).numpy(), 2)
+    wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
+    req.sender.init(4, 2)
+    req.sender.send(torch.tensor([1, 2], dtype=torch.int32).numpy())
+    s.pair.decode.kill()
+    assert wait_poll(req.receiver, {KVPoll.Failed}, "decode side") == KVPoll.Failed
+    with pytest.raises(KVTransferError, match="unreachable"):
+        req.receiver.failure_exception()
+    # prefilld loses its peer (heartbeats) and fails the room.
+    req.sender.send(torch.tensor([3, 4], dtype=torch.int32).numpy())
+    assert wait_poll(req.sender, {KVPoll.Failed}, "prefill side") == KVPoll.Failed
+    with pytest.raises(KVTransferError, match="failed"):
+        req.sender.failure_exception()
+
+
+def test_staging_smaller_than_the_request_fails_the_room_with_a_reason(servers):
+    s = servers
+    pages = list(range(STAGING_SLOTS + 1))
+    assert len(pages) <= POOL_PAGES
+    req = open_request(s, 401, pages, pages, 0, 0)
+    req.receiver.send_metadata(torch.tensor(pages, dtype=torch.int32).numpy(), 0)
+    assert req.receiver.poll() == KVPoll.Failed
+    with pytest.raises(KVTransferError, match="staging slots"):
+        req.receiver.failure_exception()
+    wait_poll(req.sender, {KVPoll.Failed}, "prefill sees decode's abort")
+    req.sender.clear()
+
+
+# What the backend adds to one scheduler step: printed for the report (pytest
+# -s), asserted only loosely, so an RPC sneaking into poll() is caught.
+ROOMS = 256
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def test_poll_of_256_rooms_and_send_latency_and_rooms_per_second(servers):
+    s = servers
+    sender_cls = kv_class(KVClassType.SENDER)
+    receiver_cls = kv_class(KVClassType.RECEIVER)
+    assert s.decode_mgr.try_ensure_parallel_info(s.bootstrap_addr)
+    senders, receivers = [], []
+    for i in range(ROOMS):
+        room = 50_000 + i
+        senders.append(sender_cls(s.prefill_mgr, s.bootstrap_addr, room))
+        r = receiver_cls(s.decode_mgr, s.bootstrap_addr, room)
+        r.init(0)
+        receivers.append(r)
+    for r in receivers:
+        wait_poll(r, {KVPoll.WaitingForInput}, "handshake")
+
+    # One scheduler tick polls every queued sender: 256 poll() calls.
+    ticks = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        for snd in senders:
+            snd.poll()
+        ticks.append(time.perf_counter() - t0)
+    poll_p50 = _pct(ticks, 0.5) * 1e6
+
+    # One page per room: send_metadata, then init and a single last Send
+    # (staging copy included), then both sides to Success and clear.
+    sends = []
+    t_rooms = time.perf_counter()
+    for i, (snd, r) in enumerate(zip(senders, receivers, strict=True)):
+        r.send_metadata(torch.tensor([i % 32], dtype=torch.int32).numpy(), i % 16)
+        wait_poll(snd, {KVPoll.WaitingForInput}, "bootstrap")
+        snd.init(1, i % 16)
+        t0 = time.perf_counter()
+        snd.send(torch.tensor([i % 32], dtype=torch.int32).numpy())
+        sends.append(time.perf_counter() - t0)
+        wait_poll(snd, {KVPoll.Success}, "prefill")
+        wait_poll(r, {KVPoll.Success}, "decode")
+        snd.clear()
+        r.clear()
+    rooms_per_s = ROOMS / (time.perf_counter() - t_rooms)
+    send_p50, send_p99 = _pct(sends, 0.5) * 1e3, _pct(sends, 0.99) * 1e3
+    print(
+        f"\nsglang backend: poll of {ROOMS} senders p50 {poll_p50:.0f} us; "
+        f"send (1 page, staging copy + Send RPC) p50 {send_p50:.2f} ms p99 {send_p99:.2f} ms; "
+        f"{rooms_per_s:.0f} rooms/s one at a time"
+    )
+    # Loose: an RPC per poll would take tens of ms for 256 rooms.
+    assert poll_p50 < 20_000
