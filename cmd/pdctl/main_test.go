@@ -115,7 +115,7 @@ func TestHeadFlagsThatDoNotFitTheRowAreRefused(t *testing.T) {
 	l := sim.TestLayout()
 	l.BytesPerToken = 256
 	cmd := newDemoCommand()
-	if err := fitHeads(cmd, &l); err != nil || l.HeadDim != 0 || describeHeads(l) != "opaque" {
+	if err := fitHeads(cmd, &l); err != nil || l.HeadDim != 0 || describeHeads(l, 1) != "opaque" {
 		t.Fatalf("default heads over 64-byte rows: %v, head-dim %d, want an opaque layout", err, l.HeadDim)
 	}
 }

@@ -79,7 +79,7 @@ func TestEachChunksSendComesAfterItsForwardPass(t *testing.T) {
 	// 1000 tokens on 16-token pages: 63 pages, chunks of 16, 16, 16, 15
 	// pages holding 256, 256, 256 and 232 tokens.
 	rq := request{room: 1, tokens: 1000, pages: 63}
-	first, last := r.sendChunks(context.Background(), rq, pagesOf(63), 0)
+	first, last := r.sendChunks(context.Background(), rq, [][]int32{pagesOf(63)}, []int32{0})
 	if first.IsZero() || last.IsZero() {
 		t.Fatalf("sendChunks = %v, %v: want both times", first, last)
 	}
@@ -104,7 +104,7 @@ func TestEachChunksSendComesAfterItsForwardPass(t *testing.T) {
 // for and every chunk goes at once, back to back, as before the model.
 func TestNoForwardPassModelSendsChunksBackToBack(t *testing.T) {
 	r, pre, clk := pacedRun(0)
-	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, pagesOf(63), 0)
+	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, [][]int32{pagesOf(63)}, []int32{0})
 	if clk.sleeps != 0 || len(pre.sends) != 4 {
 		t.Fatalf("%d forward passes waited for, %d chunks sent; want 0 and 4", clk.sleeps, len(pre.sends))
 	}
@@ -121,7 +121,7 @@ func TestNoForwardPassModelSendsChunksBackToBack(t *testing.T) {
 func TestForwardPassesRunWhileChunksAreHandedOver(t *testing.T) {
 	r, pre, _ := pacedRun(20000)
 	pre.sendTakes = 20 * time.Millisecond // passes take 12.8 ms
-	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, pagesOf(63), 0)
+	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, [][]int32{pagesOf(63)}, []int32{0})
 	ms := func(x float64) time.Duration { return time.Duration(math.Round(x * float64(time.Millisecond))) }
 	want := []time.Duration{ms(12.8), ms(32.8), ms(52.8), ms(72.8)}
 	if len(pre.sends) != len(want) {
@@ -169,7 +169,7 @@ func TestForwardPassEndsWhenTheRunStops(t *testing.T) {
 	}
 	r, pre, _ := pacedRun(1)
 	r.gpu = g
-	if first, last := r.sendChunks(ctx, request{room: 1, tokens: 100, pages: 7}, pagesOf(7), 0); !first.IsZero() || !last.IsZero() || len(pre.sends) != 0 {
+	if first, last := r.sendChunks(ctx, request{room: 1, tokens: 100, pages: 7}, [][]int32{pagesOf(7)}, []int32{0}); !first.IsZero() || !last.IsZero() || len(pre.sends) != 0 {
 		t.Errorf("stopped run sent %d chunks (%v, %v), want none", len(pre.sends), first, last)
 	}
 }
