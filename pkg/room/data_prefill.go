@@ -37,7 +37,7 @@ type PrefillData struct {
 	node *PrefillOwner
 	// newTransport builds the transport once the region is registered
 	// (transfer.NewTransport of kind; a fake in tests).
-	newTransport func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error)
+	newTransport func(transfer.RegionSet, transfer.SenderConfig) (transfer.Transport, error)
 
 	slot regionSlot
 	// senderMu guards sender, set once the region is registered (a gRPC
@@ -46,15 +46,28 @@ type PrefillData struct {
 	senderMu sync.Mutex
 	sender   transfer.Transport
 
-	rooms  map[poll.RoomID]*prefillRoom // the owner's
-	fenced map[poll.Key]bool            // the owner's; sticky until Forget (a late Bind is ignored)
+	rooms  map[roomRank]*prefillRoom // the owner's: each rank's share of a room
+	fenced map[poll.Key]bool         // the owner's; sticky until Forget (a late Bind is ignored)
 	bytes  atomic.Uint64
+	fences rankFences
 
 	plans peerPlans
 }
 
+// roomRank names one prefill rank's share of a room.
+type roomRank struct {
+	id poll.RoomID
+	tp uint16
+}
+
+// prefillRoom is one prefill rank's share of a room: the decode rank it
+// feeds (equal TP: the same index), its stream and positions.
 type prefillRoom struct {
-	key      poll.Key
+	key  poll.Key
+	rank transfer.Rank // the prefill rank, its source region
+	// dstRank is the decode rank fed: the stream's key carries it, as the
+	// receiver's expectation does.
+	dstRank  transfer.Rank
 	peerAddr string
 	dst      []transfer.Run // decode's pages, in position order
 	dstPages int64          // positions, the prefix included
@@ -188,13 +201,13 @@ var _ PrefillDataPlane = (*PrefillData)(nil)
 // newPrefillData returns the owner's data plane of the given kind, built
 // when the region is registered, reporting to node.
 func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logger, node *PrefillOwner) *PrefillData {
-	d := &PrefillData{log: log, kind: kind, scfg: cfg, node: node, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}}
-	d.newTransport = func(r *transfer.Region, cfg transfer.SenderConfig) (transfer.Transport, error) {
+	d := &PrefillData{log: log, kind: kind, scfg: cfg, node: node, rooms: map[roomRank]*prefillRoom{}, fenced: map[poll.Key]bool{}}
+	d.newTransport = func(r transfer.RegionSet, cfg transfer.SenderConfig) (transfer.Transport, error) {
 		return transfer.NewTransport(d.kind, r, cfg)
 	}
-	d.scfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
+	d.scfg.OnFenced = func(k transfer.Key) { d.fences.onFenced(k, func() { d.node.Fenced(pkey(k)) }) }
 	d.slot.log = log
-	d.slot.onSet = func(r *transfer.Region) error {
+	d.slot.onSet = func(r transfer.RegionSet, first *transfer.Region) error {
 		s, err := d.newTransport(r, d.scfg)
 		if err != nil {
 			return err
@@ -202,7 +215,7 @@ func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logg
 		d.senderMu.Lock()
 		d.sender = s
 		d.senderMu.Unlock()
-		d.log.Info("data plane ready", zap.String("transport", string(d.kind)), zap.String("region", r.Path()))
+		d.log.Info("data plane ready", zap.String("transport", string(d.kind)), zap.String("region", first.Path()))
 		return nil
 	}
 	return d
@@ -211,12 +224,14 @@ func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logg
 // Bytes is the KV bytes this side sent and decode confirmed.
 func (d *PrefillData) Bytes() uint64 { return d.bytes.Load() }
 
-// boundKeys are the rooms bound to decode on this side's data plane: the
-// ones a region replacement fails. On the owner.
-func (d *PrefillData) boundKeys() []poll.Key {
+// boundKeys are the rooms bound to decode for rank on this side's data
+// plane: the ones a replacement of rank's region fails. On the owner.
+func (d *PrefillData) boundKeys(rank transfer.Rank) []poll.Key {
 	keys := make([]poll.Key, 0, len(d.rooms))
-	for _, r := range d.rooms {
-		keys = append(keys, r.key)
+	for rr, r := range d.rooms {
+		if rr.tp == rank.TP && r.rank == rank {
+			keys = append(keys, r.key)
+		}
 	}
 	return keys
 }
@@ -237,27 +252,33 @@ func (d *PrefillData) Close() {
 
 // Bind implements PrefillDataPlane, on the owner in the input that
 // applied the METADATA: a Send that sees the room WaitingForInput finds it
-// bound.
+// bound. Decode rank md.Rank's METADATA binds the prefill ranks that feed
+// it, from the peer's rank mapping (transfer.PlanRanks, peerplan.go): with
+// equal TP, prefill rank i feeds decode rank i. A mapping that needs
+// dummies or head slices (MLA or MHA with different TP) is refused: the
+// room fails invalid rather than move bytes the wrong way.
 func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
-	region, sender := d.slot.get(), d.transport()
-	if d.fenced[md.Key] || region == nil || sender == nil {
-		if region == nil {
+	local, sender := d.slot.get(), d.transport()
+	if d.fenced[md.Key] || local == nil || sender == nil {
+		if local == nil {
 			d.log.Warn("metadata before any region is registered", zap.Uint64("room", uint64(md.Key.Room)))
 		}
 		return
 	}
-	if r := d.rooms[md.Key.Room]; r != nil && r.key == md.Key {
-		return // a retransmitted METADATA
-	}
+	dstRank := transfer.Rank(md.Rank)
 	var layout *pdlinkv1.RegionLayout
 	for _, l := range peer.Layouts {
-		if transferRank(l.GetRank()).TP == md.Rank.TP {
+		if transferRank(l.GetRank()) == dstRank {
 			layout = l
 		}
 	}
 	pl, err := layoutFromProto("layout", layout)
 	if err == nil {
-		err = d.plans.plan(d.log, peer.Addr, region.Layout(), pl)
+		err = d.plans.plan(d.log, peer.Addr, local.Layout(), pl)
+	}
+	var sources []transfer.Rank
+	if err == nil {
+		sources, err = d.sourcesOf(peer.Addr, dstRank)
 	}
 	if err == nil {
 		err = sender.AddPeer(peer.Addr, pl)
@@ -272,29 +293,65 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 	// decode's buffers is decode's to check, on its edge and on every chunk.
 	dst := runsOf(md.DstPages)
 	prefix := min(int64(md.PrefixLen), transfer.CountPages(dst)) // the frame check bounds it; min keeps the slicing safe
-	d.rooms[md.Key.Room] = &prefillRoom{key: md.Key, peerAddr: peer.Addr, dst: dst, dstPages: transfer.CountPages(dst),
-		prefix: prefix}
+	for _, src := range sources {
+		rr := roomRank{md.Key.Room, src.TP}
+		if r := d.rooms[rr]; r != nil && r.key == md.Key {
+			continue // a retransmitted METADATA
+		}
+		d.rooms[rr] = &prefillRoom{key: md.Key, rank: src, dstRank: dstRank, peerAddr: peer.Addr, dst: dst,
+			dstPages: transfer.CountPages(dst), prefix: prefix}
+	}
+}
+
+// sourcesOf is the local ranks that feed decode rank dst of the peer at
+// addr, from its mapping; an error for a mapping this side cannot serve
+// yet (anything but equal TP with whole pages) or a rank with no region.
+func (d *PrefillData) sourcesOf(addr string, dst transfer.Rank) ([]transfer.Rank, error) {
+	m, ok := d.plans.mapping(addr)
+	if !ok {
+		return nil, fmt.Errorf("%w: no rank mapping for %s", ErrRankMapping, addr)
+	}
+	if !m.Identity() {
+		return nil, fmt.Errorf("%w: prefill tp %d -> decode tp %d needs dummy ranks or head slices, not served yet",
+			ErrRankMapping, m.Prefill.TP, m.Decode.TP)
+	}
+	if int(dst.TP) >= len(m.DecodeRanks) || int(dst.Size) != len(m.DecodeRanks) {
+		return nil, fmt.Errorf("%w: decode rank %d of %d outside the mapping's %d ranks", ErrRankMapping, dst.TP, dst.Size, len(m.DecodeRanks))
+	}
+	size := uint16(len(m.PrefillRanks))
+	var out []transfer.Rank
+	for _, from := range m.DecodeRanks[dst.TP].From {
+		src := transfer.Rank{TP: uint16(from), Size: size}
+		if d.slot.rank(src) == nil {
+			return nil, fmt.Errorf("%w: prefill rank %d of %d feeds decode rank %d and has no region", ErrRankMapping, from, size, dst.TP)
+		}
+		out = append(out, src)
+	}
+	return out, nil
 }
 
 // Fence implements PrefillDataPlane without waiting, on the owner: the
-// sender stops the room at once and answers done when no worker reads its
-// source pages; otherwise its OnFenced tells the node Fenced once the
-// worker let go (within FenceGrace plus one chunk write).
+// sender stops every rank's stream of the room at once and answers done
+// when no worker reads its source pages; otherwise its OnFenced tells the
+// node Fenced once the last worker let go (within FenceGrace plus one
+// chunk write).
 func (d *PrefillData) Fence(key poll.Key) bool {
 	d.fenced[key] = true
 	s := d.transport()
 	if s == nil {
 		return true
 	}
-	return s.Fence(d.slot.key(key))
+	return d.fences.fence(d.slot.keys(key), s.Fence, func() { d.node.Fenced(key) })
 }
 
 // Forget implements PrefillDataPlane, on the owner.
 func (d *PrefillData) Forget(key poll.Key) {
 	d.Fence(key) // a room reaped unfenced: stop its transfer all the same
 	delete(d.fenced, key)
-	if r := d.rooms[key.Room]; r != nil && (r.key == key || key.Nonce == 0) {
-		delete(d.rooms, key.Room)
+	for rr, r := range d.rooms {
+		if rr.id == key.Room && (r.key == key || key.Nonce == 0) {
+			delete(d.rooms, rr)
+		}
 	}
 }
 
@@ -303,15 +360,16 @@ func (d *PrefillData) Forget(key poll.Key) {
 // last one closes the stream and waits, parked on the room, for its
 // admission.
 func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error {
-	region := d.slot.get()
-	if region == nil {
-		return ErrNoRegion
-	}
 	if err := d.slot.checkRank("rank", req.Rank); err != nil {
 		return err
 	}
+	rank := transferRank(req.Rank)
+	region := d.slot.rank(rank)
+	if region == nil {
+		return ErrNoRegion // unregistered since the check
+	}
 	if m := region.Current(); m != nil {
-		if reason, stale := d.slot.stale(m); stale {
+		if reason, stale := d.slot.stale(rank, m); stale {
 			// The engine recreated (or truncated) its file and has not
 			// registered it: these pages would be read from the dead inode.
 			return d.failStale(ctx, poll.RoomID(req.RoomId), reason)
@@ -330,7 +388,7 @@ func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error
 		}
 	}
 	var out sendOutcome
-	if !d.node.execOwned(func() { out = d.take(ctx, sendOf{req, src, buffers}, region) }) {
+	if !d.node.execOwned(func() { out = d.take(ctx, sendOf{req, src, buffers, rank}, region) }) {
 		return conn.ErrClosedNode
 	}
 	switch {
@@ -359,6 +417,7 @@ type sendOf struct {
 	*pdlinkv1.SendRequest
 	src     []transfer.Run
 	buffers []int
+	rank    transfer.Rank
 }
 
 // sendOutcome is what a Send's owner input decided.
@@ -379,8 +438,9 @@ type sendOutcome struct {
 // first would leave decode's Success no state to land on.
 func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Region) sendOutcome {
 	n := d.node
-	r := d.rooms[poll.RoomID(req.RoomId)]
-	if r == nil {
+	rr := roomRank{poll.RoomID(req.RoomId), req.rank.TP}
+	r := d.rooms[rr]
+	if r == nil || r.rank != req.rank {
 		return sendOutcome{err: d.notSendable(poll.RoomID(req.RoomId), nil)}
 	}
 	if d.fenced[r.key] {
@@ -391,7 +451,7 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 	sender := d.transport()
 	nbuf := len(region.Layout().Buffers)
 	start, src := int64(req.StartPosition), req.src
-	key, tk := r.key, d.slot.key(r.key)
+	key, tk := r.key, tkey(r.key, r.dstRank)
 	behind := false // start is a position some named buffer already has
 	named(req.buffers, nbuf, func(b int) bool { behind = start < r.nextPosition(b); return !behind })
 	if (r.started || behind) && r.repeats(start, src, req.buffers, req.Last, req.AuxIndex) {
@@ -419,7 +479,7 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 	if err := n.firstSendOwned(key.Room); err != nil {
 		return sendOutcome{err: d.notSendable(key.Room, err)}
 	}
-	if d.fenced[key] || d.rooms[key.Room] != r {
+	if d.fenced[key] || d.rooms[rr] != r {
 		// The step's effects fenced or forgot the room.
 		return sendOutcome{err: d.notSendable(key.Room, poll.ErrTerminal)}
 	}
@@ -432,14 +492,15 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 		for _, b := range region.Layout().Buffers {
 			bytes += (r.dstPages - r.prefix) * b.ItemLen
 		}
-		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
+		rank := r.rank.TP
+		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Source: r.rank, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
 			Done: func(err error) { d.done(key, bytes, err) },
 			// Each chunk written refreshes the room's transfer-idle deadline: a last Send
 			// whose pages wait behind other rooms' or move over a slow link is not idle.
 			Progress: func(int64) { d.node.OnProgress(key) },
 			// The last piece's admission answers the last Send: posted, as the data
 			// plane's other events are (it may come from inside the Append below).
-			Admitted: func() { d.node.post(func() { d.admitted(key) }) }})
+			Admitted: func() { d.node.post(func() { d.admitted(key, rank) }) }})
 		if err != nil {
 			return d.refused(key, err)
 		}
@@ -471,7 +532,7 @@ func (d *PrefillData) park(ctx context.Context, r *prefillRoom) sendOutcome {
 	if r.admitted {
 		return sendOutcome{}
 	}
-	p := &parkedCall{woken: make(chan struct{}), admission: ctx}
+	p := &parkedCall{woken: make(chan struct{}), admission: ctx, rank: r.rank.TP}
 	c := d.node.core
 	c.withTable(func() { c.parked[r.key] = append(c.parked[r.key], p) })
 	return sendOutcome{key: r.key, parked: p}
@@ -480,8 +541,8 @@ func (d *PrefillData) park(ctx context.Context, r *prefillRoom) sendOutcome {
 // admitted is the room's admitted event, on the owner: the stream's last
 // piece is in the peer's in-flight budget. The last Sends parked on the
 // room answer OK, and a retry from now on at once.
-func (d *PrefillData) admitted(key poll.Key) {
-	r := d.rooms[key.Room]
+func (d *PrefillData) admitted(key poll.Key, rank uint16) {
+	r := d.rooms[roomRank{key.Room, rank}]
 	if r == nil || r.key != key {
 		return // the room went meanwhile: its Sends were answered then
 	}
@@ -490,7 +551,7 @@ func (d *PrefillData) admitted(key poll.Key) {
 	c.withTable(func() {
 		kept := c.parked[key][:0]
 		for _, p := range c.parked[key] {
-			if p.admission == nil {
+			if p.admission == nil || p.rank != rank {
 				kept = append(kept, p)
 				continue
 			}

@@ -165,7 +165,7 @@ func (e *scriptEnv) start(s scriptSide) {
 		if e.transportDP {
 			tr := newScriptTransport(e)
 			e.tr, pcfg.DataPlane, pcfg.RegionDirs = tr, nil, tempRegionDirs()
-			pcfg.newTransport = func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
+			pcfg.newTransport = func(transfer.RegionSet, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
 		}
 		n, err := NewPrefillOwner(pcfg)
 		if err != nil {
