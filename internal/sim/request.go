@@ -194,8 +194,7 @@ func (s *run) serve(ctx context.Context, rq request) {
 	// creates it, the others join it.
 	openPrefill := func() error {
 		for _, e := range s.pre {
-			req := &pb.OpenSenderRequest{RoomId: rq.room}
-			setRank(req, rankProto(e.rank, len(s.pre)))
+			req := &pb.OpenSenderRequest{RoomId: rq.room, Rank: rankProto(e.rank, len(s.pre))}
 			if s.cfg.RelayNonce {
 				req.Nonce = nonce
 			}
@@ -213,8 +212,8 @@ func (s *run) serve(ctx context.Context, rq request) {
 	}
 	openDecode := func() error {
 		for _, e := range s.dec {
-			req := &pb.OpenReceiverRequest{RoomId: rq.room, PrefillBootstrapAddr: s.cfg.Bootstrap, ExpectedSenders: s.expectedSenders}
-			setRank(req, rankProto(e.rank, len(s.dec)))
+			req := &pb.OpenReceiverRequest{RoomId: rq.room, PrefillBootstrapAddr: s.cfg.Bootstrap, ExpectedSenders: s.expectedSenders,
+				Rank: rankProto(e.rank, len(s.dec))}
 			open := func() error {
 				return s.call(ctx, func(ctx context.Context) error {
 					resp, err := s.decode.OpenReceiver(ctx, req)

@@ -14,8 +14,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/internal/testbed"
@@ -935,27 +933,14 @@ func TestUnregisterRegionWithRoomsInFlight(t *testing.T) {
 // openReceiver is rank's scheduler opening room on decode, fed by every
 // prefill rank (equal TP).
 func (s *restartStream) openReceiver(room uint64, rank int) *pb.OpenReceiverRequest {
-	req := &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: s.p.bootstrap}
+	req := &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: s.p.bootstrap, Rank: s.rank(rank)}
 	if s.tp > 1 {
 		req.ExpectedSenders = uint32(s.tp)
-		setOpenRank(req, s.rank(rank))
 	}
 	return req
 }
 
 // openSender is rank's scheduler opening room on prefill.
 func (s *restartStream) openSender(room uint64, rank int) *pb.OpenSenderRequest {
-	req := &pb.OpenSenderRequest{RoomId: room}
-	setOpenRank(req, s.rank(rank))
-	return req
-}
-
-func setOpenRank(m proto.Message, r *pb.Rank) {
-	if r == nil {
-		return
-	}
-	msg := m.ProtoReflect()
-	if f := msg.Descriptor().Fields().ByName("rank"); f != nil {
-		msg.Set(f, protoreflect.ValueOfMessage(r.ProtoReflect()))
-	}
+	return &pb.OpenSenderRequest{RoomId: room, Rank: s.rank(rank)}
 }
