@@ -150,7 +150,9 @@ func TestEqualTPMovesEachRanksBytesToItsPeerRank(t *testing.T) {
 // rank opening it again is AlreadyExists, a rank of another tp_size or a
 // decode rank naming another prefill daemon is InvalidArgument naming the
 // field, and a decode room fed by another number of prefill ranks than
-// its own (not equal TP) is FailedPrecondition.
+// its own (not equal TP) is FailedPrecondition. A rank's region must have
+// its siblings' shape and tp_size (InvalidArgument naming layout and
+// layout.rank).
 func TestRanksJoinOneRoomAndConflictingOpensAreRefused(t *testing.T) {
 	p := startTPPair(t, 2)
 	const room = 5
@@ -173,6 +175,14 @@ func TestRanksJoinOneRoomAndConflictingOpensAreRefused(t *testing.T) {
 	wantCode("decode rank 0 again", err, codes.AlreadyExists, "")
 	_, err = p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(1, 4)})
 	wantCode("prefill rank of tp 4", err, codes.InvalidArgument, "rank")
+	odd := newRegionWithLayout(t, transfer.UniformLayout(4, 64, 2048, 8, 64))
+	l := layoutPB(odd.layout)
+	l.Rank = tpRank(1, 2)
+	_, err = p.decode.RegisterRegion(ctxT(t), &pb.DecodeServiceRegisterRegionRequest{RegionPath: odd.path, Layout: l})
+	wantCode("decode rank 1 with another page size than rank 0", err, codes.InvalidArgument, "layout")
+	l.Rank = tpRank(1, 4)
+	_, err = p.prefill.RegisterRegion(ctxT(t), &pb.PrefillServiceRegisterRegionRequest{RegionPath: odd.path, Layout: l})
+	wantCode("prefill rank of tp 4 beside ranks of tp 2", err, codes.InvalidArgument, "layout.rank")
 
 	const other = 6
 	if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: other, PrefillBootstrapAddr: p.bootstrap, ExpectedSenders: 2, Rank: tpRank(0, 2)}); err != nil {
@@ -284,4 +294,44 @@ func TestOneRanksNewGenerationFailsOnlyTheRoomsOnIt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A decode rank whose METADATA maps to a prefill rank with no region here
+// (its engine never registered, or unregistered) fails the room invalid on
+// both sides at once: no stream is opened for a rank that has no file.
+func TestMetadataForAPrefillRankWithNoRegionFailsTheRoom(t *testing.T) {
+	p := startPair(t)
+	for i := range 2 {
+		r := newRegion(t)
+		l := layoutPB(r.layout)
+		l.Rank = tpRank(i, 2)
+		if _, err := p.decode.RegisterRegion(ctxT(t), &pb.DecodeServiceRegisterRegionRequest{RegionPath: r.path, Layout: l}); err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 {
+			continue // prefill rank 1 has no region
+		}
+		if _, err := p.prefill.RegisterRegion(ctxT(t), &pb.PrefillServiceRegisterRegionRequest{RegionPath: r.path, Layout: l}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const room = 9
+	if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(0, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(1, 2)})
+	wantField(t, err, "rank")
+	for i := range 2 {
+		if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap, ExpectedSenders: 2, Rank: tpRank(i, 2)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, Rank: tpRank(1, 2), DstPages: &pb.PageList{Indices: []int32{1}}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the room Failed invalid on both sides", func() bool {
+		ps, ds := pollState(t, p, room)
+		return ps.State == pb.RoomState_ROOM_STATE_FAILED && ps.Reason == "invalid" &&
+			ds.State == pb.RoomState_ROOM_STATE_FAILED && ds.PeerReason == "invalid"
+	})
 }

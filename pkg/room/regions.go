@@ -157,6 +157,13 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (Registered, erro
 	if held := s.sizeHeld(); held != 0 && held != rank.Size {
 		return Registered{}, invalid("layout.rank", "tp_size %d: this daemon serves tp_size %d (unregister every rank first)", rank.Size, held)
 	}
+	if other := s.get(); other != nil && other.Layout().Rank != rank {
+		// A daemon's ranks share their shape: the peers' mapping is planned
+		// from any one of them (transfer.PlanRanks compares two shapes).
+		if _, err := transfer.PlanRanks(other.Layout(), layout); err != nil {
+			return Registered{}, invalid("layout", "rank %d of %d does not have the shape of rank %d: %v", rank.TP, rank.Size, other.Layout().Rank.TP, err)
+		}
+	}
 	e := s.entry(rank)
 	r := e.region
 	var cur *transfer.Mapping
