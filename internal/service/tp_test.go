@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -16,24 +17,39 @@ import (
 // both sides, registered with its rank.
 type tpPair struct {
 	*pair
-	n        int
+	n        int // equal TP: both sides' tp_size
 	pre, dec []region
 }
 
 func startTPPair(t *testing.T, n int) *tpPair {
 	t.Helper()
-	p := &tpPair{pair: startPair(t), n: n}
-	for i := range n {
-		pre, dec := newRegion(t), newRegion(t)
-		lp, ld := layoutPB(pre.layout), layoutPB(dec.layout)
-		lp.Rank, ld.Rank = tpRank(i, n), tpRank(i, n)
-		if _, err := p.prefill.RegisterRegion(ctxT(t), &pb.PrefillServiceRegisterRegionRequest{RegionPath: pre.path, Layout: lp}); err != nil {
-			t.Fatalf("prefill rank %d: %v", i, err)
+	return startMappedPair(t, n, n, func(transfer.Rank) transfer.Layout { return newRegion(t).layout })
+}
+
+// startMappedPair is a pair of nPre prefill and nDec decode ranks, each
+// rank's region of layout(rank).
+func startMappedPair(t *testing.T, nPre, nDec int, layout func(transfer.Rank) transfer.Layout) *tpPair {
+	t.Helper()
+	p := &tpPair{pair: startPair(t), n: nPre}
+	for i := range max(nPre, nDec) {
+		if i < nPre {
+			pre := newRegionWithLayout(t, layout(transfer.Rank{TP: uint16(i), Size: uint16(nPre)}))
+			lp := layoutPB(pre.layout)
+			lp.Rank = tpRank(i, nPre)
+			if _, err := p.prefill.RegisterRegion(ctxT(t), &pb.PrefillServiceRegisterRegionRequest{RegionPath: pre.path, Layout: lp}); err != nil {
+				t.Fatalf("prefill rank %d: %v", i, err)
+			}
+			p.pre = append(p.pre, pre)
 		}
-		if _, err := p.decode.RegisterRegion(ctxT(t), &pb.DecodeServiceRegisterRegionRequest{RegionPath: dec.path, Layout: ld}); err != nil {
-			t.Fatalf("decode rank %d: %v", i, err)
+		if i < nDec {
+			dec := newRegionWithLayout(t, layout(transfer.Rank{TP: uint16(i), Size: uint16(nDec)}))
+			ld := layoutPB(dec.layout)
+			ld.Rank = tpRank(i, nDec)
+			if _, err := p.decode.RegisterRegion(ctxT(t), &pb.DecodeServiceRegisterRegionRequest{RegionPath: dec.path, Layout: ld}); err != nil {
+				t.Fatalf("decode rank %d: %v", i, err)
+			}
+			p.dec = append(p.dec, dec)
 		}
-		p.pre, p.dec = append(p.pre, pre), append(p.dec, dec)
 	}
 	return p
 }
@@ -149,8 +165,7 @@ func TestEqualTPMovesEachRanksBytesToItsPeerRank(t *testing.T) {
 // A room is one per request per daemon: a second rank joins it, the same
 // rank opening it again is AlreadyExists, a rank of another tp_size or a
 // decode rank naming another prefill daemon is InvalidArgument naming the
-// field, and a decode room fed by another number of prefill ranks than
-// its own (not equal TP) is FailedPrecondition. A rank's region must have
+// field (another expected_senders too). A rank's region must have
 // its siblings' shape and tp_size (InvalidArgument naming layout and
 // layout.rank).
 func TestRanksJoinOneRoomAndConflictingOpensAreRefused(t *testing.T) {
@@ -190,8 +205,8 @@ func TestRanksJoinOneRoomAndConflictingOpensAreRefused(t *testing.T) {
 	}
 	_, err = p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: other, PrefillBootstrapAddr: "tcp://127.0.0.1:1", ExpectedSenders: 2, Rank: tpRank(1, 2)})
 	wantCode("decode rank 1 naming another prefill", err, codes.InvalidArgument, "prefill_bootstrap_addr")
-	_, err = p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: 8, PrefillBootstrapAddr: p.bootstrap, ExpectedSenders: 1, Rank: tpRank(0, 2)})
-	wantCode("decode tp 2 fed by 1 prefill rank", err, codes.FailedPrecondition, "")
+	_, err = p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: other, PrefillBootstrapAddr: p.bootstrap, ExpectedSenders: 1, Rank: tpRank(1, 2)})
+	wantCode("decode rank 1 expecting another number of prefill ranks", err, codes.InvalidArgument, "expected_senders")
 }
 
 // reregister gives rank its region again on one side, from a new file (a
@@ -217,14 +232,16 @@ func (p *tpPair) reregister(t *testing.T, decode bool, rank int) (region, uint32
 	return r, res.RoomsFailed
 }
 
-// One rank's engine restarts mid-room (a new generation of its region): a
-// room spans every rank, so each room holding data-plane state on that
-// rank (decode: its metadata; prefill: its binding) fails region_replaced
-// on both sides; a room with no state on that rank yet is untouched and
-// then succeeds on the new file, every byte verified.
+// One rank's engine restarts mid-room (a new generation of its region, or
+// UnregisterRegion then a new file): a room spans every rank, so each room
+// holding data-plane state on that rank (decode: its metadata; prefill:
+// its binding) fails region_replaced on both sides; a room with no state
+// on that rank yet is untouched and then succeeds on the new file, every
+// byte verified.
 func TestOneRanksNewGenerationFailsOnlyTheRoomsOnIt(t *testing.T) {
-	for _, side := range []string{"decode", "prefill"} {
-		t.Run(side, func(t *testing.T) {
+	for _, tc := range []struct{ side, how string }{{"decode", "register"}, {"prefill", "register"}, {"decode", "unregister"}, {"prefill", "unregister"}} {
+		side := tc.side
+		t.Run(side+"/"+tc.how, func(t *testing.T) {
 			p := startTPPair(t, 2)
 			const held, spared = 11, 12
 			p.openRoom(t, held)
@@ -248,9 +265,28 @@ func TestOneRanksNewGenerationFailsOnlyTheRoomsOnIt(t *testing.T) {
 				ps, _ := pollState(t, p.pair, held)
 				return ps.State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT
 			})
+			if tc.how == "unregister" {
+				var failed uint32
+				if side == "decode" {
+					res, err := p.decode.UnregisterRegion(ctxT(t), &pb.DecodeServiceUnregisterRegionRequest{Rank: tpRank(1, 2)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					failed = res.RoomsFailed
+				} else {
+					res, err := p.prefill.UnregisterRegion(ctxT(t), &pb.PrefillServiceUnregisterRegionRequest{Rank: tpRank(1, 2)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					failed = res.RoomsFailed
+				}
+				if failed != 1 {
+					t.Fatalf("unregistering %s rank 1 failed %d rooms, want 1 (the one with state on it)", side, failed)
+				}
+			}
 			_, failed := p.reregister(t, side == "decode", 1)
-			if failed != 1 {
-				t.Fatalf("re-registering %s rank 1 failed %d rooms, want 1 (the one with state on it)", side, failed)
+			if want := map[string]uint32{"register": 1, "unregister": 0}[tc.how]; failed != want {
+				t.Fatalf("registering %s rank 1 (after %s) failed %d rooms, want %d", side, tc.how, failed, want)
 			}
 			eventually(t, "held Failed on both sides", func() bool {
 				ps, ds := pollState(t, p.pair, held)
@@ -331,6 +367,117 @@ func TestMetadataForAPrefillRankWithNoRegionFailsTheRoom(t *testing.T) {
 	}
 	eventually(t, "the room Failed invalid on both sides", func() bool {
 		ps, ds := pollState(t, p, room)
+		return ps.State == pb.RoomState_ROOM_STATE_FAILED && ps.Reason == "invalid" &&
+			ds.State == pb.RoomState_ROOM_STATE_FAILED && ds.PeerReason == "invalid"
+	})
+}
+
+// mlaLayout is the test region's shape as MLA: one latent head per token,
+// replicated on every rank.
+func mlaLayout(rank transfer.Rank) transfer.Layout {
+	l := transfer.UniformLayout(4, 64, 4096, 8, 64)
+	l.Rank = rank
+	return l.WithHeads(rankmap.MLA, 16, 1, 256)
+}
+
+// MLA with different TP (SGLang's replicated latent): each decode rank is
+// fed whole pages by exactly one prefill rank (Mapping.DecodeRanks[d].From),
+// the other prefill ranks it addresses are dummies whose Sends move
+// nothing, and a prefill rank may feed several decode ranks. Every decode
+// rank's pages and aux row are its source rank's, byte for byte, and the
+// room is Success on both sides once each decode rank completed.
+func TestMLAWithDifferentTPFeedsEachDecodeRankFromOnePrefillRank(t *testing.T) {
+	for _, tc := range []struct{ pre, dec int }{{2, 4}, {4, 2}} {
+		t.Run(fmt.Sprintf("%d->%d", tc.pre, tc.dec), func(t *testing.T) {
+			p := startMappedPair(t, tc.pre, tc.dec, mlaLayout)
+			m, err := transfer.PlanRanks(mlaLayout(transfer.Rank{Size: uint16(tc.pre)}), mlaLayout(transfer.Rank{Size: uint16(tc.dec)}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			const room = 21
+			src := func(rank int) []int32 { return []int32{int32(3 + rank), 20, int32(30 + rank)} }
+			dst := func(rank int) []int32 { return []int32{int32(50 + rank), 9, int32(60 - rank)} }
+			for i := range tc.pre {
+				p.fillRank(i, src(i), int64(i))
+			}
+			for i := range tc.pre {
+				if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(i, tc.pre)}); err != nil {
+					t.Fatalf("OpenSender rank %d: %v", i, err)
+				}
+			}
+			for i := range tc.dec {
+				if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap,
+					ExpectedSenders: uint32(tc.pre), Rank: tpRank(i, tc.dec)}); err != nil {
+					t.Fatalf("OpenReceiver rank %d: %v", i, err)
+				}
+				if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, Rank: tpRank(i, tc.dec),
+					DstPages: &pb.PageList{Indices: dst(i)}, AuxIndex: uint32(7 - i)}); err != nil {
+					t.Fatalf("SendMetadata rank %d: %v", i, err)
+				}
+			}
+			eventually(t, "prefill WaitingForInput", func() bool {
+				ps, _ := pollState(t, p.pair, room)
+				return ps.State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT
+			})
+			for i := range tc.pre { // every rank's scheduler sends, dummies too
+				if _, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, Rank: tpRank(i, tc.pre), Pages: &pb.PageList{Indices: src(i)},
+					Last: true, AuxIndex: uint32(i)}); err != nil {
+					t.Fatalf("Send rank %d: %v", i, err)
+				}
+			}
+			eventually(t, "Success on both sides", func() bool {
+				ps, ds := pollState(t, p.pair, room)
+				return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
+			})
+			for d := range tc.dec {
+				from := m.DecodeRanks[d].From
+				if len(from) != 1 {
+					t.Fatalf("decode rank %d fed by %v, want one prefill rank", d, from)
+				}
+				s := from[0]
+				for b := range p.dec[d].layout.Buffers {
+					for k, pg := range dst(d) {
+						want := p.pre[s].mem.Pages(b, transfer.Run{Start: src(s)[k], Count: 1})
+						if got := p.dec[d].mem.Pages(b, transfer.Run{Start: pg, Count: 1}); string(got) != string(want) {
+							t.Fatalf("decode rank %d buffer %d page %d differs from prefill rank %d page %d", d, b, pg, s, src(s)[k])
+						}
+					}
+				}
+				want := fmt.Sprintf("rank-%d-first-token", s)
+				if got := string(p.dec[d].mem.AuxRow(int64(7 - d))[:len(want)]); got != want {
+					t.Fatalf("decode rank %d aux row %q, want %q", d, got, want)
+				}
+			}
+		})
+	}
+}
+
+// MHA with different TP needs head slices, which the wire does not carry
+// yet: the room fails invalid on both sides at bind, never Success with
+// whole pages landing on the wrong heads.
+func TestMHAWithDifferentTPIsRefusedNotMovedWrong(t *testing.T) {
+	layout := func(rank transfer.Rank) transfer.Layout {
+		l := transfer.UniformLayout(2, 64, int64(16*(8/int(rank.Size))*64), 4, 64)
+		l.Rank = rank
+		return l.WithHeads(rankmap.MHA, 16, 8, 64)
+	}
+	p := startMappedPair(t, 2, 4, layout)
+	const room = 31
+	for i := range 2 {
+		if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(i, 2)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 4 {
+		if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap, ExpectedSenders: 2, Rank: tpRank(i, 4)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, Rank: tpRank(0, 4), DstPages: &pb.PageList{Indices: []int32{1}}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the room Failed invalid on both sides", func() bool {
+		ps, ds := pollState(t, p.pair, room)
 		return ps.State == pb.RoomState_ROOM_STATE_FAILED && ps.Reason == "invalid" &&
 			ds.State == pb.RoomState_ROOM_STATE_FAILED && ds.PeerReason == "invalid"
 	})

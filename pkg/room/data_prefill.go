@@ -46,25 +46,30 @@ type PrefillData struct {
 	senderMu sync.Mutex
 	sender   transfer.Transport
 
-	rooms  map[roomRank]*prefillRoom // the owner's: each rank's share of a room
-	fenced map[poll.Key]bool         // the owner's; sticky until Forget (a late Bind is ignored)
+	rooms  map[roomRank][]*prefillRoom // the owner's: each rank's shares of a room, one per decode rank it feeds
+	fenced map[poll.Key]bool           // the owner's; sticky until Forget (a late Bind is ignored)
 	bytes  atomic.Uint64
 	fences rankFences
 
 	plans peerPlans
 }
 
-// roomRank names one prefill rank's share of a room.
+// roomRank names one prefill rank's part of a room.
 type roomRank struct {
 	id poll.RoomID
 	tp uint16
 }
 
 // prefillRoom is one prefill rank's share of a room: the decode rank it
-// feeds (equal TP: the same index), its stream and positions.
+// feeds (equal TP: the same index; MLA with decode TP larger: one of
+// several), its stream and positions.
 type prefillRoom struct {
 	key  poll.Key
 	rank transfer.Rank // the prefill rank, its source region
+	// dummy: the rank feeds no decode rank of the room (MLA with prefill TP
+	// larger: decode reads the latent from a sibling): its Sends are taken
+	// and move nothing (SGLang's is_dummy).
+	dummy bool
 	// dstRank is the decode rank fed: the stream's key carries it, as the
 	// receiver's expectation does.
 	dstRank  transfer.Rank
@@ -201,7 +206,7 @@ var _ PrefillDataPlane = (*PrefillData)(nil)
 // newPrefillData returns the owner's data plane of the given kind, built
 // when the region is registered, reporting to node.
 func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logger, node *PrefillOwner) *PrefillData {
-	d := &PrefillData{log: log, kind: kind, scfg: cfg, node: node, rooms: map[roomRank]*prefillRoom{}, fenced: map[poll.Key]bool{}}
+	d := &PrefillData{log: log, kind: kind, scfg: cfg, node: node, rooms: map[roomRank][]*prefillRoom{}, fenced: map[poll.Key]bool{}}
 	d.newTransport = func(r transfer.RegionSet, cfg transfer.SenderConfig) (transfer.Transport, error) {
 		return transfer.NewTransport(d.kind, r, cfg)
 	}
@@ -228,8 +233,8 @@ func (d *PrefillData) Bytes() uint64 { return d.bytes.Load() }
 // plane: the ones a replacement of rank's region fails. On the owner.
 func (d *PrefillData) boundKeys(rank transfer.Rank) []poll.Key {
 	keys := make([]poll.Key, 0, len(d.rooms))
-	for rr, r := range d.rooms {
-		if rr.tp == rank.TP && r.rank == rank {
+	for rr, shares := range d.rooms {
+		if r := shares[0]; rr.tp == rank.TP && r.rank == rank && !r.dummy {
 			keys = append(keys, r.key)
 		}
 	}
@@ -276,9 +281,9 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 	if err == nil {
 		err = d.plans.plan(d.log, peer.Addr, local.Layout(), pl)
 	}
-	var sources []transfer.Rank
+	var sources, dummies []transfer.Rank
 	if err == nil {
-		sources, err = d.sourcesOf(peer.Addr, dstRank)
+		sources, dummies, err = d.sourcesOf(peer.Addr, dstRank)
 	}
 	if err == nil {
 		err = sender.AddPeer(peer.Addr, pl)
@@ -295,39 +300,59 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 	prefix := min(int64(md.PrefixLen), transfer.CountPages(dst)) // the frame check bounds it; min keeps the slicing safe
 	for _, src := range sources {
 		rr := roomRank{md.Key.Room, src.TP}
-		if r := d.rooms[rr]; r != nil && r.key == md.Key {
+		shares := d.rooms[rr]
+		if len(shares) > 0 && (shares[0].key != md.Key || shares[0].dummy) {
+			shares = nil // left by another request of the id (its Forget is on the way)
+		}
+		if slices.ContainsFunc(shares, func(r *prefillRoom) bool { return r.dstRank == dstRank }) {
 			continue // a retransmitted METADATA
 		}
-		d.rooms[rr] = &prefillRoom{key: md.Key, rank: src, dstRank: dstRank, peerAddr: peer.Addr, dst: dst,
-			dstPages: transfer.CountPages(dst), prefix: prefix}
+		d.rooms[rr] = append(shares, &prefillRoom{key: md.Key, rank: src, dstRank: dstRank, peerAddr: peer.Addr, dst: dst,
+			dstPages: transfer.CountPages(dst), prefix: prefix})
+	}
+	for _, src := range dummies {
+		if rr := (roomRank{md.Key.Room, src.TP}); len(d.rooms[rr]) == 0 || d.rooms[rr][0].key != md.Key {
+			d.rooms[rr] = []*prefillRoom{{key: md.Key, rank: src, dummy: true}}
+		}
 	}
 }
 
 // sourcesOf is the local ranks that feed decode rank dst of the peer at
-// addr, from its mapping; an error for a mapping this side cannot serve
-// yet (anything but equal TP with whole pages) or a rank with no region.
-func (d *PrefillData) sourcesOf(addr string, dst transfer.Rank) ([]transfer.Rank, error) {
+// addr, from its mapping, and the dummies: ranks dst addresses that feed
+// no decode rank at all (their Sends move nothing). An error for a mapping
+// this side cannot serve yet (a copy that is not whole pages: MHA with
+// different TP needs head slices) or a source rank with no region.
+func (d *PrefillData) sourcesOf(addr string, dst transfer.Rank) (sources, dummies []transfer.Rank, err error) {
 	m, ok := d.plans.mapping(addr)
 	if !ok {
-		return nil, fmt.Errorf("%w: no rank mapping for %s", ErrRankMapping, addr)
+		return nil, nil, fmt.Errorf("%w: no rank mapping for %s", ErrRankMapping, addr)
 	}
-	if !m.Identity() {
-		return nil, fmt.Errorf("%w: prefill tp %d -> decode tp %d needs dummy ranks or head slices, not served yet",
-			ErrRankMapping, m.Prefill.TP, m.Decode.TP)
+	for _, dr := range m.DecodeRanks {
+		for _, c := range dr.Copies {
+			if !c.Whole() {
+				return nil, nil, fmt.Errorf("%w: prefill tp %d -> decode tp %d moves head slices (buffer %d heads %d+%d of rank %d), not served yet",
+					ErrRankMapping, m.Prefill.TP, m.Decode.TP, c.Buffer, c.SrcHead, c.Heads, c.From)
+			}
+		}
 	}
 	if int(dst.TP) >= len(m.DecodeRanks) || int(dst.Size) != len(m.DecodeRanks) {
-		return nil, fmt.Errorf("%w: decode rank %d of %d outside the mapping's %d ranks", ErrRankMapping, dst.TP, dst.Size, len(m.DecodeRanks))
+		return nil, nil, fmt.Errorf("%w: decode rank %d of %d outside the mapping's %d ranks", ErrRankMapping, dst.TP, dst.Size, len(m.DecodeRanks))
 	}
 	size := uint16(len(m.PrefillRanks))
-	var out []transfer.Rank
-	for _, from := range m.DecodeRanks[dst.TP].From {
+	dr := m.DecodeRanks[dst.TP]
+	for _, from := range dr.From {
 		src := transfer.Rank{TP: uint16(from), Size: size}
 		if d.slot.rank(src) == nil {
-			return nil, fmt.Errorf("%w: prefill rank %d of %d feeds decode rank %d and has no region", ErrRankMapping, from, size, dst.TP)
+			return nil, nil, fmt.Errorf("%w: prefill rank %d of %d feeds decode rank %d and has no region", ErrRankMapping, from, size, dst.TP)
 		}
-		out = append(out, src)
+		sources = append(sources, src)
 	}
-	return out, nil
+	for _, s := range dr.Dummies {
+		if len(m.PrefillRanks[s].To) == 0 {
+			dummies = append(dummies, transfer.Rank{TP: uint16(s), Size: size})
+		}
+	}
+	return sources, dummies, nil
 }
 
 // Fence implements PrefillDataPlane without waiting, on the owner: the
@@ -348,8 +373,9 @@ func (d *PrefillData) Fence(key poll.Key) bool {
 func (d *PrefillData) Forget(key poll.Key) {
 	d.Fence(key) // a room reaped unfenced: stop its transfer all the same
 	delete(d.fenced, key)
-	for rr, r := range d.rooms {
-		if rr.id == key.Room && (r.key == key || key.Nonce == 0) {
+	for tp := range d.slot.size() {
+		rr := roomRank{key.Room, tp}
+		if shares := d.rooms[rr]; len(shares) > 0 && (shares[0].key == key || key.Nonce == 0) {
 			delete(d.rooms, rr)
 		}
 	}
@@ -439,15 +465,53 @@ type sendOutcome struct {
 func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Region) sendOutcome {
 	n := d.node
 	rr := roomRank{poll.RoomID(req.RoomId), req.rank.TP}
-	r := d.rooms[rr]
-	if r == nil || r.rank != req.rank {
+	shares := d.rooms[rr]
+	if len(shares) == 0 || shares[0].rank != req.rank {
 		return sendOutcome{err: d.notSendable(poll.RoomID(req.RoomId), nil)}
 	}
-	if d.fenced[r.key] {
+	if d.fenced[shares[0].key] {
 		// Failed: say so before judging the chunk against a room that
 		// will take no more.
-		return sendOutcome{err: d.notSendable(r.key.Room, poll.ErrTerminal)}
+		return sendOutcome{err: d.notSendable(rr.id, poll.ErrTerminal)}
 	}
+	if shares[0].dummy {
+		// Decode reads nothing from this rank: its pages stay here, and its
+		// Sends count as the scheduler's progress, also once its siblings'
+		// bytes made the room Success.
+		if err := n.firstSendOwned(rr.id); err != nil && !d.succeeded(rr.id) {
+			return sendOutcome{err: d.notSendable(rr.id, err)}
+		}
+		return sendOutcome{}
+	}
+	// One stream per decode rank this rank feeds (MLA with decode TP
+	// larger: several, each the whole latent), the pages appended to each.
+	wait := false
+	for _, r := range shares {
+		out, last := d.takeShare(ctx, req, region, rr, r)
+		if out.err != nil || out.ended {
+			return out
+		}
+		wait = wait || last
+	}
+	if !wait {
+		return sendOutcome{}
+	}
+	return d.park(ctx, rr)
+}
+
+// succeeded reports whether the room is Success, on the owner.
+func (d *PrefillData) succeeded(id poll.RoomID) bool {
+	var in poll.RoomInfo
+	var err error
+	c := d.node.core
+	c.withTable(func() { in, err = c.t.Get(id) })
+	return err == nil && in.State == poll.Success
+}
+
+// takeShare is take for one of the rank's shares; last reports a last
+// Send that waits for the rank's admission.
+func (d *PrefillData) takeShare(ctx context.Context, req sendOf, region *transfer.Region, rr roomRank, r *prefillRoom) (out sendOutcome, last bool) {
+	n := d.node
 	sender := d.transport()
 	nbuf := len(region.Layout().Buffers)
 	start, src := int64(req.StartPosition), req.src
@@ -455,33 +519,30 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 	behind := false // start is a position some named buffer already has
 	named(req.buffers, nbuf, func(b int) bool { behind = start < r.nextPosition(b); return !behind })
 	if (r.started || behind) && r.repeats(start, src, req.buffers, req.Last, req.AuxIndex) {
-		if !req.Last {
-			return sendOutcome{}
-		}
 		// A retried last Send answers as the first call does: once the
 		// room's pages are admitted, or with the failure that ended them.
-		return d.park(ctx, r)
+		return sendOutcome{}, req.Last
 	}
 	if r.started {
-		return sendOutcome{err: errorf(ErrNotSendable, "room already sent its last chunk")}
+		return sendOutcome{err: errorf(ErrNotSendable, "room already sent its last chunk")}, false
 	}
 	pages := transfer.CountPages(src)
 	if err := r.checkPositions(start, pages, req.buffers, nbuf, req.Last); err != nil {
-		return sendOutcome{err: err}
+		return sendOutcome{err: err}, false
 	}
 	var aux []byte
 	if req.Last && region.Layout().Aux.Rows > 0 {
 		if int64(req.AuxIndex) >= region.Layout().Aux.Rows {
-			return sendOutcome{err: invalid("aux_index", "row %d of %d", req.AuxIndex, region.Layout().Aux.Rows)}
+			return sendOutcome{err: invalid("aux_index", "row %d of %d", req.AuxIndex, region.Layout().Aux.Rows)}, false
 		}
 		aux = region.AuxRow(int64(req.AuxIndex))
 	}
 	if err := n.firstSendOwned(key.Room); err != nil {
-		return sendOutcome{err: d.notSendable(key.Room, err)}
+		return sendOutcome{err: d.notSendable(key.Room, err)}, false
 	}
-	if d.fenced[key] || d.rooms[rr] != r {
+	if d.fenced[key] || !slices.Contains(d.rooms[rr], r) {
 		// The step's effects fenced or forgot the room.
-		return sendOutcome{err: d.notSendable(key.Room, poll.ErrTerminal)}
+		return sendOutcome{err: d.notSendable(key.Room, poll.ErrTerminal)}, false
 	}
 	if !r.opened {
 		// The stream opens with the room's first Send: its pages go on the
@@ -492,7 +553,7 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 		for _, b := range region.Layout().Buffers {
 			bytes += (r.dstPages - r.prefix) * b.ItemLen
 		}
-		rank := r.rank.TP
+		rank, dst := r.rank.TP, r.dstRank.TP
 		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Source: r.rank, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
 			Done: func(err error) { d.done(key, bytes, err) },
 			// Each chunk written refreshes the room's transfer-idle deadline: a last Send
@@ -500,9 +561,9 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 			Progress: func(int64) { d.node.OnProgress(key) },
 			// The last piece's admission answers the last Send: posted, as the data
 			// plane's other events are (it may come from inside the Append below).
-			Admitted: func() { d.node.post(func() { d.admitted(key, rank) }) }})
+			Admitted: func() { d.node.post(func() { d.admitted(key, rank, dst) }) }})
 		if err != nil {
-			return d.refused(key, err)
+			return d.refused(key, err), false
 		}
 		r.opened = true
 	}
@@ -512,41 +573,55 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 	// Appended on the owner, so concurrent Sends of a room reach the
 	// stream in the order their start positions were checked.
 	if err := sender.Append(tk, piece); err != nil {
-		return d.refused(key, err)
+		return d.refused(key, err), false
 	}
 	r.chunks = append(r.chunks, sentChunk{start: start, at: len(r.src), runs: len(src), buffers: req.buffers, last: req.Last, auxIndex: req.AuxIndex})
 	r.src = append(r.src, src...)
 	r.advance(req.buffers, nbuf, start+pages)
 	r.started = req.Last
-	if !req.Last {
-		return sendOutcome{}
-	}
-	return d.park(ctx, r)
+	return sendOutcome{}, req.Last
 }
 
-// park parks a last Send's wait for admission on its room, unless the
-// room's last piece is admitted already (then it answers OK): the room's
-// admitted event wakes it (admitted), and so do the room's Failed
-// becoming visible and the room going, whatever the data plane does.
-func (d *PrefillData) park(ctx context.Context, r *prefillRoom) sendOutcome {
-	if r.admitted {
+// park parks a last Send's wait for admission on its room, unless every
+// stream of the rank has its last piece admitted already (then it answers
+// OK): the rank's admitted events wake it (admitted), and so do the
+// room's Failed becoming visible and the room going, whatever the data
+// plane does.
+func (d *PrefillData) park(ctx context.Context, rr roomRank) sendOutcome {
+	shares := d.rooms[rr]
+	if allAdmitted(shares) {
 		return sendOutcome{}
 	}
-	p := &parkedCall{woken: make(chan struct{}), admission: ctx, rank: r.rank.TP}
+	key := shares[0].key
+	p := &parkedCall{woken: make(chan struct{}), admission: ctx, rank: rr.tp}
 	c := d.node.core
-	c.withTable(func() { c.parked[r.key] = append(c.parked[r.key], p) })
-	return sendOutcome{key: r.key, parked: p}
+	c.withTable(func() { c.parked[key] = append(c.parked[key], p) })
+	return sendOutcome{key: key, parked: p}
+}
+
+// allAdmitted reports whether every share's last piece is admitted.
+func allAdmitted(shares []*prefillRoom) bool {
+	for _, r := range shares {
+		if !r.admitted {
+			return false
+		}
+	}
+	return true
 }
 
 // admitted is the room's admitted event, on the owner: the stream's last
 // piece is in the peer's in-flight budget. The last Sends parked on the
 // room answer OK, and a retry from now on at once.
-func (d *PrefillData) admitted(key poll.Key, rank uint16) {
-	r := d.rooms[roomRank{key.Room, rank}]
-	if r == nil || r.key != key {
+func (d *PrefillData) admitted(key poll.Key, rank, dst uint16) {
+	shares := d.rooms[roomRank{key.Room, rank}]
+	i := slices.IndexFunc(shares, func(r *prefillRoom) bool { return r.key == key && r.dstRank.TP == dst })
+	if i < 0 {
 		return // the room went meanwhile: its Sends were answered then
 	}
-	r.admitted = true
+	shares[i].admitted = true
+	if !allAdmitted(shares) {
+		return // the rank's other streams are still queued
+	}
 	c := d.node.core
 	c.withTable(func() {
 		kept := c.parked[key][:0]

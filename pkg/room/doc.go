@@ -81,16 +81,19 @@
 //     (poll's EvMetadata Addressed: decode tp_size frames, by rank), so a
 //     rank's Send always finds its destination; decode retries each rank's
 //     METADATA until that rank's is applied.
-//   - each prefill rank Sends its own pages (SendRequest.rank) into its own
-//     stream, keyed by the decode rank it feeds.
+//   - each prefill rank Sends its own pages (SendRequest.rank): one stream
+//     per decode rank it feeds (Mapping.PrefillRanks[s].To; MLA with decode
+//     TP larger: several, each the whole latent), keyed by that decode rank.
+//     A dummy rank (MLA with prefill TP larger: addressed, feeding nobody)
+//     has its Sends taken and moves nothing, as SGLang's is_dummy.
 //   - decode expects each rank's pages under its own key and steps EvDone
 //     for the rank whose pages and aux row are verified (I8 per rank); the
-//     room is Success once every rank did (R11 with real bytes). A lost
-//     frame or a slow rank fails the room at its deadline (r11_tp4).
-//   - only equal TP with whole pages is served: a mapping that needs dummy
-//     ranks (MLA, different TP) or head slices (MHA, different TP) fails
-//     the room invalid at bind (ErrRankMapping), and decode refuses an Open
-//     whose expected_senders is not its tp_size (FailedPrecondition).
+//     room expects one completion per decode rank and is Success once every
+//     rank did (R11 with real bytes). A lost frame or a slow rank fails the
+//     room at its deadline (r11_tp4).
+//   - served: equal TP, and any TP pair whose copies are whole pages (MLA).
+//     A mapping that needs head slices (MHA with different TP) fails the
+//     room invalid at bind (ErrRankMapping, logged with both TP sizes).
 //
 // A rank's new generation (or its UnregisterRegion) fails the rooms holding
 // data-plane state on that rank (decode: that rank's metadata; prefill: a

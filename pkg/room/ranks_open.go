@@ -116,8 +116,9 @@ func (n *PrefillOwner) OpenRank(room poll.RoomID, nonce poll.Nonce, r Rank) (pol
 // OpenRank is Open for one rank's scheduler (OpenReceiver with rank): a
 // rank of tp_size 1 opens as Open does; another rank joins the room its
 // sibling created and gets the same nonce, provided it names the same
-// prefill daemon and expected_senders. Only equal TP is served yet: a
-// room of tp_size N is fed by N prefill ranks.
+// prefill daemon and expected_senders. The room expects one completion
+// per decode rank (its pages and aux row verified, from the prefill ranks
+// the mapping feeds it from); prefill refuses a mapping it cannot serve.
 func (n *DecodeOwner) OpenRank(room poll.RoomID, prefillAddr string, ranks int, r Rank) (poll.Nonce, error) {
 	rank := transfer.Rank{TP: r.TP, Size: max(r.Size, 1)}
 	if rank.Size == 1 {
@@ -134,10 +135,7 @@ func (n *DecodeOwner) OpenRank(room poll.RoomID, prefillAddr string, ranks int, 
 			return 0, err
 		}
 	}
-	if ranks = max(ranks, 1); ranks != int(rank.Size) {
-		return 0, fmt.Errorf("%w: expected_senders %d for decode tp_size %d: only equal TP (each decode rank fed by its own prefill rank) is served yet",
-			ErrRankMapping, ranks, rank.Size)
-	}
+	ranks = max(ranks, 1)
 	if prefillAddr == "" {
 		return 0, fmt.Errorf("%w: address %q", conn.ErrBadArgument, prefillAddr)
 	}
@@ -179,7 +177,10 @@ func (n *DecodeOwner) OpenRank(room poll.RoomID, prefillAddr string, ranks int, 
 		}
 		key := poll.Key{Room: room, Nonce: nonce}
 		n.applyOwned(func() {
-			err = n.t.Step(n.now(), poll.Event{Kind: poll.EvOpen, Key: key, Peer: id, Ranks: uint8(ranks)})
+			// The room is Success once each of its own ranks completed (every
+			// rank in its From delivered, rankmap): one completion per decode
+			// rank, whatever the prefill ranks feeding it (MLA: one each).
+			err = n.t.Step(n.now(), poll.Event{Kind: poll.EvOpen, Key: key, Peer: id, Ranks: uint8(rank.Size)})
 		})
 		if err == nil {
 			n.recordOwned(key, rank, prefillAddr, ranks)

@@ -48,9 +48,10 @@ type regionSlot struct {
 	// mu serialises register and unregister across their whole procedure
 	// (they wait for fences). The owner never takes it.
 	mu sync.Mutex
-	// regions is every rank's Region, built once per rank; set is the
-	// data plane's view of it.
-	regions *transfer.Regions
+	// regions is every rank's Region, built once per rank (set: made on
+	// first use, read by the counters without mu).
+	regionsOnce sync.Once
+	regions     *transfer.Regions
 	// built is set once the data plane is built over regions (under mu).
 	built bool
 	// vmu guards ranks, read by REGISTER, the edge and the owner.
@@ -198,16 +199,13 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (Registered, erro
 	s.vmu.RLock()
 	gen := e.gen + 1
 	s.vmu.RUnlock()
-	if s.regions == nil {
-		s.regions = transfer.NewRegions()
-	}
 	if r == nil {
 		r = transfer.NewEmptyRegion()
 		r.Replace(m, gen)
-		s.regions.Set(rank, r)
+		s.set().Set(rank, r)
 		if !s.built && s.onSet != nil {
-			if err := s.onSet(s.regions, r); err != nil {
-				s.regions.Set(rank, nil)
+			if err := s.onSet(s.set(), r); err != nil {
+				s.set().Set(rank, nil)
 				r.Close()
 				return Registered{}, errorf(ErrDataPlane, "start data plane: %v", err)
 			}
@@ -444,10 +442,8 @@ func (s *regionSlot) RegionReplaced() uint64 { return s.replacements.Load() }
 // truncated mid-copy) failed rooms instead of the daemon, over every rank.
 func (s *regionSlot) RegionFaults() uint64 {
 	var n uint64
-	if s.regions != nil {
-		for _, r := range s.regions.All() {
-			n += r.Faults()
-		}
+	for _, r := range s.set().All() {
+		n += r.Faults()
 	}
 	return n
 }
@@ -481,11 +477,15 @@ func (s *regionSlot) identity() transfer.RegionID {
 }
 
 func (s *regionSlot) close() {
-	if s.regions != nil {
-		for _, r := range s.regions.All() {
-			r.Close()
-		}
+	for _, r := range s.set().All() {
+		r.Close()
 	}
+}
+
+// set is every rank's Region, made on first use.
+func (s *regionSlot) set() *transfer.Regions {
+	s.regionsOnce.Do(func() { s.regions = transfer.NewRegions() })
+	return s.regions
 }
 
 // keys are the data-plane keys of every rank's share of the room: one per
