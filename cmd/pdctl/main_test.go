@@ -122,10 +122,11 @@ func TestHeadFlagsThatDoNotFitTheRowAreRefused(t *testing.T) {
 
 // `pdctl demo --prefill-tp 2 --decode-tp 2` runs one scheduler per rank on
 // each side, verifies every rank's bytes and reports each rank's rooms/s
-// and GB/s; `--prefill-tp 2 --decode-tp 4` (MHA heads split differently,
-// no head slices yet) ends with the daemons' refusal instead of a hang or
-// a wrong verification, unless the daemons serve it, and then every byte
-// is verified too.
+// and GB/s; with --mla, 2 -> 4 verifies every byte too (each decode rank
+// fed whole pages by one prefill rank); MHA 2 -> 4 (heads split
+// differently, no head slices yet) ends with the daemons' refusal instead
+// of a hang or a wrong verification, unless the daemons serve it, and then
+// every byte is verified too.
 func TestDemoRunsOneSchedulerPerRankAndReportsEachRank(t *testing.T) {
 	bin := daemons(t)
 	demo := func(args ...string) (string, error) {
@@ -146,6 +147,10 @@ func TestDemoRunsOneSchedulerPerRankAndReportsEachRank(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Fatalf("pdctl demo at tp 2 -> 2 printed no %q:\n%s", want, out)
 		}
+	}
+	out, err = demo("--prefill-tp", "2", "--decode-tp", "4", "--mla")
+	if err != nil || !strings.Contains(out, "verified:     12 rooms byte for byte, 0 corrupt") || !strings.Contains(out, "mla tp 2 -> 4") {
+		t.Fatalf("pdctl demo --mla at tp 2 -> 4: %v\n%s", err, out)
 	}
 	out, err = demo("--prefill-tp", "2", "--decode-tp", "4")
 	switch {
