@@ -202,7 +202,7 @@ func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*b
 	if err != nil {
 		return nil, err
 	}
-	if err := noRoomSucceeded(rep); err != nil {
+	if err := noRoomSucceeded(rep, procs); err != nil {
 		return nil, err
 	}
 	cpu1, self1 := cpuOf(procs), selfCPU()

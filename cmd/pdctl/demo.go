@@ -181,7 +181,7 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 	if rep.Pinned > 0 || rep.Corrupt > 0 || rep.LateWrites > 0 {
 		return fmt.Errorf("demo found %d pinned rooms, %d corrupt rooms, %d late writes", rep.Pinned, rep.Corrupt, rep.LateWrites)
 	}
-	return noRoomSucceeded(rep)
+	return noRoomSucceeded(rep, procs)
 }
 
 func printReport(out io.Writer, rep *sim.Report, procs []*proc.Process) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/pdlink/pdlink/internal/proc"
 	"github.com/pdlink/pdlink/internal/sim"
 )
 
@@ -82,8 +83,10 @@ func printRanks(out io.Writer, prefill, decode []rankResult) {
 
 // noRoomSucceeded is the error of a run in which every room failed: the
 // daemons refused the workload (a rank mapping they cannot serve, a
-// layout they refuse), and the outcomes they gave say why.
-func noRoomSucceeded(rep *sim.Report) error {
+// layout they refuse), and the outcomes they gave say why, with prefilld's
+// own reason when it refused to bind the rooms (a room fails just
+// "invalid" on the scheduler API; the daemon logs which mapping).
+func noRoomSucceeded(rep *sim.Report, procs []*proc.Process) error {
 	if rep.Requests == 0 || rep.Outcomes["decode:success"] > 0 {
 		return nil
 	}
@@ -99,6 +102,12 @@ func noRoomSucceeded(rep *sim.Report) error {
 	msg := strings.Join(parts, ", ")
 	if rep.FirstError != "" {
 		msg += "; first refusal: " + rep.FirstError
+	}
+	for _, p := range procs {
+		if why := p.LogField("cannot bind room to decode peer", "error"); why != "" {
+			msg += "; " + p.Name + ": " + why
+			break
+		}
 	}
 	return fmt.Errorf("no room succeeded (%s)", msg)
 }
