@@ -23,15 +23,23 @@ import (
 // milliseconds, CPU in seconds (user+system), sizes in bytes, rates in
 // GB/s (1e9 bytes).
 type benchResult struct {
-	Requests    int     `json:"requests"`
+	Requests int `json:"requests"`
+	// PrefillTP and DecodeTP are the engines' TP sizes; MLA whether the
+	// layout is MLA (every rank the whole latent).
+	PrefillTP   int     `json:"prefill_tp"`
+	DecodeTP    int     `json:"decode_tp"`
+	MLA         bool    `json:"mla"`
 	Concurrency int     `json:"concurrency"`
 	Buffers     int     `json:"buffers"`
-	PageBytes   int64   `json:"page_bytes"`
+	PageBytes   int64   `json:"page_bytes"` // one page of one buffer on a decode rank
 	ChunkPages  int     `json:"chunk_pages"`
 	Bytes       int64   `json:"bytes"`
 	Seconds     float64 `json:"seconds"`
 	GBps        float64 `json:"gb_per_s"`
 	RoomsPerSec float64 `json:"rooms_per_s"`
+	// Ranks is each rank's share, by side ("prefill", "decode") and rank:
+	// bytes a prefill rank sent, bytes that landed on a decode rank.
+	Ranks map[string][]rankResult `json:"ranks"`
 	// PrefillTokensPerS is the forward-pass model's throughput (0: none).
 	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
 	// LastChunkToSuccess percentiles: from a room's last Send returning to
@@ -98,8 +106,9 @@ func newBenchCommand() *cobra.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(res)
 			}
-			fmt.Fprintf(out, "moved %.2f GB in %.2fs: %.2f GB/s, %.1f rooms/s (forward passes at %.0f tokens/s)\n",
-				float64(res.Bytes)/1e9, res.Seconds, res.GBps, res.RoomsPerSec, res.PrefillTokensPerS)
+			fmt.Fprintf(out, "moved %.2f GB in %.2fs: %.2f GB/s, %.1f rooms/s (forward passes at %.0f tokens/s%s)\n",
+				float64(res.Bytes)/1e9, res.Seconds, res.GBps, res.RoomsPerSec, res.PrefillTokensPerS, describeRanks(cfg))
+			printRanks(out, res.Ranks["prefill"], res.Ranks["decode"])
 			fmt.Fprintf(out, "decode Success after the last chunk p50 %.1fms p99 %.1fms, after the first Send p50 %.1fms p99 %.1fms\n",
 				res.P50ms, res.P99ms, res.FirstSendP50ms, res.FirstSendP99ms)
 			fmt.Fprintf(out, "cpu: prefilld %.2fs (%.2f s/GB), decoded %.2fs (%.2f s/GB), both %.2f s/GB; simulated schedulers (pdctl) %.2fs (%.2f s/GB)\n",
@@ -135,6 +144,7 @@ func newBenchCommand() *cobra.Command {
 	f.Int64Var(&cfg.Layout.Pages, "pages", cfg.Layout.Pages, "KV pages per buffer in each engine's region")
 	f.Int64Var(&cfg.Layout.BytesPerToken, "bytes-per-token", cfg.Layout.BytesPerToken, "KV bytes per token across all buffers (small values make small rooms)")
 	addHeadFlags(f, &cfg.Layout)
+	addRankFlags(f, &cfg)
 	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the run makes its private region directory (the daemons' --region-dir, removed at the end)")
 	f.BoolVar(&cfg.NoVerify, "no-verify", true, "skip filling and checking page contents (bytes still move)")
 	f.BoolVar(&cfg.LayerWise, "layer-wise", false, "send each chunk one layer at a time (a Send naming the layer's K and V buffers)")
@@ -148,6 +158,13 @@ func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*b
 		return nil, fmt.Errorf("--prefill-tokens-per-s %v: must not be negative", cfg.PrefillTokensPerS)
 	}
 	if err := checkPrefixFraction(cfg.PrefixFraction); err != nil {
+		return nil, err
+	}
+	if err := checkRanks(cfg); err != nil {
+		return nil, err
+	}
+	tl, err := cfg.Layout.RankTransfer(0, cfg.DecodeTP)
+	if err != nil {
 		return nil, err
 	}
 	tmp, err := os.MkdirTemp("", "pdlink-bench-")
@@ -185,6 +202,9 @@ func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*b
 	if err != nil {
 		return nil, err
 	}
+	if err := noRoomSucceeded(rep, procs); err != nil {
+		return nil, err
+	}
 	cpu1, self1 := cpuOf(procs), selfCPU()
 	// The daemons stop before the references run: they write their
 	// profiles, and idle daemons do not share the cores with iperf3.
@@ -198,7 +218,6 @@ func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*b
 			return nil, fmt.Errorf("--profile: %s not written (%v)", p, err)
 		}
 	}
-	tl, _ := cfg.Layout.Transfer()
 	gb := float64(rep.Bytes) / 1e9
 	perGB := func(cpu float64) float64 {
 		if gb <= 0 {
@@ -207,11 +226,13 @@ func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*b
 		return cpu / gb
 	}
 	res := &benchResult{
-		Requests: cfg.Requests, Concurrency: cfg.Concurrency, Buffers: len(tl.Buffers), PageBytes: tl.Buffers[0].ItemLen,
+		Requests: cfg.Requests, PrefillTP: cfg.PrefillTP, DecodeTP: cfg.DecodeTP, MLA: cfg.Layout.MLA, Concurrency: cfg.Concurrency, Buffers: len(tl.Buffers), PageBytes: tl.Buffers[0].ItemLen,
 		ChunkPages: cfg.ChunkPages, PrefillTokensPerS: cfg.PrefillTokensPerS,
 		Bytes: rep.Bytes, Seconds: rep.Elapsed.Seconds(), GBps: rep.GBps(),
 		RoomsPerSec: float64(rep.Requests) / rep.Elapsed.Seconds(),
-		P50ms:       ms(rep.Percentile(50)), P99ms: ms(rep.Percentile(99)),
+		Ranks: map[string][]rankResult{"prefill": rankResults(rep.PrefillRanks, rep.Elapsed),
+			"decode": rankResults(rep.DecodeRanks, rep.Elapsed)},
+		P50ms: ms(rep.Percentile(50)), P99ms: ms(rep.Percentile(99)),
 		FirstSendP50ms: ms(rep.FirstSendPercentile(50)), FirstSendP99ms: ms(rep.FirstSendPercentile(99)),
 		CPUSeconds: map[string]float64{}, CPUPerGB: map[string]float64{},
 		SchedulerCPUSeconds: self1 - self0, SchedulerCPUPerGB: perGB(self1 - self0),

@@ -92,6 +92,21 @@ func TestBenchJSONReportsEveryFigureAndProfilesBothDaemons(t *testing.T) {
 		t.Fatalf("%v failures, %v GB moved; want none and 6 rooms of 256 KiB", num("failures"), gb)
 	}
 	near("gb_per_s", num("gb_per_s"), gb/num("seconds"))
+	// At TP 1 each side has one rank, and it moved everything.
+	var ranks struct {
+		Ranks map[string][]rankResult `json:"ranks"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &ranks); err != nil || num("prefill_tp") != 1 || num("decode_tp") != 1 {
+		t.Fatalf("tp %v -> %v, ranks %v (%v): want 1 -> 1", num("prefill_tp"), num("decode_tp"), ranks.Ranks, err)
+	}
+	for _, side := range []string{"prefill", "decode"} {
+		if r := ranks.Ranks[side]; len(r) != 1 || r[0].Bytes != int64(num("bytes")) || r[0].Rooms != 6 {
+			t.Errorf("%s ranks %+v, want rank 0 with all %v bytes in 6 rooms", side, r, num("bytes"))
+		} else {
+			near(side+" rank 0 gb_per_s", r[0].GBps, num("gb_per_s"))
+			near(side+" rank 0 rooms_per_s", r[0].RoomsPerSec, num("rooms_per_s"))
+		}
+	}
 	near("prefill_tokens_per_s", num("prefill_tokens_per_s"), tokensPerS)
 	// Each room's chunks come one forward pass apart: its last Send waits
 	// for the end of its last pass, booked chunks-1 passes after the end

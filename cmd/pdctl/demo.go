@@ -44,6 +44,7 @@ func newDemoCommand() *cobra.Command {
 	f.Int64Var(&cfg.Layout.BytesPerToken, "bytes-per-token", cfg.Layout.BytesPerToken, "KV bytes per token across all layers")
 	f.Int64Var(&cfg.Layout.Pages, "pages", cfg.Layout.Pages, "KV pages per buffer in each engine's region")
 	addHeadFlags(f, &cfg.Layout)
+	addRankFlags(f, &cfg)
 	f.StringVar(&cfg.Dir, "shm-dir", "/dev/shm", "where the run makes its private region directory (the daemons' --region-dir, removed at the end)")
 	f.BoolVar(&cfg.LayerWise, "layer-wise", false, "send each chunk one layer at a time (a Send naming the layer's K and V buffers)")
 	f.Float64Var(&cfg.PrefixFraction, "prefix-fraction", 0, "fraction of each request's pages decode already holds (prefix_len, 0..1): they stay untouched and move no bytes")
@@ -74,6 +75,9 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 	if err := checkPrefixFraction(cfg.PrefixFraction); err != nil {
 		return err
 	}
+	if err := checkRanks(cfg); err != nil {
+		return err
+	}
 	out := cmd.OutOrStdout()
 	tmp, err := os.MkdirTemp("", "pdlink-demo-")
 	if err != nil {
@@ -100,13 +104,13 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 	}
 	cfg.PinBound = 60 * time.Second
 	cfg.Progress = progressPrinter(out)
-	tl, err := cfg.Layout.Transfer()
+	tl, err := cfg.Layout.RankTransfer(0, cfg.DecodeTP)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "layout: %d buffers x %d pages of %d KiB (%d tokens/page, %s), %d requests of %d..%d tokens, %d in flight\n",
-		len(tl.Buffers), tl.Buffers[0].Pages(), tl.Buffers[0].ItemLen>>10, cfg.Layout.PageTokens, describeHeads(cfg.Layout),
-		cfg.Requests, cfg.MinTokens, cfg.MaxTokens, cfg.Concurrency)
+	fmt.Fprintf(out, "layout: %d buffers x %d pages of %d KiB (%d tokens/page, %s%s), %d requests of %d..%d tokens, %d in flight\n",
+		len(tl.Buffers), tl.Buffers[0].Pages(), tl.Buffers[0].ItemLen>>10, cfg.Layout.PageTokens, describeHeads(cfg.Layout, cfg.DecodeTP),
+		describeRanks(cfg), cfg.Requests, cfg.MinTokens, cfg.MaxTokens, cfg.Concurrency)
 	engines, err := sim.New(cmd.Context(), cfg)
 	if err != nil {
 		return err
@@ -177,7 +181,7 @@ func runDemo(cmd *cobra.Command, binDir string, faults bool, cfg sim.Config) err
 	if rep.Pinned > 0 || rep.Corrupt > 0 || rep.LateWrites > 0 {
 		return fmt.Errorf("demo found %d pinned rooms, %d corrupt rooms, %d late writes", rep.Pinned, rep.Corrupt, rep.LateWrites)
 	}
-	return nil
+	return noRoomSucceeded(rep, procs)
 }
 
 func printReport(out io.Writer, rep *sim.Report, procs []*proc.Process) {
@@ -199,7 +203,9 @@ func printReport(out io.Writer, rep *sim.Report, procs []*proc.Process) {
 	fmt.Fprintf(out, "verified:     %d rooms byte for byte, %d corrupt, %d with writes after Failed (R7)\n", rep.Verified, rep.Corrupt, rep.LateWrites)
 	fmt.Fprintf(out, "pinned:       %d (rooms that did not end within their bound)\n", rep.Pinned)
 	fmt.Fprintf(out, "worst time to terminal: %v\n", rep.WorstTerminal.Round(time.Millisecond))
-	fmt.Fprintf(out, "goodput:      %.2f GB/s (%.2f GB in successful rooms)\n", rep.GBps(), float64(rep.Bytes)/1e9)
+	fmt.Fprintf(out, "goodput:      %.2f GB/s (%.2f GB in successful rooms), %.1f rooms/s\n", rep.GBps(), float64(rep.Bytes)/1e9,
+		float64(rep.Outcomes["decode:success"])/rep.Elapsed.Seconds())
+	printRanks(out, rankResults(rep.PrefillRanks, rep.Elapsed), rankResults(rep.DecodeRanks, rep.Elapsed))
 	fmt.Fprintf(out, "last chunk -> decode Success: p50 %v  p99 %v\n", rep.Percentile(50).Round(time.Microsecond), rep.Percentile(99).Round(time.Microsecond))
 	for _, p := range procs {
 		fmt.Fprintf(out, "%s: inflight now %s; metrics http://%s/metrics\n", p.Name, scrape(p.HTTPAddr, "pdlink_inflight_rooms"), p.HTTPAddr)

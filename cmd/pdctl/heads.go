@@ -31,11 +31,17 @@ func fitHeads(cmd *cobra.Command, l *sim.Layout) error {
 	return nil
 }
 
-// describeHeads is the layout line's note on the head shape.
-func describeHeads(l sim.Layout) string {
+// describeHeads is the layout line's note on the head shape: the model's
+// heads, and, split over TP ranks, what one decode rank of decodeTP holds.
+func describeHeads(l sim.Layout, decodeTP int) string {
 	if l.HeadDim == 0 {
 		return "opaque"
 	}
 	row := l.BytesPerToken / int64(2*l.Layers)
-	return fmt.Sprintf("%d kv heads x %d x %d B", row/int64(l.HeadDim*l.DtypeBytes), l.HeadDim, l.DtypeBytes)
+	heads := row / int64(l.HeadDim*l.DtypeBytes)
+	out := fmt.Sprintf("%d kv heads x %d x %d B", heads, l.HeadDim, l.DtypeBytes)
+	if tl, err := l.RankTransfer(0, decodeTP); err == nil && decodeTP > 1 && tl.Buffers[0].RankHeads != tl.Buffers[0].TotalHeads {
+		out += fmt.Sprintf(", %d per decode rank", tl.Buffers[0].RankHeads)
+	}
+	return out
 }

@@ -115,7 +115,50 @@ func TestHeadFlagsThatDoNotFitTheRowAreRefused(t *testing.T) {
 	l := sim.TestLayout()
 	l.BytesPerToken = 256
 	cmd := newDemoCommand()
-	if err := fitHeads(cmd, &l); err != nil || l.HeadDim != 0 || describeHeads(l) != "opaque" {
+	if err := fitHeads(cmd, &l); err != nil || l.HeadDim != 0 || describeHeads(l, 1) != "opaque" {
 		t.Fatalf("default heads over 64-byte rows: %v, head-dim %d, want an opaque layout", err, l.HeadDim)
+	}
+}
+
+// `pdctl demo --prefill-tp 2 --decode-tp 2` runs one scheduler per rank on
+// each side, verifies every rank's bytes and reports each rank's rooms/s
+// and GB/s; with --mla, 2 -> 4 verifies every byte too (each decode rank
+// fed whole pages by one prefill rank); MHA 2 -> 4 (heads split
+// differently, no head slices yet) ends with the daemons' refusal instead
+// of a hang or a wrong verification, unless the daemons serve it, and then
+// every byte is verified too.
+func TestDemoRunsOneSchedulerPerRankAndReportsEachRank(t *testing.T) {
+	bin := daemons(t)
+	demo := func(args ...string) (string, error) {
+		root := newRootCommand()
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetArgs(append([]string{"demo", "--bin-dir", bin, "--shm-dir", t.TempDir(), "--requests", "12", "--concurrency", "4",
+			"--layers", "2", "--bytes-per-token", "4096", "--pages", "128", "--min-tokens", "64", "--max-tokens", "512"}, args...))
+		err := root.Execute()
+		return out.String(), err
+	}
+	out, err := demo("--prefill-tp", "2", "--decode-tp", "2")
+	if err != nil {
+		t.Fatalf("pdctl demo --prefill-tp 2 --decode-tp 2: %v\n%s", err, out)
+	}
+	for _, want := range []string{"verified:     12 rooms byte for byte, 0 corrupt", "mha tp 2 -> 2", "prefill  per rank  0: ", " | 1: ", "decode   per rank  0: "} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("pdctl demo at tp 2 -> 2 printed no %q:\n%s", want, out)
+		}
+	}
+	out, err = demo("--prefill-tp", "2", "--decode-tp", "4", "--mla")
+	if err != nil || !strings.Contains(out, "verified:     12 rooms byte for byte, 0 corrupt") || !strings.Contains(out, "mla tp 2 -> 4") {
+		t.Fatalf("pdctl demo --mla at tp 2 -> 4: %v\n%s", err, out)
+	}
+	out, err = demo("--prefill-tp", "2", "--decode-tp", "4")
+	switch {
+	case err == nil && !strings.Contains(out, "verified:     12 rooms byte for byte, 0 corrupt"):
+		t.Fatalf("pdctl demo at tp 2 -> 4 succeeded without verifying every room:\n%s", out)
+	case err != nil && !strings.Contains(err.Error(), "no room succeeded") || err != nil && !strings.Contains(err.Error(), "prefilld: room: rank mapping not served"):
+		t.Fatalf("pdctl demo at tp 2 -> 4: %v, want the daemons' refusal naming the mapping\n%s", err, out)
+	case err != nil:
+		t.Logf("tp 2 -> 4 refused: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,13 +17,20 @@ import (
 // fakeClock moves only when a forward pass sleeps: SleepUntil jumps to
 // the pass's end at once.
 type fakeClock struct {
+	mu     sync.Mutex // ranks send from goroutines of their own
 	now    time.Time
 	sleeps int
 }
 
-func (c *fakeClock) Now() time.Time { return c.now }
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
 
 func (c *fakeClock) SleepUntil(_ context.Context, t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.sleeps++
 	if t.After(c.now) {
 		c.now = t
@@ -44,12 +52,16 @@ type sentChunk struct {
 	start uint32
 	pages int
 	last  bool
+	rank  *pb.Rank
+	first int32 // the first page index
 }
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func (p *recordingPrefill) Send(_ context.Context, in *pb.SendRequest, _ ...grpc.CallOption) (*pb.SendResponse, error) {
-	p.sends = append(p.sends, sentChunk{at: p.clock.now.Sub(epoch), start: in.StartPosition, pages: len(in.Pages.Indices), last: in.Last})
+	p.clock.mu.Lock()
+	defer p.clock.mu.Unlock()
+	p.sends = append(p.sends, sentChunk{at: p.clock.now.Sub(epoch), start: in.StartPosition, pages: len(in.Pages.Indices), last: in.Last, rank: in.Rank, first: in.Pages.Indices[0]})
 	p.clock.now = p.clock.now.Add(p.sendTakes)
 	return &pb.SendResponse{}, nil
 }
@@ -79,16 +91,16 @@ func TestEachChunksSendComesAfterItsForwardPass(t *testing.T) {
 	// 1000 tokens on 16-token pages: 63 pages, chunks of 16, 16, 16, 15
 	// pages holding 256, 256, 256 and 232 tokens.
 	rq := request{room: 1, tokens: 1000, pages: 63}
-	first, last := r.sendChunks(context.Background(), rq, pagesOf(63), 0)
+	first, last := r.sendChunks(context.Background(), rq, [][]int32{pagesOf(63)}, []int32{0})
 	if first.IsZero() || last.IsZero() {
 		t.Fatalf("sendChunks = %v, %v: want both times", first, last)
 	}
 	ms := func(x float64) time.Duration { return time.Duration(math.Round(x * float64(time.Millisecond))) }
 	want := []sentChunk{
 		{at: ms(12.8), start: 0, pages: 16},
-		{at: ms(25.6), start: 16, pages: 16},
-		{at: ms(38.4), start: 32, pages: 16},
-		{at: ms(50.0), start: 48, pages: 15, last: true},
+		{at: ms(25.6), start: 16, pages: 16, first: 16},
+		{at: ms(38.4), start: 32, pages: 16, first: 32},
+		{at: ms(50.0), start: 48, pages: 15, last: true, first: 48},
 	}
 	if len(pre.sends) != len(want) {
 		t.Fatalf("sent %+v, want %+v", pre.sends, want)
@@ -104,7 +116,7 @@ func TestEachChunksSendComesAfterItsForwardPass(t *testing.T) {
 // for and every chunk goes at once, back to back, as before the model.
 func TestNoForwardPassModelSendsChunksBackToBack(t *testing.T) {
 	r, pre, clk := pacedRun(0)
-	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, pagesOf(63), 0)
+	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, [][]int32{pagesOf(63)}, []int32{0})
 	if clk.sleeps != 0 || len(pre.sends) != 4 {
 		t.Fatalf("%d forward passes waited for, %d chunks sent; want 0 and 4", clk.sleeps, len(pre.sends))
 	}
@@ -121,7 +133,7 @@ func TestNoForwardPassModelSendsChunksBackToBack(t *testing.T) {
 func TestForwardPassesRunWhileChunksAreHandedOver(t *testing.T) {
 	r, pre, _ := pacedRun(20000)
 	pre.sendTakes = 20 * time.Millisecond // passes take 12.8 ms
-	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, pagesOf(63), 0)
+	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, [][]int32{pagesOf(63)}, []int32{0})
 	ms := func(x float64) time.Duration { return time.Duration(math.Round(x * float64(time.Millisecond))) }
 	want := []time.Duration{ms(12.8), ms(32.8), ms(52.8), ms(72.8)}
 	if len(pre.sends) != len(want) {
@@ -169,7 +181,52 @@ func TestForwardPassEndsWhenTheRunStops(t *testing.T) {
 	}
 	r, pre, _ := pacedRun(1)
 	r.gpu = g
-	if first, last := r.sendChunks(ctx, request{room: 1, tokens: 100, pages: 7}, pagesOf(7), 0); !first.IsZero() || !last.IsZero() || len(pre.sends) != 0 {
+	if first, last := r.sendChunks(ctx, request{room: 1, tokens: 100, pages: 7}, [][]int32{pagesOf(7)}, []int32{0}); !first.IsZero() || !last.IsZero() || len(pre.sends) != 0 {
 		t.Errorf("stopped run sent %d chunks (%v, %v), want none", len(pre.sends), first, last)
+	}
+}
+
+// At TP 2 each prefill rank sends its own pages, naming its rank, each
+// chunk once its forward pass (booked once for both ranks, which run the
+// passes in lockstep) is over, whatever the other rank does: rank 1 is
+// slow (SendDelay), rank 0 goes on.
+func TestEachPrefillRankSendsItsOwnPagesOnTheSharedForwardPasses(t *testing.T) {
+	r, pre, clk := pacedRun(20000)
+	r.cfg.SendDelay = func(rank int) time.Duration {
+		if rank == 1 {
+			return time.Millisecond // real time: the fake clock does not see it
+		}
+		return 0
+	}
+	src := [][]int32{pagesOf(63), pagesOf(63)}
+	for i := range src[1] {
+		src[1][i] += 100 // rank 1's own pages
+	}
+	first, last := r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, src, []int32{0, 1})
+	if first.IsZero() || last.IsZero() {
+		t.Fatalf("sendChunks = %v, %v: want both times", first, last)
+	}
+	if clk.sleeps != 8 {
+		t.Errorf("%d forward passes waited for, want 4 per rank", clk.sleeps)
+	}
+	ms := func(x float64) time.Duration { return time.Duration(math.Round(x * float64(time.Millisecond))) }
+	passEnds := []time.Duration{ms(12.8), ms(25.6), ms(38.4), ms(50.0)}
+	byRank := map[uint32][]sentChunk{}
+	for _, s := range pre.sends {
+		if s.rank.GetTpSize() != 2 {
+			t.Fatalf("a Send named rank %v, want a rank of 2", s.rank)
+		}
+		byRank[s.rank.GetTpRank()] = append(byRank[s.rank.GetTpRank()], s)
+	}
+	for rank := range uint32(2) {
+		sent := byRank[rank]
+		if len(sent) != 4 {
+			t.Fatalf("rank %d sent %d chunks, want 4", rank, len(sent))
+		}
+		for i, c := range sent {
+			if c.start != uint32(16*i) || c.first != src[rank][16*i] || c.at < passEnds[i] || c.last != (i == 3) {
+				t.Errorf("rank %d chunk %d: %+v, want position %d from page %d sent at or after its pass end %v", rank, i, c, 16*i, src[rank][16*i], passEnds[i])
+			}
+		}
 	}
 }

@@ -22,6 +22,9 @@ type Layout struct {
 	// the row holds): 0 leaves the layout opaque.
 	HeadDim    int
 	DtypeBytes int
+	// MLA makes the attention MLA: one latent per token that every TP rank holds whole
+	// (DeepSeek-style), instead of MHA's heads split over the ranks.
+	MLA bool
 }
 
 // DemoLayout is a realistic 8B-class model: 32 layers, K and V, 16-token
@@ -51,22 +54,47 @@ func (l Layout) HeadsFit() bool {
 	return buffers > 0 && hb > 0 && l.BytesPerToken%buffers == 0 && l.BytesPerToken/buffers%hb == 0
 }
 
-// Transfer returns the region layout of the model.
-func (l Layout) Transfer() (transfer.Layout, error) {
+// Transfer returns the region layout of the model on TP rank 0 of 1.
+func (l Layout) Transfer() (transfer.Layout, error) { return l.RankTransfer(0, 1) }
+
+// RankTransfer returns the region layout TP rank rank of a size-rank engine maps. The model's
+// KV (BytesPerToken) is split as its attention splits it: MHA gives each rank its heads
+// (max(heads/size, 1), SGLang's kv_head_num), MLA gives every rank the whole latent, and an
+// opaque layout gives each rank an equal share of the token row.
+func (l Layout) RankTransfer(rank, size int) (transfer.Layout, error) {
 	buffers := 2 * l.Layers
 	if buffers < 1 || l.PageTokens < 1 || l.BytesPerToken < int64(buffers) || l.Pages < 1 {
 		return transfer.Layout{}, fmt.Errorf("sim: bad layout %+v", l)
 	}
-	itemLen := l.BytesPerToken / int64(buffers) * int64(l.PageTokens)
-	tl := transfer.UniformLayout(buffers, l.Pages, itemLen, l.AuxRows, l.AuxRowLen)
-	if l.HeadDim != 0 {
+	if size < 1 || size > rankmap.MaxTP || rank < 0 || rank >= size {
+		return transfer.Layout{}, fmt.Errorf("sim: tp rank %d of %d, want a size of 1..%d", rank, size, rankmap.MaxTP)
+	}
+	row := l.BytesPerToken / int64(buffers) // one token of one buffer, every head
+	var tl transfer.Layout
+	switch {
+	case l.HeadDim == 0 && l.MLA:
+		return transfer.Layout{}, fmt.Errorf("sim: an mla layout needs its head shape (head dim and dtype bytes)")
+	case l.HeadDim == 0:
+		if row%int64(size) != 0 {
+			return transfer.Layout{}, fmt.Errorf("sim: an opaque token row of %d bytes does not split over tp %d", row, size)
+		}
+		tl = transfer.UniformLayout(buffers, l.Pages, row/int64(size)*int64(l.PageTokens), l.AuxRows, l.AuxRowLen)
+	default:
 		if l.HeadDim < 0 || l.DtypeBytes < 1 || !l.HeadsFit() {
 			return transfer.Layout{}, fmt.Errorf("sim: %d KV bytes per token over %d buffers is not whole heads of %d x %d bytes",
 				l.BytesPerToken, buffers, l.HeadDim, l.DtypeBytes)
 		}
 		hb := int64(l.HeadDim) * int64(l.DtypeBytes)
-		tl = tl.WithHeads(rankmap.MHA, int64(l.PageTokens), l.BytesPerToken/int64(buffers)/hb, hb)
+		heads := row / hb
+		attention, rankHeads := rankmap.MHA, max(heads/int64(size), 1)
+		if l.MLA {
+			attention, rankHeads = rankmap.MLA, heads
+		}
+		tl = transfer.UniformLayout(buffers, l.Pages, rankHeads*hb*int64(l.PageTokens), l.AuxRows, l.AuxRowLen)
+		tl.Rank = transfer.Rank{TP: uint16(rank), Size: uint16(size)}
+		tl = tl.WithHeads(attention, int64(l.PageTokens), heads, hb)
 	}
+	tl.Rank = transfer.Rank{TP: uint16(rank), Size: uint16(size)}
 	return tl, tl.Validate()
 }
 
@@ -132,15 +160,6 @@ func fillPage(p []byte, room uint64, buf, pos int) {
 	for w := 0; w+8 <= len(p); w += 8 {
 		binary.LittleEndian.PutUint64(p[w:], patternWord(room, buf, pos, w/8))
 	}
-}
-
-func checkPage(p []byte, room uint64, buf, pos int) bool {
-	for w := 0; w+8 <= len(p); w += 8 {
-		if binary.LittleEndian.Uint64(p[w:]) != patternWord(room, buf, pos, w/8) {
-			return false
-		}
-	}
-	return true
 }
 
 // sentinel marks a decode page as not yet written.

@@ -1,15 +1,18 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/rankmap"
 )
 
 type fault int
@@ -144,30 +147,13 @@ func (s *run) serve(ctx context.Context, rq request) {
 	if rq.dup {
 		wait() // the second of an ordered pair opens once the first did
 	}
-	src, ok := s.pre.pages.alloc(rq.pages, s.stop)
+	h, ok := s.allocate(rq)
 	if !ok {
 		return
 	}
-	defer s.pre.pages.release(src)
-	dst, ok := s.dec.pages.alloc(rq.pages, s.stop)
-	if !ok {
-		return
-	}
-	srcAux, ok := s.pre.aux.alloc(1, s.stop)
-	if !ok {
-		s.dec.pages.release(dst)
-		return
-	}
-	defer s.pre.aux.release(srcAux)
-	dstAux, ok := s.dec.aux.alloc(1, s.stop)
-	if !ok {
-		s.dec.pages.release(dst)
-		return
-	}
-	// Decode pages go back to the engine only after the room is over and
+	// Decode pages go back to the engines only after the room is over and
 	// checked (a freed page could be reused while a write still lands).
-	defer s.dec.aux.release(dstAux)
-	defer s.dec.pages.release(dst)
+	defer h.release(s.Sim)
 	fname := faultNames[rq.fault]
 	if rq.fault == faultAbortPrefill || rq.fault == faultAbortDecode {
 		fname += "@" + rq.stage.String()
@@ -176,57 +162,82 @@ func (s *run) serve(ctx context.Context, rq request) {
 		s.record(func(r *Report) { r.Faults[fname]++ })
 	}
 
-	nbuf := len(s.tl.Buffers)
-	prefix := int(float64(len(dst)) * s.cfg.PrefixFraction) // positions decode holds
-	for b := 0; b < nbuf && !s.cfg.NoVerify; b++ {
-		for pos, p := range src {
-			fillPage(s.pre.region.Pages(b, runOf(p)), rq.tag, b, pos)
-			if s.strict || pos < prefix {
-				fillSentinel(s.dec.region.Pages(b, runOf(dst[pos])))
+	prefix := int(float64(rq.pages) * s.cfg.PrefixFraction) // positions decode holds
+	for _, e := range s.pre {
+		if s.cfg.NoVerify {
+			break
+		}
+		for b := range e.tl.Buffers {
+			for pos, p := range h.src[e.rank] {
+				fillPage(e.region.Pages(b, runOf(p)), rankTag(rq.tag, e.rank), b, pos)
 			}
 		}
+		fillPage(e.region.AuxRow(int64(h.srcAux[e.rank])), rankTag(rq.tag, e.rank), auxBuffer, 0)
 	}
-	if !s.cfg.NoVerify {
-		fillPage(s.pre.region.AuxRow(int64(srcAux[0])), rq.tag, auxBuffer, 0)
-	}
-	if s.strict {
-		fillSentinel(s.dec.region.AuxRow(int64(dstAux[0])))
+	for _, e := range s.dec {
+		for b := range e.tl.Buffers {
+			for pos, p := range h.dst[e.rank] {
+				if !s.cfg.NoVerify && (s.strict || pos < prefix) {
+					fillSentinel(e.region.Pages(b, runOf(p)))
+				}
+			}
+		}
+		if s.strict {
+			fillSentinel(e.region.AuxRow(int64(h.dstAux[e.rank])))
+		}
 	}
 
 	start := time.Now()
 	var nonce uint64 // decode's, once it opened
 	var prefOpen, decOpen bool
+	// Each rank's scheduler opens the room with its rank: the first Open
+	// creates it, the others join it.
 	openPrefill := func() error {
-		req := &pb.OpenSenderRequest{RoomId: rq.room}
-		if s.cfg.RelayNonce {
-			req.Nonce = nonce
-		}
-		err := s.call(ctx, func(ctx context.Context) error {
-			_, err := s.prefill.OpenSender(ctx, req)
-			return err
-		})
-		prefOpen = err == nil
-		return err
-	}
-	openDecode := func() error {
-		err := s.call(ctx, func(ctx context.Context) error {
-			resp, err := s.decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: rq.room, PrefillBootstrapAddr: s.cfg.Bootstrap})
-			if err == nil {
-				nonce = resp.GetStatus().GetNonce()
+		for _, e := range s.pre {
+			req := &pb.OpenSenderRequest{RoomId: rq.room, Rank: rankProto(e.rank, len(s.pre))}
+			if s.cfg.RelayNonce {
+				req.Nonce = nonce
 			}
-			return err
-		})
-		if noRegion(err) && s.Register(ctx) == nil {
-			err = s.call(ctx, func(ctx context.Context) error {
-				resp, err := s.decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: rq.room, PrefillBootstrapAddr: s.cfg.Bootstrap})
-				if err == nil {
-					nonce = resp.GetStatus().GetNonce()
-				}
+			err := s.call(ctx, func(ctx context.Context) error {
+				_, err := s.prefill.OpenSender(ctx, req)
 				return err
 			})
+			s.refused("OpenSender", e.rank, err)
+			if err != nil {
+				return err
+			}
+			prefOpen = true
 		}
-		decOpen = err == nil
-		return err
+		return nil
+	}
+	openDecode := func() error {
+		for _, e := range s.dec {
+			req := &pb.OpenReceiverRequest{RoomId: rq.room, PrefillBootstrapAddr: s.cfg.Bootstrap, ExpectedSenders: s.expectedSenders,
+				Rank: rankProto(e.rank, len(s.dec))}
+			open := func() error {
+				return s.call(ctx, func(ctx context.Context) error {
+					resp, err := s.decode.OpenReceiver(ctx, req)
+					if err != nil {
+						return err
+					}
+					if n := resp.GetStatus().GetNonce(); decOpen && n != nonce {
+						return status.Errorf(codes.Internal, "sim: decode rank %d joined room %d with nonce %d, rank 0 drew %d", e.rank, rq.room, n, nonce)
+					}
+					nonce = resp.GetStatus().GetNonce()
+					return nil
+				})
+			}
+			err := open()
+			if noRegion(err) && s.Register(ctx) == nil {
+				err = open()
+			}
+			s.refused("OpenReceiver", e.rank, err)
+			if err != nil {
+				return err
+			}
+			decOpen = true
+		}
+		return nil
 	}
 	first, second := openDecode, openPrefill
 	if rq.prefFirst {
@@ -236,7 +247,15 @@ func (s *run) serve(ctx context.Context, rq request) {
 	if err := first(); err != nil {
 		signal()
 		s.record(func(r *Report) { r.Outcomes["open_error:"+grpcCode(err)]++ })
-		s.checkUntouched(rq, dst, dstAux[0])
+		if !decOpen {
+			s.checkUntouched(h)
+		}
+		if prefOpen || decOpen { // a rank joining the room was refused: the scheduler gives up on it
+			s.abortOpened(ctx, rq.room, prefOpen, decOpen)
+			if !s.cfg.NoClear {
+				s.clear(ctx, rq.room, prefOpen, decOpen)
+			}
+		}
 		return
 	}
 	s.maybeAbort(ctx, rq, StageBeforePeerOpen)
@@ -252,20 +271,22 @@ func (s *run) serve(ctx context.Context, rq request) {
 			s.clear(ctx, rq.room, prefOpen, decOpen)
 		}
 		if !decOpen {
-			s.checkUntouched(rq, dst, dstAux[0])
+			s.checkUntouched(h)
 		}
 		return
 	}
 	signal()
 	wait()
 	s.maybeAbort(ctx, rq, StageAfterOpen)
-	if rq.fault != faultStallDecode {
-		pl := &pb.PageList{Indices: dst}
-		_ = s.call(ctx, func(ctx context.Context) error {
-			_, err := s.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: rq.room, DstPages: pl, AuxIndex: uint32(dstAux[0]),
-				PrefixLen: uint32(prefix)})
+	for _, e := range s.dec {
+		if rq.fault == faultStallDecode {
+			break
+		}
+		s.refused("SendMetadata", e.rank, s.call(ctx, func(ctx context.Context) error {
+			_, err := s.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: rq.room, Rank: rankProto(e.rank, len(s.dec)),
+				DstPages: &pb.PageList{Indices: h.dst[e.rank]}, AuxIndex: uint32(h.dstAux[e.rank]), PrefixLen: uint32(prefix)})
 			return err
-		})
+		}))
 	}
 	s.maybeAbort(ctx, rq, StageAfterMetadata)
 
@@ -288,7 +309,7 @@ func (s *run) serve(ctx context.Context, rq request) {
 		}
 		if !sent && ps.GetState() == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT {
 			sent = true
-			firstSend, lastChunk = s.sendChunks(ctx, rq, src, srcAux[0])
+			firstSend, lastChunk = s.sendChunks(ctx, rq, h.src, h.srcAux)
 		}
 		if terminal(ps.GetState()) && terminal(ds.GetState()) {
 			break
@@ -325,16 +346,18 @@ func (s *run) serve(ctx context.Context, rq request) {
 
 	switch ds.GetState() {
 	case pb.RoomState_ROOM_STATE_SUCCESS:
-		good := s.cfg.NoVerify || s.verify(rq, dst, dstAux[0], prefix)
-		bytes := int64(rq.pages-prefix) * int64(nbuf) * s.tl.Buffers[0].ItemLen
+		bad := s.verify(h, prefix) // decode ranks whose pages are wrong
 		s.record(func(r *Report) {
 			if !s.cfg.NoVerify {
 				r.Verified++
 			}
-			if !good {
+			if len(bad) > 0 {
 				r.Corrupt++
+				for _, d := range bad {
+					r.DecodeRanks[d].Corrupt++
+				}
 			} else {
-				r.Bytes += bytes
+				s.count(r, rq.pages-prefix)
 			}
 			if !lastChunk.IsZero() && decodeDone.After(lastChunk) {
 				r.LastChunkToSuccess = append(r.LastChunkToSuccess, decodeDone.Sub(lastChunk))
@@ -345,9 +368,9 @@ func (s *run) serve(ctx context.Context, rq request) {
 		// Failed is visible only once the receiver is fenced (I9): from
 		// now on not one byte may land in these pages (R7).
 		if s.strict {
-			s.fillDst(dst, dstAux[0])
+			s.fillDst(h)
 			time.Sleep(20 * time.Millisecond)
-			if !s.untouched(dst, dstAux[0]) {
+			if !s.untouched(h) {
 				s.record(func(r *Report) { r.LateWrites++ })
 			}
 		}
@@ -357,34 +380,41 @@ func (s *run) serve(ctx context.Context, rq request) {
 	}
 }
 
-func (s *run) fillDst(dst []int32, aux int32) {
-	for b := range s.tl.Buffers {
-		for _, p := range dst {
-			fillSentinel(s.dec.region.Pages(b, runOf(p)))
-		}
-	}
-	fillSentinel(s.dec.region.AuxRow(int64(aux)))
-}
-
-func (s *run) untouched(dst []int32, aux int32) bool {
-	for b := range s.tl.Buffers {
-		for _, p := range dst {
-			if !isSentinel(s.dec.region.Pages(b, runOf(p))) {
-				return false
+func (s *run) fillDst(h *held) {
+	for _, e := range s.dec {
+		for b := range e.tl.Buffers {
+			for _, p := range h.dst[e.rank] {
+				fillSentinel(e.region.Pages(b, runOf(p)))
 			}
 		}
+		fillSentinel(e.region.AuxRow(int64(h.dstAux[e.rank])))
 	}
-	return isSentinel(s.dec.region.AuxRow(int64(aux)))
+}
+
+func (s *run) untouched(h *held) bool {
+	for _, e := range s.dec {
+		for b := range e.tl.Buffers {
+			for _, p := range h.dst[e.rank] {
+				if !isSentinel(e.region.Pages(b, runOf(p))) {
+					return false
+				}
+			}
+		}
+		if !isSentinel(e.region.AuxRow(int64(h.dstAux[e.rank]))) {
+			return false
+		}
+	}
+	return true
 }
 
 // checkUntouched counts a request whose decode room never opened but
 // whose pages changed: another request's bytes landed there.
-func (s *run) checkUntouched(rq request, dst []int32, aux int32) {
+func (s *run) checkUntouched(h *held) {
 	if !s.strict {
 		return
 	}
 	time.Sleep(20 * time.Millisecond)
-	if !s.untouched(dst, aux) {
+	if !s.untouched(h) {
 		s.record(func(r *Report) { r.Crossed++ })
 	}
 }
@@ -451,15 +481,46 @@ func (s *run) maybeAbort(ctx context.Context, rq request, stage Stage) {
 }
 
 // sendChunks hands the room's pages over in chunks, each once its forward
-// pass of chunked prefill finished, and returns when the first Send was
-// issued and when the last Send returned (zero times when it did not get
-// that far).
-func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow int32) (first, lastReturned time.Time) {
+// pass of chunked prefill finished, every prefill rank its own pages at
+// once (the ranks run the same forward passes in lockstep, each Sends from
+// its own process), and returns when the first Send was issued and when
+// the last Send returned (zero times when some rank did not get that far).
+func (s *run) sendChunks(ctx context.Context, rq request, src [][]int32, srcAux []int32) (first, lastReturned time.Time) {
 	var chunks []int
-	for pos := 0; pos < len(src); pos += s.cfg.ChunkPages {
-		chunks = append(chunks, s.chunkTokens(rq, pos, min(pos+s.cfg.ChunkPages, len(src))))
+	for pos := 0; pos < rq.pages; pos += s.cfg.ChunkPages {
+		chunks = append(chunks, s.chunkTokens(rq, pos, min(pos+s.cfg.ChunkPages, rq.pages)))
 	}
 	computed := s.gpu.book(chunks)
+	if len(src) == 1 {
+		return s.sendRank(ctx, rq, 0, 1, chunks, computed, src[0], srcAux[0])
+	}
+	firsts, lasts := make([]time.Time, len(src)), make([]time.Time, len(src))
+	var wg sync.WaitGroup
+	for rank := range src {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			firsts[rank], lasts[rank] = s.sendRank(ctx, rq, rank, len(src), chunks, computed, src[rank], srcAux[rank])
+		}()
+	}
+	wg.Wait()
+	for rank := range src {
+		if firsts[rank].IsZero() || lasts[rank].IsZero() {
+			return time.Time{}, time.Time{}
+		}
+		if first.IsZero() || firsts[rank].Before(first) {
+			first = firsts[rank]
+		}
+		if lasts[rank].After(lastReturned) {
+			lastReturned = lasts[rank]
+		}
+	}
+	return first, lastReturned
+}
+
+// sendRank is one prefill rank's scheduler sending its pages (src) chunk
+// by chunk, each once computed. Rank 0 alone plays the request's abort.
+func (s *run) sendRank(ctx context.Context, rq request, rank, size int, chunks []int, computed []time.Time, src []int32, auxRow int32) (first, lastReturned time.Time) {
 	groups := s.sendGroups()
 	// ran waits until group g of chunk i is computed: its layers' share of
 	// the chunk's forward pass (the whole pass when one Send is for all).
@@ -470,6 +531,18 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 		pass := s.gpu.passTime(chunks[i])
 		return s.gpu.computed(ctx, computed[i].Add(-pass+pass*time.Duration(g+1)/time.Duration(len(groups)))) == nil
 	}
+	lag := func() bool {
+		if s.cfg.SendDelay == nil {
+			return true
+		}
+		return realClock{}.SleepUntil(ctx, time.Now().Add(s.cfg.SendDelay(rank))) == nil
+	}
+	abort := func(stage Stage) {
+		if rank == 0 {
+			s.maybeAbort(ctx, rq, stage)
+		}
+	}
+	r := rankProto(rank, size)
 	for i, pos := 0, 0; pos < len(src); i, pos = i+1, pos+s.cfg.ChunkPages {
 		end := min(pos+s.cfg.ChunkPages, len(src))
 		last := end == len(src)
@@ -484,7 +557,7 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 				// Hand over one page so the room is Transferring on
 				// prefill, then never the rest.
 				_ = s.call(ctx, func(ctx context.Context) error {
-					_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, StartPosition: 0,
+					_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, Rank: r, StartPosition: 0,
 						Pages: &pb.PageList{Indices: src[:1]}})
 					return err
 				})
@@ -492,24 +565,25 @@ func (s *run) sendChunks(ctx context.Context, rq request, src []int32, auxRow in
 			return time.Time{}, time.Time{}
 		}
 		if rq.stage == StageMidSend && pos > 0 {
-			s.maybeAbort(ctx, rq, StageMidSend)
+			abort(StageMidSend)
 		}
 		for g, buffers := range groups {
-			if g > 0 && !ran(i, g) {
+			if g > 0 && !ran(i, g) || !lag() {
 				return time.Time{}, time.Time{}
 			}
 			err := s.call(ctx, func(ctx context.Context) error {
-				_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, StartPosition: uint32(pos), Buffers: buffers,
+				_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, Rank: r, StartPosition: uint32(pos), Buffers: buffers,
 					Pages: &pb.PageList{Indices: src[pos:end]}, Last: last && g == len(groups)-1, AuxIndex: uint32(auxRow)})
 				return err
 			})
 			if err != nil {
+				s.refused("Send", rank, err)
 				return time.Time{}, time.Time{}
 			}
 		}
 	}
 	if rq.stage == StageMidSend && len(src) <= s.cfg.ChunkPages {
-		s.maybeAbort(ctx, rq, StageMidSend)
+		abort(StageMidSend)
 	}
 	return first, time.Now()
 }
@@ -521,7 +595,7 @@ func (s *run) sendGroups() [][]uint32 {
 		return [][]uint32{nil}
 	}
 	var groups [][]uint32
-	for b := 0; b+1 < len(s.tl.Buffers); b += 2 {
+	for b := 0; b+1 < 2*s.cfg.Layout.Layers; b += 2 {
 		groups = append(groups, []uint32{uint32(b), uint32(b + 1)})
 	}
 	return groups
@@ -575,16 +649,160 @@ func (s *run) poll(ctx context.Context, call func(context.Context) ([]*pb.RoomSt
 	return st
 }
 
-// verify checks the room's destination: the prefix positions still hold
-// the sentinel (no byte moved for them), every other the source's pattern.
-func (s *run) verify(rq request, dst []int32, auxRow int32, prefix int) bool {
-	for b := range s.tl.Buffers {
-		for pos, p := range dst {
-			page := s.dec.region.Pages(b, runOf(p))
-			if pos < prefix && !isSentinel(page) || pos >= prefix && !checkPage(page, rq.tag, b, pos) {
+// verify checks every decode rank's destination against the prefill
+// ranks the mapping feeds it from: the prefix positions still hold the
+// sentinel (no byte moved for them), every other page holds exactly what
+// its copies take from the source ranks' pages at the same position, and
+// the aux row is AuxFrom's. It returns the decode ranks that differ (none
+// with NoVerify: nobody filled the sources).
+func (s *run) verify(h *held, prefix int) (bad []int) {
+	if s.cfg.NoVerify {
+		return nil
+	}
+	for _, e := range s.dec {
+		if !s.verifyRank(h, e, prefix) {
+			bad = append(bad, e.rank)
+		}
+	}
+	return bad
+}
+
+func (s *run) verifyRank(h *held, e *engine, prefix int) bool {
+	dr := s.plan.DecodeRanks[e.rank]
+	var want []byte // the expected page when it is assembled from slices
+	for b := range e.tl.Buffers {
+		var copies []rankmap.Copy
+		for _, c := range dr.Copies {
+			if c.Buffer == b {
+				copies = append(copies, c)
+			}
+		}
+		for pos, p := range h.dst[e.rank] {
+			page := e.region.Pages(b, runOf(p))
+			if pos < prefix {
+				if !isSentinel(page) {
+					return false
+				}
+				continue
+			}
+			source := func(c rankmap.Copy) []byte {
+				return s.pre[c.From].region.Pages(b, runOf(h.src[c.From][pos]))
+			}
+			if len(copies) == 1 && copies[0].Whole() {
+				if !bytes.Equal(page, source(copies[0])) {
+					return false
+				}
+				continue
+			}
+			want = append(want[:0], page...)
+			for _, c := range copies {
+				c.Apply(want, source(c))
+			}
+			if !bytes.Equal(page, want) || !s.sourcesCover(copies, page) {
 				return false
 			}
 		}
 	}
-	return checkPage(s.dec.region.AuxRow(int64(auxRow)), rq.tag, auxBuffer, 0)
+	src := s.pre[dr.AuxFrom].region.AuxRow(int64(h.srcAux[dr.AuxFrom]))
+	return bytes.Equal(e.region.AuxRow(int64(h.dstAux[e.rank])), src)
+}
+
+// sourcesCover reports whether the copies write every byte of a page: a
+// page assembled from slices is compared after applying them onto itself,
+// so a byte no copy writes would pass unchecked.
+func (s *run) sourcesCover(copies []rankmap.Copy, page []byte) bool {
+	n := 0
+	for _, c := range copies {
+		n += c.Heads * c.HeadBytes * c.PageTokens
+	}
+	return n == len(page)
+}
+
+// count adds a verified room's bytes to the report: what landed on each
+// decode rank, and what each prefill rank's copies sent.
+func (s *run) count(r *Report, pages int) {
+	fed := map[int]bool{}
+	for _, e := range s.dec {
+		var landed int64
+		for _, c := range s.plan.DecodeRanks[e.rank].Copies {
+			n := int64(pages) * int64(c.Heads*c.HeadBytes*c.PageTokens)
+			landed += n
+			r.PrefillRanks[c.From].Bytes += n
+			fed[c.From] = true
+		}
+		r.DecodeRanks[e.rank].Rooms++
+		r.DecodeRanks[e.rank].Bytes += landed
+		r.Bytes += landed
+	}
+	for from := range fed {
+		r.PrefillRanks[from].Rooms++
+	}
+}
+
+// rankTag is the page pattern's seed for one prefill rank's copy of a
+// request: the request's tag on rank 0, another on each other rank, so a
+// page from the wrong rank never matches.
+func rankTag(tag uint64, rank int) uint64 { return tag ^ uint64(rank)*0xD1B54A32D192ED03 }
+
+// held is what one request holds of every rank's engine, by rank.
+type held struct {
+	src, dst       [][]int32
+	srcAux, dstAux []int32
+}
+
+// allocate takes the request's pages and aux rows on every rank, in one
+// order for every request (prefill pages, decode pages, prefill aux,
+// decode aux, each by rank) so that requests waiting for each other's
+// pages cannot deadlock. It gives up, releasing all, once the run stops.
+func (s *run) allocate(rq request) (*held, bool) {
+	h := &held{}
+	take := func(engines []*engine, n int, pool func(*engine) *allocator) ([][]int32, bool) {
+		var out [][]int32
+		for _, e := range engines {
+			p, ok := pool(e).alloc(n, s.stop)
+			if !ok {
+				return out, false
+			}
+			out = append(out, p)
+		}
+		return out, true
+	}
+	pages := func(e *engine) *allocator { return e.pages }
+	aux := func(e *engine) *allocator { return e.aux }
+	var srcAux, dstAux [][]int32
+	ok := false
+	if h.src, ok = take(s.pre, rq.pages, pages); ok {
+		if h.dst, ok = take(s.dec, rq.pages, pages); ok {
+			if srcAux, ok = take(s.pre, 1, aux); ok {
+				dstAux, ok = take(s.dec, 1, aux)
+			}
+		}
+	}
+	for _, a := range srcAux {
+		h.srcAux = append(h.srcAux, a[0])
+	}
+	for _, a := range dstAux {
+		h.dstAux = append(h.dstAux, a[0])
+	}
+	if !ok {
+		h.release(s.Sim)
+		return nil, false
+	}
+	return h, true
+}
+
+// release gives back whatever the request holds.
+func (h *held) release(s *Sim) {
+	for i, p := range h.src {
+		s.pre[i].pages.release(p)
+	}
+	for i, p := range h.dst {
+		s.dec[i].pages.release(p)
+	}
+	for i, a := range h.srcAux {
+		s.pre[i].aux.release([]int32{a})
+	}
+	for i, a := range h.dstAux {
+		s.dec[i].aux.release([]int32{a})
+	}
 }

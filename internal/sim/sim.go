@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -34,6 +35,11 @@ type Config struct {
 	Dir       string
 	DecodeDir string
 	Layout    Layout
+	// PrefillTP and DecodeTP are each engine's tensor-parallel size (0: 1). Every rank is its
+	// own simulated scheduler, as SGLang runs one per rank: its own region file and pages,
+	// its own Open, Send and SendMetadata naming its rank; transfer.PlanRanks says which
+	// prefill rank's bytes each decode rank must end up with.
+	PrefillTP, DecodeTP int
 	// Requests of MinTokens..MaxTokens tokens, at most Concurrency at once.
 	Requests             int
 	MinTokens, MaxTokens int
@@ -90,6 +96,9 @@ type Config struct {
 	Stop <-chan struct{}
 	// Progress, if set, is called after each request ends.
 	Progress func(done, total int)
+	// SendDelay, if set, is how long prefill rank rank's scheduler waits before each of its
+	// Sends (a slow rank: its forward pass or its process lags the others).
+	SendDelay func(rank int) time.Duration
 }
 
 // Reuse says how requests share room ids.
@@ -153,9 +162,12 @@ type Report struct {
 	// fault injected, opened both sides and still failed: under aborts of
 	// other requests and room id reuse they must all succeed.
 	CleanFailed map[string]int
-	// Bytes is KV bytes moved by rooms that succeeded.
+	// Bytes is KV bytes moved by rooms that succeeded: what landed on every decode rank.
 	Bytes   int64
 	Elapsed time.Duration
+	// PrefillRanks and DecodeRanks are each rank's share of the rooms that succeeded,
+	// indexed by rank.
+	PrefillRanks, DecodeRanks []RankReport
 	// LastChunkToSuccess is, per successful room, the time from the last
 	// Send returning to decode reporting Success.
 	LastChunkToSuccess []time.Duration
@@ -166,6 +178,29 @@ type Report struct {
 	// WorstTerminal is the longest time any room took to reach a terminal
 	// state on both sides.
 	WorstTerminal time.Duration
+	// FirstError is the first error a daemon answered a scheduler's Open,
+	// SendMetadata or Send with ("" if none): what a run whose rooms all
+	// failed was refused for.
+	FirstError string
+}
+
+// RankReport is one TP rank's share of a run.
+type RankReport struct {
+	Rank int
+	// Rooms counts the successful rooms this rank moved bytes for (a prefill rank that only
+	// answers as a dummy counts none); Bytes is what it sent (prefill) or what landed in
+	// its pages (decode); Corrupt counts rooms whose pages on this decode rank differ from
+	// what the mapping says its sources hold.
+	Rooms, Corrupt int
+	Bytes          int64
+}
+
+// GBps is the rank's goodput over the run's elapsed time.
+func (r RankReport) GBps(elapsed time.Duration) float64 {
+	if elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Bytes) / elapsed.Seconds() / 1e9
 }
 
 // Percentile returns the p-th percentile (0..100) of LastChunkToSuccess.
@@ -207,6 +242,7 @@ func (c *Config) defaults() {
 	if c.Layout.Layers == 0 {
 		c.Layout = DemoLayout()
 	}
+	c.PrefillTP, c.DecodeTP = max(c.PrefillTP, 1), max(c.DecodeTP, 1)
 	c.workloadDefaults()
 }
 
@@ -240,15 +276,37 @@ func (c *Config) workloadDefaults() {
 	}
 }
 
-// engine is one side's KV memory, as the engine maps it.
+// engine is one TP rank's KV memory on one side, as that rank's process maps it.
 type engine struct {
+	rank   int
+	tl     transfer.Layout
 	region *transfer.Region
 	path   string
 	pages  *allocator
 	aux    *allocator
 }
 
-func newEngine(dir string, tl transfer.Layout) (*engine, error) {
+// newEngines makes one engine per rank of a TP-size side.
+func newEngines(dir string, l Layout, size int) ([]*engine, error) {
+	var out []*engine
+	for rank := range size {
+		tl, err := l.RankTransfer(rank, size)
+		if err == nil {
+			var e *engine
+			if e, err = newEngine(dir, rank, tl); err == nil {
+				out = append(out, e)
+				continue
+			}
+		}
+		for _, e := range out {
+			e.close()
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+func newEngine(dir string, rank int, tl transfer.Layout) (*engine, error) {
 	path, err := transfer.CreateRegionFile(dir, tl)
 	if err != nil {
 		return nil, err
@@ -258,7 +316,7 @@ func newEngine(dir string, tl transfer.Layout) (*engine, error) {
 		os.Remove(path)
 		return nil, err
 	}
-	return &engine{region: r, path: path, pages: newAllocator(tl.Buffers[0].Pages()), aux: newAllocator(tl.Aux.Rows)}, nil
+	return &engine{rank: rank, tl: tl, region: r, path: path, pages: newAllocator(tl.Buffers[0].Pages()), aux: newAllocator(tl.Aux.Rows)}, nil
 }
 
 func (e *engine) close() {
@@ -294,13 +352,17 @@ func layoutProto(tl transfer.Layout) *pb.RegionLayout {
 // daemons, and the gRPC connections to them. Several workloads may run on
 // one Sim, one after the other.
 type Sim struct {
-	cfg      Config
-	tl       transfer.Layout
-	pre, dec *engine
-	conns    []*grpc.ClientConn
-	prefill  pb.PrefillServiceClient
-	decode   pb.DecodeServiceClient
-	regMu    sync.Mutex
+	cfg Config
+	// plan is which prefill rank feeds which decode rank, as the daemons plan it.
+	plan     rankmap.Mapping
+	pre, dec []*engine // by rank
+	// expectedSenders is the prefill ranks that feed some decode rank of a room
+	// (OpenReceiverRequest.expected_senders; 0 at TP 1, as before ranks).
+	expectedSenders uint32
+	conns           []*grpc.ClientConn
+	prefill         pb.PrefillServiceClient
+	decode          pb.DecodeServiceClient
+	regMu           sync.Mutex
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed by Close: running workloads stop
@@ -312,22 +374,31 @@ type Sim struct {
 // daemons and registers the regions. Close releases them.
 func New(ctx context.Context, cfg Config) (*Sim, error) {
 	cfg.defaults()
-	tl, err := cfg.Layout.Transfer()
-	if err != nil {
-		return nil, err
-	}
-	s := &Sim{cfg: cfg, tl: tl, closing: make(chan struct{})}
+	s := &Sim{cfg: cfg, closing: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
 			s.Close()
 		}
 	}()
-	if s.pre, err = newEngine(cfg.Dir, tl); err != nil {
+	var err error
+	if s.pre, err = newEngines(cfg.Dir, cfg.Layout, cfg.PrefillTP); err != nil {
 		return nil, err
 	}
-	if s.dec, err = newEngine(cfg.DecodeDir, tl); err != nil {
+	if s.dec, err = newEngines(cfg.DecodeDir, cfg.Layout, cfg.DecodeTP); err != nil {
 		return nil, err
+	}
+	if s.plan, err = transfer.PlanRanks(s.pre[0].tl, s.dec[0].tl); err != nil {
+		return nil, fmt.Errorf("sim: prefill tp %d -> decode tp %d: %w", cfg.PrefillTP, cfg.DecodeTP, err)
+	}
+	if cfg.PrefillTP > 1 || cfg.DecodeTP > 1 {
+		feeding := map[int]bool{}
+		for _, d := range s.plan.DecodeRanks {
+			for _, from := range d.From {
+				feeding[from] = true
+			}
+		}
+		s.expectedSenders = uint32(len(feeding))
 	}
 	pconn, err := dial(cfg.PrefillGRPC)
 	if err != nil {
@@ -355,11 +426,8 @@ func (s *Sim) Close() {
 	for _, c := range s.conns {
 		c.Close()
 	}
-	if s.pre != nil {
-		s.pre.close()
-	}
-	if s.dec != nil {
-		s.dec.close()
+	for _, e := range slices.Concat(s.pre, s.dec) {
+		e.close()
 	}
 }
 
@@ -373,12 +441,15 @@ func (s *Sim) Register(ctx context.Context) error {
 	defer s.regMu.Unlock()
 	// Wait for a daemon that is (re)starting rather than fail at once.
 	ready := grpc.WaitForReady(true)
-	_, err := s.prefill.RegisterRegion(rctx, &pb.PrefillServiceRegisterRegionRequest{RegionPath: s.pre.path, Layout: layoutProto(s.tl)}, ready)
-	if err == nil {
-		_, err = s.decode.RegisterRegion(rctx, &pb.DecodeServiceRegisterRegionRequest{RegionPath: s.dec.path, Layout: layoutProto(s.tl)}, ready)
+	for _, e := range s.pre {
+		if _, err := s.prefill.RegisterRegion(rctx, &pb.PrefillServiceRegisterRegionRequest{RegionPath: e.path, Layout: layoutProto(e.tl)}, ready); err != nil {
+			return fmt.Errorf("register prefill rank %d of %d: %w", e.rank, len(s.pre), err)
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("register regions: %w", err)
+	for _, e := range s.dec {
+		if _, err := s.decode.RegisterRegion(rctx, &pb.DecodeServiceRegisterRegionRequest{RegionPath: e.path, Layout: layoutProto(e.tl)}, ready); err != nil {
+			return fmt.Errorf("register decode rank %d of %d: %w", e.rank, len(s.dec), err)
+		}
 	}
 	return nil
 }
@@ -421,13 +492,14 @@ func (s *Sim) Run(ctx context.Context, w Config) (*Report, error) {
 	cfg.PrefillTokensPerS = w.PrefillTokensPerS
 	cfg.NoVerify = w.NoVerify
 	cfg.NoClear, cfg.Reuse, cfg.ReuseChain, cfg.RelayNonce, cfg.CheckPages = w.NoClear, w.Reuse, w.ReuseChain, w.RelayNonce, w.CheckPages
-	cfg.Progress, cfg.Stop = w.Progress, w.Stop
+	cfg.Progress, cfg.Stop, cfg.SendDelay = w.Progress, w.Stop, w.SendDelay
 	cfg.workloadDefaults()
 	if int64((cfg.MaxTokens+cfg.Layout.PageTokens-1)/cfg.Layout.PageTokens) > cfg.Layout.Pages {
 		return nil, fmt.Errorf("sim: a %d-token request does not fit %d pages", cfg.MaxTokens, cfg.Layout.Pages)
 	}
 	r := &run{Sim: s, cfg: cfg,
-		rep:  &Report{Requests: cfg.Requests, Outcomes: map[string]int{}, Faults: map[string]int{}, FaultOutcomes: map[string]int{}, CleanFailed: map[string]int{}},
+		rep: &Report{Requests: cfg.Requests, Outcomes: map[string]int{}, Faults: map[string]int{}, FaultOutcomes: map[string]int{}, CleanFailed: map[string]int{},
+			PrefillRanks: rankReports(len(s.pre)), DecodeRanks: rankReports(len(s.dec))},
 		stop: make(chan struct{}), gpu: newGPU(cfg.PrefillTokensPerS, realClock{})}
 	r.strict = cfg.CheckPages || cfg.Faults.any() || cfg.Reuse != ReuseNone
 
@@ -448,8 +520,10 @@ func (s *Sim) Run(ctx context.Context, w Config) (*Report, error) {
 		case <-finished:
 		}
 		r.stopOnce.Do(func() { close(r.stop) })
-		s.pre.pages.wakeAll()
-		s.dec.pages.wakeAll()
+		for _, e := range slices.Concat(s.pre, s.dec) {
+			e.pages.wakeAll()
+			e.aux.wakeAll()
+		}
 	}()
 	ended := func() {
 		n := done.Add(1)
@@ -517,6 +591,14 @@ loop:
 	return r.rep, ctx.Err()
 }
 
+func rankReports(n int) []RankReport {
+	out := make([]RankReport, n)
+	for i := range out {
+		out[i].Rank = i
+	}
+	return out
+}
+
 // servePair runs two requests that share a room id. Ordered: b opens
 // once a opened both sides, and a goes on once b tried.
 func (s *run) servePair(ctx context.Context, a, b request, ordered bool) {
@@ -543,6 +625,18 @@ type run struct {
 
 	mu  sync.Mutex
 	rep *Report
+}
+
+// refused notes a daemon's answer to a scheduler call that was an error.
+func (s *run) refused(call string, rank int, err error) {
+	if err == nil || s.rep == nil { // no report: a run made by a unit test
+		return
+	}
+	s.record(func(r *Report) {
+		if r.FirstError == "" {
+			r.FirstError = fmt.Sprintf("%s (rank %d): %v", call, rank, err)
+		}
+	})
 }
 
 func (s *run) record(f func(r *Report)) {

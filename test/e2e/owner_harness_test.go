@@ -82,7 +82,7 @@ func (p *ownerPair) registerPrefill() {
 }
 
 func layoutProtoOf(l transfer.Layout) *pb.RegionLayout {
-	lp := &pb.RegionLayout{Rank: &pb.Rank{TpSize: 1}, Aux: &pb.AuxSpec{Offset: uint64(l.Aux.Offset), RowLen: uint32(l.Aux.RowLen), Rows: uint32(l.Aux.Rows)}}
+	lp := &pb.RegionLayout{Rank: &pb.Rank{TpRank: uint32(l.Rank.TP), TpSize: uint32(max(l.Rank.Size, 1))}, Aux: &pb.AuxSpec{Offset: uint64(l.Aux.Offset), RowLen: uint32(l.Aux.RowLen), Rows: uint32(l.Aux.Rows)}}
 	for _, b := range l.Buffers {
 		lp.Buffers = append(lp.Buffers, &pb.BufferSpec{Offset: uint64(b.Offset), Length: uint64(b.Length), ItemLen: uint32(b.ItemLen)})
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,10 +25,6 @@ import (
 // unregisters). The in-process versions are in
 // internal/service/regionlife_test.go; these run prefilld and decoded as
 // children over loopback with a simulated scheduler on each side.
-
-// The daemons serve one rank until the TP fan-out lands; every helper here
-// takes the rank so that a loop over ranks is all a TP test adds.
-const restartTPSize = 1
 
 // streamLayout is small enough that 200 rooms run in seconds under -race
 // on two loaded cores, with 32 slots of 8 pages (a room each) per region.
@@ -143,7 +140,42 @@ func recreateRegionFile(t *testing.T, path string, layout transfer.Layout) *tran
 	return r
 }
 
-func rankOf(rank int) *pb.Rank { return &pb.Rank{TpRank: uint32(rank), TpSize: restartTPSize} }
+func rankOf(rank, size int) *pb.Rank { return &pb.Rank{TpRank: uint32(rank), TpSize: uint32(size)} }
+
+// rankLayout is streamLayout as TP rank rank of a size-rank engine maps it.
+func rankLayout(rank, size int) transfer.Layout {
+	l := streamLayout
+	l.Rank = transfer.Rank{TP: uint16(rank), Size: uint16(size)}
+	return l
+}
+
+// rankRoom is the pattern seed of rank's share of room: each rank's pages
+// hold their own bytes, so a page landing on the wrong rank never matches.
+func rankRoom(room uint64, rank int) uint64 { return room ^ uint64(rank)<<40 }
+
+// addRank creates and registers rank's region file on each side of p
+// (ranks above 0: newOwnerPair made rank 0's).
+func addRank(t *testing.T, p *ownerPair, rank, size int) (src, dst *rankFile) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l := rankLayout(rank, size)
+	files := map[string]*rankFile{}
+	for _, side := range []string{"prefill", "decode"} {
+		path, err := transfer.CreateRegionFile(regionDir(t), l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := transfer.OpenRegion(path, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		files[side] = &rankFile{path: path, gens: []*transfer.Region{r}}
+		registerOn(ctx, t, p.prefill, p.decode, side, path, l)
+	}
+	return files["prefill"], files["decode"]
+}
 
 // registered is RegisterRegion's answer, either side.
 type registered struct {
@@ -215,22 +247,46 @@ type rankFile struct {
 
 func (f *rankFile) current() (int, *transfer.Region) { return len(f.gens), f.gens[len(f.gens)-1] }
 
-// streamRoom is one room of the stream, as its scheduler saw it.
+// streamRoom is one room of the stream, as its schedulers (one per rank
+// and side) saw it. The room spans every rank, in the same slot of each
+// rank's region.
 type streamRoom struct {
 	id             uint64
-	rank, slot     int
-	preGen, decGen int
+	slot           int
+	preGen, decGen []int // by rank: the generation the room's pages live in
 	// chunksSent and stopped are written by the room's goroutine under
 	// engines.mu read-locked; the restart reads them write-locked.
-	chunksSent int
-	stopped    bool // the engine restarted under it: it sent no more
-	// midTransferAtRestart: some chunks sent, not the last, when the
-	// engine restarted. Such a room can only end failed.
+	chunksSent []int  // by rank
+	stopped    []bool // by rank: that rank's engine restarted under it, it sent no more
+	// midTransferAtRestart: the restarted rank had sent some chunks, not
+	// its last, when its engine restarted. Such a room can only end failed.
 	midTransferAtRestart bool
 
 	final          [2]*pb.RoomStatus // prefill, decode
-	failedSnapshot []byte            // decode's pages when decode's Failed was first visible
+	failedSnapshot []byte            // decode's pages (every rank's) when decode's Failed was first visible
 	problem        string
+}
+
+// oldGen reports whether every page of the room lives in a first generation.
+func (rm *streamRoom) oldGen() bool {
+	for r := range rm.preGen {
+		if rm.preGen[r] != 1 || rm.decGen[r] != 1 {
+			return false
+		}
+	}
+	return true
+}
+
+func (rm *streamRoom) anyStopped() bool { return slices.Contains(rm.stopped, true) }
+
+// allSent reports whether every rank sent its last chunk.
+func (rm *streamRoom) allSent() bool {
+	for _, n := range rm.chunksSent {
+		if n < slotPages/chunkPages {
+			return false
+		}
+	}
+	return true
 }
 
 // restartStream is a bounded stream of rooms between two real daemons,
@@ -239,6 +295,7 @@ type streamRoom struct {
 type restartStream struct {
 	t      *testing.T
 	p      *ownerPair
+	tp     int
 	engMu  sync.RWMutex
 	files  map[string][]*rankFile // side -> rank -> file
 	slots  chan int
@@ -253,13 +310,20 @@ type restartStream struct {
 	rooms []*streamRoom
 }
 
-func newRestartStream(t *testing.T) *restartStream {
-	p := newOwnerPair(t, streamLayout, nil, nil)
-	s := &restartStream{t: t, p: p, tick: 2 * time.Millisecond, bound: 30 * time.Second,
+// newRestartStream starts the daemons with tp ranks registered on each
+// side (prefill TP tp -> decode TP tp).
+func newRestartStream(t *testing.T, tp int) *restartStream {
+	p := newOwnerPair(t, rankLayout(0, tp), nil, nil)
+	s := &restartStream{t: t, p: p, tp: tp, tick: 2 * time.Millisecond, bound: 30 * time.Second,
 		files: map[string][]*rankFile{
 			"prefill": {{path: p.srcPath, gens: []*transfer.Region{p.src}}},
 			"decode":  {{path: p.dstPath, gens: []*transfer.Region{p.dst}}},
 		}}
+	for rank := 1; rank < tp; rank++ {
+		src, dst := addRank(t, p, rank, tp)
+		s.files["prefill"] = append(s.files["prefill"], src)
+		s.files["decode"] = append(s.files["decode"], dst)
+	}
 	n := int(streamLayout.Buffers[0].Pages()) / slotPages
 	s.slots = make(chan int, n)
 	for i := range n {
@@ -281,27 +345,30 @@ func (s *restartStream) poll(ctx context.Context, room uint64) (ps, ds *pb.RoomS
 	return pr.Statuses[0], dr.Statuses[0], nil
 }
 
-// engineCall runs f with the engines read-locked unless the engine the
-// room's pages live in restarted; it reports whether f ran.
+// engineCall runs f, rank's scheduler calling, with the engines
+// read-locked unless an engine of rank the room's pages live in restarted;
+// it reports whether f ran.
 func (s *restartStream) engineCall(rm *streamRoom, rank int, f func()) bool {
 	s.engMu.RLock()
 	defer s.engMu.RUnlock()
 	pg, _ := s.files["prefill"][rank].current()
 	dg, _ := s.files["decode"][rank].current()
-	if pg != rm.preGen || dg != rm.decGen {
-		rm.stopped = true
+	if pg != rm.preGen[rank] || dg != rm.decGen[rank] {
+		rm.stopped[rank] = true
 		return false
 	}
 	f()
 	return true
 }
 
-// serve runs one room on rank as a scheduler pair does: fill the source,
-// open both sides, bind, send the pages in chunks with a poll between
-// them, poll to the end, verify, clear. A room whose engine restarted
-// sends nothing more and is aborted unless the daemon failed it.
-func (s *restartStream) serve(ctx context.Context, rank int) {
-	rm := &streamRoom{id: s.nextID.Add(1), rank: rank}
+// serve runs one room on every rank as the ranks' scheduler pairs do:
+// fill each rank's source, open both sides on every rank, bind every
+// rank, send each rank's pages in chunks with a poll between them, poll to
+// the end, verify every rank, clear. A rank whose engine restarted sends
+// nothing more, and the room is aborted unless the daemon failed it.
+func (s *restartStream) serve(ctx context.Context) {
+	rm := &streamRoom{id: s.nextID.Add(1), preGen: make([]int, s.tp), decGen: make([]int, s.tp),
+		chunksSent: make([]int, s.tp), stopped: make([]bool, s.tp)}
 	if s.starved.Load() {
 		return
 	}
@@ -320,42 +387,62 @@ func (s *restartStream) serve(ctx context.Context, rank int) {
 	s.mu.Unlock()
 	pages, aux := slotOf(rm.slot), int64(rm.slot)
 	s.engMu.RLock()
-	var src, dst *transfer.Region
-	rm.preGen, src = s.files["prefill"][rank].current()
-	rm.decGen, dst = s.files["decode"][rank].current()
-	fillRoom(src, rm.id, pages, aux)
-	fillPagesWith(dst, pages, aux, decodeUnwrote)
+	for rank := range s.tp {
+		var src, dst *transfer.Region
+		rm.preGen[rank], src = s.files["prefill"][rank].current()
+		rm.decGen[rank], dst = s.files["decode"][rank].current()
+		fillRoom(src, rankRoom(rm.id, rank), pages, aux)
+		fillPagesWith(dst, pages, aux, decodeUnwrote)
+	}
 	s.engMu.RUnlock()
 
 	fail := func(format string, args ...any) { rm.problem = fmt.Sprintf(format, args...) }
-	if _, err := s.p.decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: rm.id, PrefillBootstrapAddr: s.p.bootstrap}); err != nil {
-		fail("OpenReceiver: %v", err)
-		return
+	for rank := range s.tp {
+		if _, err := s.p.decode.OpenReceiver(ctx, s.openReceiver(rm.id, rank)); err != nil {
+			fail("OpenReceiver rank %d: %v", rank, err)
+			return
+		}
 	}
-	if _, err := s.p.prefill.OpenSender(ctx, &pb.OpenSenderRequest{RoomId: rm.id}); err != nil {
-		fail("OpenSender: %v", err)
-		return
+	for rank := range s.tp {
+		if _, err := s.p.prefill.OpenSender(ctx, s.openSender(rm.id, rank)); err != nil {
+			fail("OpenSender rank %d: %v", rank, err)
+			return
+		}
 	}
 	var callErr error
-	bound := s.engineCall(rm, rank, func() {
-		_, callErr = s.p.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: rm.id, DstPages: &pb.PageList{Indices: pages}, AuxIndex: uint32(aux)})
-	})
-	if bound && callErr == nil {
+	for rank := range s.tp {
+		s.engineCall(rm, rank, func() {
+			if _, err := s.p.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: rm.id, Rank: s.rank(rank),
+				DstPages: &pb.PageList{Indices: pages}, AuxIndex: uint32(aux)}); err != nil && callErr == nil {
+				callErr = err
+			}
+		})
+	}
+	if callErr == nil && !rm.anyStopped() {
 		s.waitUntil(ctx, rm, func(ps, _ *pb.RoomStatus) bool {
 			return ps.GetState() == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT || terminal(ps)
 		})
 	}
-	for c := 0; bound && callErr == nil && c*chunkPages < slotPages; c++ {
+	for c := 0; callErr == nil && c*chunkPages < slotPages; c++ {
 		last := (c+1)*chunkPages >= slotPages
-		req := &pb.SendRequest{RoomId: rm.id, StartPosition: uint32(c * chunkPages), Pages: &pb.PageList{Indices: pages[c*chunkPages : (c+1)*chunkPages]}, Last: last}
-		if last {
-			req.AuxIndex = uint32(aux)
-		}
-		bound = s.engineCall(rm, rank, func() {
-			if _, callErr = s.p.prefill.Send(ctx, req); callErr == nil {
-				rm.chunksSent++
+		for rank := range s.tp {
+			if rm.stopped[rank] {
+				continue // the other ranks' schedulers go on
 			}
-		})
+			req := &pb.SendRequest{RoomId: rm.id, Rank: s.rank(rank), StartPosition: uint32(c * chunkPages),
+				Pages: &pb.PageList{Indices: pages[c*chunkPages : (c+1)*chunkPages]}, Last: last}
+			if last {
+				req.AuxIndex = uint32(aux)
+			}
+			s.engineCall(rm, rank, func() {
+				if _, callErr = s.p.prefill.Send(ctx, req); callErr == nil {
+					rm.chunksSent[rank]++
+				}
+			})
+			if callErr != nil {
+				break
+			}
+		}
 		if !last && callErr == nil {
 			if _, _, err := s.poll(ctx, rm.id); err != nil { // a scheduler tick between chunks
 				fail("Poll: %v", err)
@@ -366,7 +453,7 @@ func (s *restartStream) serve(ctx context.Context, rank int) {
 	if callErr != nil && status.Code(callErr) != codes.FailedPrecondition {
 		fail("a call of the room: %v", callErr) // FailedPrecondition: the room failed, its state says why
 	}
-	if rm.stopped {
+	if rm.anyStopped() {
 		// The restarted engine dropped the room; the daemon failed it if
 		// it held data-plane state on the old file, else the scheduler
 		// aborts it (an abort of a failed room changes nothing).
@@ -381,10 +468,15 @@ func (s *restartStream) serve(ctx context.Context, rank int) {
 	}
 	if rm.final[1].GetState() == pb.RoomState_ROOM_STATE_SUCCESS {
 		s.engMu.RLock()
-		landed := roomLanded(s.files["decode"][rank].gens[rm.decGen-1], rm.id, pages, aux)
+		var wrong []int
+		for rank := range s.tp {
+			if !roomLanded(s.files["decode"][rank].gens[rm.decGen[rank]-1], rankRoom(rm.id, rank), pages, aux) {
+				wrong = append(wrong, rank)
+			}
+		}
 		s.engMu.RUnlock()
-		if !landed {
-			fail("decode Success with bytes that differ from the source (prefill gen %d, decode gen %d)", rm.preGen, rm.decGen)
+		if len(wrong) > 0 {
+			fail("decode Success with bytes that differ from the source on ranks %v (prefill gens %v, decode gens %v)", wrong, rm.preGen, rm.decGen)
 			return // the slot stays out: its bytes are evidence
 		}
 		s.slots <- rm.slot
@@ -393,6 +485,24 @@ func (s *restartStream) serve(ctx context.Context, rank int) {
 	// with their snapshot after the run.
 	_, _ = s.p.prefill.Clear(ctx, &pb.PrefillServiceClearRequest{RoomIds: []uint64{rm.id}})
 	_, _ = s.p.decode.Clear(ctx, &pb.DecodeServiceClearRequest{RoomIds: []uint64{rm.id}})
+}
+
+// rank is what a call of rank's scheduler names: nil at TP 1, as before ranks.
+func (s *restartStream) rank(rank int) *pb.Rank {
+	if s.tp == 1 {
+		return nil
+	}
+	return rankOf(rank, s.tp)
+}
+
+// snapshotRoom copies the room's decode pages and aux rows on every rank,
+// in the generations they live in. Under engMu read-locked.
+func (s *restartStream) snapshotRoom(rm *streamRoom) []byte {
+	var out []byte
+	for rank := range s.tp {
+		out = append(out, snapshotPages(s.files["decode"][rank].gens[rm.decGen[rank]-1], slotOf(rm.slot), int64(rm.slot))...)
+	}
+	return out
 }
 
 // waitUntil polls the room every tick until cond holds (bounded), keeping
@@ -408,7 +518,7 @@ func (s *restartStream) waitUntil(ctx context.Context, rm *streamRoom, cond func
 		}
 		if rm.failedSnapshot == nil && ds.GetState() == pb.RoomState_ROOM_STATE_FAILED {
 			s.engMu.RLock()
-			rm.failedSnapshot = snapshotPages(s.files["decode"][rm.rank].gens[rm.decGen-1], slotOf(rm.slot), int64(rm.slot))
+			rm.failedSnapshot = s.snapshotRoom(rm)
 			s.engMu.RUnlock()
 		}
 		rm.final = [2]*pb.RoomStatus{ps, ds}
@@ -424,9 +534,9 @@ func (s *restartStream) waitUntil(ctx context.Context, rm *streamRoom, cond func
 	}
 }
 
-// run serves n rooms on rank, concurrency at a time, calling restart once
+// run serves n rooms, concurrency at a time, calling restart once
 // restartAfter rooms ended.
-func (s *restartStream) run(ctx context.Context, rank, n, concurrency, restartAfter int, restart func()) {
+func (s *restartStream) run(ctx context.Context, n, concurrency, restartAfter int, restart func()) {
 	next := make(chan struct{}, n)
 	for range n {
 		next <- struct{}{}
@@ -438,7 +548,7 @@ func (s *restartStream) run(ctx context.Context, rank, n, concurrency, restartAf
 		go func() {
 			defer wg.Done()
 			for range next {
-				s.serve(ctx, rank)
+				s.serve(ctx)
 				s.done.Add(1)
 			}
 		}()
@@ -450,10 +560,10 @@ func (s *restartStream) run(ctx context.Context, rank, n, concurrency, restartAf
 	wg.Wait()
 }
 
-// restartEngine waits (bounded) until some room of rank is mid-transfer
-// with its engines locked, so no room call is half done, then plays the
-// engine restart on side: recreate the file, register it, and mark the
-// rooms it caught.
+// restartEngine waits (bounded) until some room is mid-transfer on rank
+// with the engines locked, so no room call is half done, then plays the
+// restart of rank's engine on side: recreate its file, register it, and
+// mark the rooms it caught.
 func (s *restartStream) restartEngine(ctx context.Context, side string, rank int) (registered, []*streamRoom) {
 	t := s.t
 	t.Helper()
@@ -464,7 +574,7 @@ func (s *restartStream) restartEngine(ctx context.Context, side string, rank int
 		s.mu.Lock()
 		caught = caught[:0]
 		for _, rm := range s.rooms {
-			if rm.chunksSent > 0 && rm.chunksSent < slotPages/chunkPages {
+			if n := rm.chunksSent[rank]; n > 0 && n < slotPages/chunkPages {
 				caught = append(caught, rm)
 			}
 		}
@@ -485,94 +595,104 @@ func (s *restartStream) restartEngine(ctx context.Context, side string, rank int
 		rm.midTransferAtRestart = true
 	}
 	f := s.files[side][rank]
-	f.gens = append(f.gens, recreateRegionFile(t, f.path, streamLayout))
-	return registerOn(ctx, t, s.p.prefill, s.p.decode, side, f.path, streamLayout), caught
+	l := rankLayout(rank, s.tp)
+	f.gens = append(f.gens, recreateRegionFile(t, f.path, l))
+	return registerOn(ctx, t, s.p.prefill, s.p.decode, side, f.path, l), caught
 }
 
 // TestEngineRestartMidRunFailsOnlyItsRoomsAndNewRoomsSucceed: a stream of
-// 200 rooms with verified bytes; after 60 the engine on one side restarts
-// (new file at the same path, RegisterRegion again) while rooms are mid-
-// transfer. Every room caught mid-transfer fails region_replaced on that
-// side and aborted:remote/region_replaced on the other, never Success; no
-// room reports Success with bytes that differ from its source; rooms
-// opened after the restart succeed with their bytes in the new file;
-// decode pages of failed rooms do not change after Failed is visible; the
-// counters move by one replacement and the rooms it failed.
+// 200 rooms with verified bytes, at TP 1, 2 -> 2 and 4 -> 4 (each room on
+// every rank, each rank its own region file); after 60 the engine of the
+// last rank on one side restarts (new file at the same path, RegisterRegion
+// again) while rooms are mid-transfer on it. Every room caught mid-transfer
+// on that rank fails region_replaced on that side and
+// aborted:remote/region_replaced on the other, never Success (a room spans
+// every rank, so it fails whole); no room reports Success with bytes on any
+// rank that differ from that rank's source; rooms opened after the restart
+// succeed with their bytes in the new file and the other ranks' files;
+// decode pages of failed rooms, on every rank, do not change after Failed
+// is visible; the counters move by one replacement and the rooms it failed.
 func TestEngineRestartMidRunFailsOnlyItsRoomsAndNewRoomsSucceed(t *testing.T) {
 	const rooms, concurrency, restartAfter = 200, 8, 60
-	for _, side := range []string{"prefill", "decode"} {
-		t.Run(side, func(t *testing.T) {
-			s := newRestartStream(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			before := replacedCounters(t, s.p)
-			_, oldFile := s.files[side][0].current()
-			oldInode := oldFile.ID().Ino
-			var reg registered
-			var caught []*streamRoom
-			for rank := range restartTPSize {
-				s.run(ctx, rank, rooms, concurrency, restartAfter, func() { reg, caught = s.restartEngine(ctx, side, rank) })
+	for _, tp := range []int{1, 2, 4} {
+		for _, side := range []string{"prefill", "decode"} {
+			name := side
+			if tp > 1 {
+				name = fmt.Sprintf("tp%d/%s", tp, side)
 			}
-			if reg.gen != 2 || reg.inode == oldInode {
-				t.Errorf("re-register of the recreated file: generation %d inode %d (was %d), want generation 2 and a new inode", reg.gen, reg.inode, oldInode)
-			}
+			t.Run(name, func(t *testing.T) { restartMidRun(t, tp, side, rooms, concurrency, restartAfter) })
+		}
+	}
+}
 
-			var replaced, succeededAfter, openedAfter int
-			for _, rm := range s.rooms {
-				if rm.problem != "" {
-					t.Errorf("room %d: %s", rm.id, rm.problem)
-					continue
-				}
-				ps, ds := rm.final[0], rm.final[1]
-				oldGen := rm.preGen == 1 && rm.decGen == 1
-				succeeded := ps.GetState() == pb.RoomState_ROOM_STATE_SUCCESS && ds.GetState() == pb.RoomState_ROOM_STATE_SUCCESS
-				switch {
-				case replacedOutcome(side, ps, ds):
-					replaced++
-					if !oldGen {
-						t.Errorf("room %d opened after the restart failed region_replaced", rm.id)
-					}
-				case rm.midTransferAtRestart:
-					t.Errorf("room %d was mid-transfer at the restart and ended prefill %v, decode %v; want region_replaced", rm.id, ps, ds)
-				case !oldGen:
-					openedAfter++
-					if !succeeded {
-						t.Errorf("room %d opened after the restart did not succeed: prefill %v, decode %v", rm.id, ps, ds)
-					} else {
-						succeededAfter++
-					}
-				case succeeded && rm.chunksSent < slotPages/chunkPages:
-					t.Errorf("room %d reached Success though its last chunk was never sent", rm.id)
-				case succeeded, rm.stopped && ps.GetReason() == "aborted:local":
-				default:
-					t.Errorf("room %d of the old generation ended prefill %v, decode %v", rm.id, ps, ds)
-				}
-				if rm.failedSnapshot != nil {
-					now := snapshotPages(s.files["decode"][rm.rank].gens[rm.decGen-1], slotOf(rm.slot), int64(rm.slot))
-					if !bytes.Equal(now, rm.failedSnapshot) {
-						t.Errorf("room %d: decode pages changed after its Failed was visible", rm.id)
-					}
-				}
+func restartMidRun(t *testing.T, tp int, side string, rooms, concurrency, restartAfter int) {
+	restarted := tp - 1
+	s := newRestartStream(t, tp)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	before := replacedCounters(t, s.p)
+	_, oldFile := s.files[side][restarted].current()
+	oldInode := oldFile.ID().Ino
+	var reg registered
+	var caught []*streamRoom
+	s.run(ctx, rooms, concurrency, restartAfter, func() { reg, caught = s.restartEngine(ctx, side, restarted) })
+	if reg.gen != 2 || reg.inode == oldInode {
+		t.Errorf("re-register of the recreated file: generation %d inode %d (was %d), want generation 2 and a new inode", reg.gen, reg.inode, oldInode)
+	}
+
+	var replaced, succeededAfter, openedAfter int
+	for _, rm := range s.rooms {
+		if rm.problem != "" {
+			t.Errorf("room %d: %s", rm.id, rm.problem)
+			continue
+		}
+		ps, ds := rm.final[0], rm.final[1]
+		oldGen := rm.oldGen()
+		succeeded := ps.GetState() == pb.RoomState_ROOM_STATE_SUCCESS && ds.GetState() == pb.RoomState_ROOM_STATE_SUCCESS
+		switch {
+		case replacedOutcome(side, ps, ds):
+			replaced++
+			if !oldGen {
+				t.Errorf("room %d opened after the restart failed region_replaced", rm.id)
 			}
-			t.Logf("%d rooms: %d caught mid-transfer, %d failed region_replaced (register said %d), %d opened after the restart, %d of them succeeded",
-				len(s.rooms), len(caught), replaced, reg.roomsFailed, openedAfter, succeededAfter)
-			if replaced < len(caught) || uint32(replaced) != reg.roomsFailed {
-				t.Errorf("%d rooms failed region_replaced; %d were caught mid-transfer and RegisterRegion said %d", replaced, len(caught), reg.roomsFailed)
+		case rm.midTransferAtRestart:
+			t.Errorf("room %d was mid-transfer at the restart and ended prefill %v, decode %v; want region_replaced", rm.id, ps, ds)
+		case !oldGen:
+			openedAfter++
+			if !succeeded {
+				t.Errorf("room %d opened after the restart did not succeed: prefill %v, decode %v", rm.id, ps, ds)
+			} else {
+				succeededAfter++
 			}
-			if openedAfter < rooms/4 { // the restart waits for a room mid-transfer while others end
-				t.Errorf("only %d rooms opened after the restart", openedAfter)
+		case succeeded && !rm.allSent():
+			t.Errorf("room %d reached Success though some rank never sent its last chunk (sent %v)", rm.id, rm.chunksSent)
+		case succeeded, rm.anyStopped() && ps.GetReason() == "aborted:local":
+		default:
+			t.Errorf("room %d of the old generation ended prefill %v, decode %v", rm.id, ps, ds)
+		}
+		if rm.failedSnapshot != nil {
+			if !bytes.Equal(s.snapshotRoom(rm), rm.failedSnapshot) {
+				t.Errorf("room %d: decode pages changed after its Failed was visible", rm.id)
 			}
-			after := replacedCounters(t, s.p)
-			if d := after[side][0] - before[side][0]; d != 1 {
-				t.Errorf("pdlink_region_replaced_total on %s moved by %v, want 1", side, d)
-			}
-			if d := after[otherSide(side)][0] - before[otherSide(side)][0]; d != 0 {
-				t.Errorf("pdlink_region_replaced_total on %s moved by %v, want 0", otherSide(side), d)
-			}
-			if d := after[side][1] - before[side][1]; d != float64(replaced) {
-				t.Errorf(`pdlink_room_failures_total{reason="region_replaced"} on %s moved by %v, want %d`, side, d, replaced)
-			}
-		})
+		}
+	}
+	t.Logf("%d rooms: %d caught mid-transfer, %d failed region_replaced (register said %d), %d opened after the restart, %d of them succeeded",
+		len(s.rooms), len(caught), replaced, reg.roomsFailed, openedAfter, succeededAfter)
+	if replaced < len(caught) || uint32(replaced) != reg.roomsFailed {
+		t.Errorf("%d rooms failed region_replaced; %d were caught mid-transfer and RegisterRegion said %d", replaced, len(caught), reg.roomsFailed)
+	}
+	if openedAfter < rooms/4 { // the restart waits for a room mid-transfer while others end
+		t.Errorf("only %d rooms opened after the restart", openedAfter)
+	}
+	after := replacedCounters(t, s.p)
+	if d := after[side][0] - before[side][0]; d != 1 {
+		t.Errorf("pdlink_region_replaced_total on %s moved by %v, want 1", side, d)
+	}
+	if d := after[otherSide(side)][0] - before[otherSide(side)][0]; d != 0 {
+		t.Errorf("pdlink_region_replaced_total on %s moved by %v, want 0", otherSide(side), d)
+	}
+	if d := after[side][1] - before[side][1]; d != float64(replaced) {
+		t.Errorf(`pdlink_room_failures_total{reason="region_replaced"} on %s moved by %v, want %d`, side, d, replaced)
 	}
 }
 
@@ -745,13 +865,13 @@ func TestUnregisterRegionWithRoomsInFlight(t *testing.T) {
 			}
 			unregister := func() (bool, uint64, uint32) {
 				if side == "prefill" {
-					r, err := p.prefill.UnregisterRegion(p.ctx, &pb.PrefillServiceUnregisterRegionRequest{Rank: rankOf(0)})
+					r, err := p.prefill.UnregisterRegion(p.ctx, &pb.PrefillServiceUnregisterRegionRequest{Rank: rankOf(0, 1)})
 					if err != nil {
 						t.Fatal(err)
 					}
 					return r.Unregistered, r.Generation, r.RoomsFailed
 				}
-				r, err := p.decode.UnregisterRegion(p.ctx, &pb.DecodeServiceUnregisterRegionRequest{Rank: rankOf(0)})
+				r, err := p.decode.UnregisterRegion(p.ctx, &pb.DecodeServiceUnregisterRegionRequest{Rank: rankOf(0, 1)})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -808,4 +928,19 @@ func TestUnregisterRegionWithRoomsInFlight(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openReceiver is rank's scheduler opening room on decode, fed by every
+// prefill rank (equal TP).
+func (s *restartStream) openReceiver(room uint64, rank int) *pb.OpenReceiverRequest {
+	req := &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: s.p.bootstrap, Rank: s.rank(rank)}
+	if s.tp > 1 {
+		req.ExpectedSenders = uint32(s.tp)
+	}
+	return req
+}
+
+// openSender is rank's scheduler opening room on prefill.
+func (s *restartStream) openSender(room uint64, rank int) *pb.OpenSenderRequest {
+	return &pb.OpenSenderRequest{RoomId: room, Rank: s.rank(rank)}
 }
