@@ -230,6 +230,9 @@ func (d *DecodeData) Expect(md Metadata) error {
 			row = auxRow
 		}
 		if err := rx.Expect(transfer.Expectation{Key: k, Dst: dst, AuxRow: row, Copies: src.copies}); err != nil {
+			if slice := headSliceError(err); slice != nil {
+				err = slice
+			}
 			for _, done := range keys {
 				rx.Fence(done)
 			}

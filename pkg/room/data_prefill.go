@@ -746,6 +746,9 @@ func (d *PrefillData) refused(key poll.Key, err error) sendOutcome {
 			_ = d.node.t.Step(d.node.now(), poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
 		})
 	}
+	if slice := headSliceError(err); slice != nil {
+		return sendOutcome{err: slice}
+	}
 	return sendOutcome{err: errorf(ErrTransferRefused, "transfer refused: %v", err)}
 }
 
