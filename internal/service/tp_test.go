@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/internal/daemon"
 	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
@@ -30,7 +31,13 @@ func startTPPair(t *testing.T, n int) *tpPair {
 // rank's region of layout(rank).
 func startMappedPair(t *testing.T, nPre, nDec int, layout func(transfer.Rank) transfer.Layout) *tpPair {
 	t.Helper()
-	p := &tpPair{pair: startPair(t), n: nPre}
+	return startMappedPairWith(t, nPre, nDec, layout, nil)
+}
+
+// startMappedPairWith is startMappedPair with the daemons' configs tweaked.
+func startMappedPairWith(t *testing.T, nPre, nDec int, layout func(transfer.Rank) transfer.Layout, tweak func(pre, dec *daemon.Config)) *tpPair {
+	t.Helper()
+	p := &tpPair{pair: startPairWith(t, tweak), n: nPre}
 	for i := range max(nPre, nDec) {
 		if i < nPre {
 			pre := newRegionWithLayout(t, layout(transfer.Rank{TP: uint16(i), Size: uint16(nPre)}))
@@ -444,90 +451,6 @@ func TestMLAWithDifferentTPFeedsEachDecodeRankFromOnePrefillRank(t *testing.T) {
 					}
 				}
 				want := fmt.Sprintf("rank-%d-first-token", s)
-				if got := string(p.dec[d].mem.AuxRow(int64(7 - d))[:len(want)]); got != want {
-					t.Fatalf("decode rank %d aux row %q, want %q", d, got, want)
-				}
-			}
-		})
-	}
-}
-
-// mhaHeads is the model of the MHA tests: 8 KV heads of 64 bytes, 16-token
-// pages; a rank of TP size n holds 8/n consecutive heads (max 1).
-const mhaHeads, mhaHeadBytes, mhaPageTokens = 8, 64, 16
-
-func mhaLayout(rank transfer.Rank) transfer.Layout {
-	rankHeads := max(mhaHeads/int(rank.Size), 1)
-	l := transfer.UniformLayout(2, 64, int64(mhaPageTokens*rankHeads*mhaHeadBytes), 8, 64)
-	l.Rank = rank
-	return l.WithHeads(rankmap.MHA, mhaPageTokens, mhaHeads, mhaHeadBytes)
-}
-
-// MHA with different TP (head slices): every byte of every decode rank's
-// page is the right prefill rank's head, computed here from the model
-// (global head g of decode rank d's local head h is d*8/D+h, held by
-// prefill rank g/(8/P) at its local head g%(8/P)), not from rankmap; each
-// decode rank's aux row is from the lowest prefill rank feeding it; the
-// room is Success on both sides only once every pair delivered.
-func TestMHAWithDifferentTPMovesEveryHeadFromItsPrefillRank(t *testing.T) {
-	for _, tc := range []struct{ pre, dec int }{{2, 4}, {4, 2}, {1, 8}, {8, 1}} {
-		t.Run(fmt.Sprintf("%d->%d", tc.pre, tc.dec), func(t *testing.T) {
-			p := startMappedPair(t, tc.pre, tc.dec, mhaLayout)
-			const room = 41
-			src := func(rank int) []int32 { return []int32{int32(3 + rank), 20, int32(30 + rank)} }
-			dst := func(rank int) []int32 { return []int32{int32(50 + rank), 9, int32(40 - rank)} }
-			for i := range tc.pre {
-				p.fillRank(i, src(i), int64(i))
-			}
-			for i := range tc.pre {
-				if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(i, tc.pre)}); err != nil {
-					t.Fatalf("OpenSender rank %d: %v", i, err)
-				}
-			}
-			for i := range tc.dec {
-				if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap,
-					ExpectedSenders: uint32(tc.pre), Rank: tpRank(i, tc.dec)}); err != nil {
-					t.Fatalf("OpenReceiver rank %d: %v", i, err)
-				}
-				if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, Rank: tpRank(i, tc.dec),
-					DstPages: &pb.PageList{Indices: dst(i)}, AuxIndex: uint32(7 - i)}); err != nil {
-					t.Fatalf("SendMetadata rank %d: %v", i, err)
-				}
-			}
-			eventually(t, "prefill WaitingForInput", func() bool {
-				ps, _ := pollState(t, p.pair, room)
-				return ps.State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT
-			})
-			for i := range tc.pre {
-				if _, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, Rank: tpRank(i, tc.pre), Pages: &pb.PageList{Indices: src(i)},
-					Last: true, AuxIndex: uint32(i)}); err != nil {
-					t.Fatalf("Send rank %d: %v", i, err)
-				}
-			}
-			eventually(t, "Success on both sides", func() bool {
-				ps, ds := pollState(t, p.pair, room)
-				return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-			})
-			preHeads, decHeads := max(mhaHeads/tc.pre, 1), max(mhaHeads/tc.dec, 1)
-			for d := range tc.dec {
-				for b := range p.dec[d].layout.Buffers {
-					for k, pg := range dst(d) {
-						got := p.dec[d].mem.Pages(b, transfer.Run{Start: pg, Count: 1})
-						for tok := range mhaPageTokens {
-							for h := range decHeads {
-								g := d*decHeads + h
-								s, hs := g/preHeads, g%preHeads
-								from := p.pre[s].mem.Pages(b, transfer.Run{Start: src(s)[k], Count: 1})
-								want := from[(tok*preHeads+hs)*mhaHeadBytes:][:mhaHeadBytes]
-								if at := (tok*decHeads + h) * mhaHeadBytes; string(got[at:at+mhaHeadBytes]) != string(want) {
-									t.Fatalf("decode rank %d buffer %d page %d token %d head %d: not prefill rank %d's head %d", d, b, pg, tok, h, s, hs)
-								}
-							}
-						}
-					}
-				}
-				aux := (d * decHeads) / preHeads
-				want := fmt.Sprintf("rank-%d-first-token", aux)
 				if got := string(p.dec[d].mem.AuxRow(int64(7 - d))[:len(want)]); got != want {
 					t.Fatalf("decode rank %d aux row %q, want %q", d, got, want)
 				}
