@@ -69,8 +69,8 @@ func seedFrames() [][]byte {
 	var out [][]byte
 	for _, h := range []Header{
 		{Type: FramePing}, {Type: FramePong},
-		{Type: FrameResult, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Status: uint32(codeChecksum)},
-		{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: 1, Pages: 3, PayloadLen: 16},
+		{Type: FrameResult, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: k.From, Status: uint32(codeChecksum)},
+		{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: k.From, Seq: 1, Pages: 3, PayloadLen: 16},
 	} {
 		b := make([]byte, HeaderSize)
 		h.Encode(b)
@@ -359,7 +359,7 @@ func slicedChunkHeader(k Key, seq uint32, runs []SliceRun, pageTokens int64, pay
 		pages += int64(r.Count)
 		n += int64(r.Count) * r.sliceBytes(pageTokens)
 	}
-	h := Header{Type: FrameChunk, Flags: FlagPayloadCRC | FlagSliced, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: seq,
+	h := Header{Type: FrameChunk, Flags: FlagPayloadCRC | FlagSliced, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: k.From, Seq: seq,
 		NumRuns: uint32(len(runs)), Pages: uint32(pages), PayloadLen: uint64(n),
 		PayloadCRC: crc32.Checksum(payload, castagnoli), RunsCRC: RunsChecksum(meta[HeaderSize:])}
 	h.Encode(meta)
