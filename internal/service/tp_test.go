@@ -29,13 +29,13 @@ func startTPPair(t *testing.T, n int) *tpPair {
 
 // startMappedPair is a pair of nPre prefill and nDec decode ranks, each
 // rank's region of layout(rank).
-func startMappedPair(t *testing.T, nPre, nDec int, layout func(transfer.Rank) transfer.Layout) *tpPair {
+func startMappedPair(t testing.TB, nPre, nDec int, layout func(transfer.Rank) transfer.Layout) *tpPair {
 	t.Helper()
 	return startMappedPairWith(t, nPre, nDec, layout, nil)
 }
 
 // startMappedPairWith is startMappedPair with the daemons' configs tweaked.
-func startMappedPairWith(t *testing.T, nPre, nDec int, layout func(transfer.Rank) transfer.Layout, tweak func(pre, dec *daemon.Config)) *tpPair {
+func startMappedPairWith(t testing.TB, nPre, nDec int, layout func(transfer.Rank) transfer.Layout, tweak func(pre, dec *daemon.Config)) *tpPair {
 	t.Helper()
 	p := &tpPair{pair: startPairWith(t, tweak), n: nPre}
 	for i := range max(nPre, nDec) {
