@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -108,6 +109,9 @@ func toStatus(err error) error {
 	if errors.As(err, &ended) {
 		return roomEnded(ended.Info)
 	}
+	if errors.Is(err, room.ErrBadHeadSlice) || errors.Is(err, room.ErrHeadSliceMismatch) {
+		return headSliceRefused(err)
+	}
 	code := codes.Internal
 	switch {
 	case errors.Is(err, poll.ErrNotFound):
@@ -137,6 +141,25 @@ func toStatus(err error) error {
 		code = codes.Canceled
 	}
 	return status.Error(code, err.Error())
+}
+
+// headSliceRefused answers a head slice the data plane refused: one
+// outside its row is InvalidArgument, one the rank mapping does not give
+// the pair FailedPrecondition (the two daemons' layouts disagree), with an
+// ErrorInfo whose metadata reason a client can read (bad_slice,
+// slice_mismatch); the room itself failed on the data plane, and is
+// counted there as a refused chunk's room is.
+func headSliceRefused(err error) error {
+	code, reason := codes.InvalidArgument, "bad_slice"
+	if errors.Is(err, room.ErrHeadSliceMismatch) {
+		code, reason = codes.FailedPrecondition, "slice_mismatch"
+	}
+	st := status.New(code, err.Error())
+	if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: "HEAD_SLICE_REFUSED", Domain: "pdlink",
+		Metadata: map[string]string{"reason": reason}}); derr == nil {
+		st = d
+	}
+	return st.Err()
 }
 
 // rooms implements the calls both scheduler services share.

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/internal/daemon"
 	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
@@ -28,9 +29,15 @@ func startTPPair(t *testing.T, n int) *tpPair {
 
 // startMappedPair is a pair of nPre prefill and nDec decode ranks, each
 // rank's region of layout(rank).
-func startMappedPair(t *testing.T, nPre, nDec int, layout func(transfer.Rank) transfer.Layout) *tpPair {
+func startMappedPair(t testing.TB, nPre, nDec int, layout func(transfer.Rank) transfer.Layout) *tpPair {
 	t.Helper()
-	p := &tpPair{pair: startPair(t), n: nPre}
+	return startMappedPairWith(t, nPre, nDec, layout, nil)
+}
+
+// startMappedPairWith is startMappedPair with the daemons' configs tweaked.
+func startMappedPairWith(t testing.TB, nPre, nDec int, layout func(transfer.Rank) transfer.Layout, tweak func(pre, dec *daemon.Config)) *tpPair {
+	t.Helper()
+	p := &tpPair{pair: startPairWith(t, tweak), n: nPre}
 	for i := range max(nPre, nDec) {
 		if i < nPre {
 			pre := newRegionWithLayout(t, layout(transfer.Rank{TP: uint16(i), Size: uint16(nPre)}))
@@ -450,35 +457,4 @@ func TestMLAWithDifferentTPFeedsEachDecodeRankFromOnePrefillRank(t *testing.T) {
 			}
 		})
 	}
-}
-
-// MHA with different TP needs head slices, which the wire does not carry
-// yet: the room fails invalid on both sides at bind, never Success with
-// whole pages landing on the wrong heads.
-func TestMHAWithDifferentTPIsRefusedNotMovedWrong(t *testing.T) {
-	layout := func(rank transfer.Rank) transfer.Layout {
-		l := transfer.UniformLayout(2, 64, int64(16*(8/int(rank.Size))*64), 4, 64)
-		l.Rank = rank
-		return l.WithHeads(rankmap.MHA, 16, 8, 64)
-	}
-	p := startMappedPair(t, 2, 4, layout)
-	const room = 31
-	for i := range 2 {
-		if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(i, 2)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i := range 4 {
-		if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap, ExpectedSenders: 2, Rank: tpRank(i, 4)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, Rank: tpRank(0, 4), DstPages: &pb.PageList{Indices: []int32{1}}}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the room Failed invalid on both sides", func() bool {
-		ps, ds := pollState(t, p.pair, room)
-		return ps.State == pb.RoomState_ROOM_STATE_FAILED && ps.Reason == "invalid" &&
-			ds.State == pb.RoomState_ROOM_STATE_FAILED && ds.PeerReason == "invalid"
-	})
 }

@@ -14,6 +14,7 @@ import (
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -51,6 +52,7 @@ type DecodeData struct {
 	// no lock.
 	metadata map[metaKey]*sentMetadata
 	fences   rankFences
+	sliced   slicedRanks
 }
 
 // metaKey names one decode rank's share of a room.
@@ -111,7 +113,8 @@ var _ DecodeDataPlane = (*DecodeData)(nil)
 // newDecodeData returns the owner's data plane of the given kind, built
 // when the region is registered, reporting to node.
 func newDecodeData(kind transfer.Kind, cfg transfer.ReceiverConfig, log *zap.Logger, node decodeNode) *DecodeData {
-	d := &DecodeData{log: log, kind: kind, rcfg: cfg, node: node, metadata: map[metaKey]*sentMetadata{}}
+	d := &DecodeData{log: log, kind: kind, rcfg: cfg, node: node, metadata: map[metaKey]*sentMetadata{},
+		sliced: slicedRanks{keys: map[poll.Key][]transfer.Key{}, remaining: map[metaKey]int{}}}
 	d.rcfg.OnFenced = func(k transfer.Key) { d.fences.onFenced(k, func() { d.node.Fenced(pkey(k)) }) }
 	d.slot.log = log
 	d.newSink = func(r transfer.RegionSet, cfg transfer.ReceiverConfig, ev transfer.Events) (transfer.Sink, error) {
@@ -200,7 +203,137 @@ func (d *DecodeData) Expect(md Metadata) error {
 	if l.Aux.Rows == 0 {
 		auxRow = -1
 	}
-	return rx.Expect(transfer.Expectation{Key: tkey(md.Key, transfer.Rank(md.Rank)), Dst: transfer.SamePages(len(l.Buffers), runs), AuxRow: auxRow})
+	rank := transfer.Rank(md.Rank)
+	dst := transfer.SamePages(len(l.Buffers), runs)
+	sources, err := slicedSources(l, md.PrefillTP, rank)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrRankMapping, err)
+	}
+	if sources == nil {
+		return rx.Expect(transfer.Expectation{Key: tkey(md.Key, rank), Dst: dst, AuxRow: auxRow})
+	}
+	// Head slices: one expectation per prefill rank feeding this one, each
+	// with its own slices of the same pages; the aux row from AuxFrom only.
+	// The rank is done once every one completed.
+	mk := metaKey{md.Key, rank.TP}
+	var keys []transfer.Key
+	if rank.Size > 1 {
+		d.sliced.Lock()
+		d.sliced.remaining[mk] = len(sources)
+		d.sliced.Unlock()
+	}
+	for _, src := range sources {
+		k := tkey(md.Key, rank)
+		k.From = src.rank
+		row := int64(-1)
+		if src.aux {
+			row = auxRow
+		}
+		if err := rx.Expect(transfer.Expectation{Key: k, Dst: dst, AuxRow: row, Copies: src.copies}); err != nil {
+			if slice := headSliceError(err); slice != nil {
+				err = slice
+			}
+			for _, done := range keys {
+				rx.Fence(done)
+			}
+			d.sliced.Lock()
+			delete(d.sliced.remaining, mk)
+			d.sliced.Unlock()
+			return err
+		}
+		keys = append(keys, k)
+	}
+	d.sliced.Lock()
+	d.sliced.keys[md.Key] = append(d.sliced.keys[md.Key], keys...)
+	d.sliced.Unlock()
+	return nil
+}
+
+// slicedSource is one prefill rank feeding a decode rank head slices.
+type slicedSource struct {
+	rank   transfer.Rank
+	copies []rankmap.Copy
+	aux    bool // the source writes the rank's aux row (Mapping AuxFrom)
+}
+
+// slicedSources plans, from decode's own layout and the prefill TP size,
+// the prefill ranks that feed decode rank dst head slices (MHA between TP
+// sizes), each with its copies; nil when the rank takes whole pages (equal
+// TP, MLA, an opaque layout, or the prefill TP unknown). Prefill plans the
+// same from both real layouts (peerplan.go); a prefill layout other than
+// the one decode derives sends slices decode does not expect, and the
+// receiver refuses them before a byte lands.
+func slicedSources(local transfer.Layout, prefillTP int, dst transfer.Rank) ([]slicedSource, error) {
+	if !local.Described() || local.Attention != rankmap.MHA || prefillTP <= 0 || prefillTP == int(local.Rank.Size) {
+		return nil, nil
+	}
+	pre := local
+	pre.Rank = transfer.Rank{TP: 0, Size: uint16(prefillTP)}
+	pre.Buffers = slices.Clone(local.Buffers)
+	var offset int64
+	for i := range pre.Buffers {
+		b := &pre.Buffers[i]
+		pages := b.Length / b.ItemLen
+		b.RankHeads = max(b.TotalHeads/int64(prefillTP), 1)
+		b.ItemLen = b.PageTokens * b.RankHeads * b.HeadBytes
+		b.Offset, b.Length = offset, pages*b.ItemLen // only the shape is planned
+		offset += b.Length
+	}
+	pre.Aux.Offset = offset
+	m, err := transfer.PlanRanks(pre, local)
+	if err != nil {
+		return nil, err
+	}
+	if int(dst.TP) >= len(m.DecodeRanks) {
+		return nil, fmt.Errorf("decode rank %d outside the mapping's %d ranks", dst.TP, len(m.DecodeRanks))
+	}
+	dr := m.DecodeRanks[dst.TP]
+	out := make([]slicedSource, 0, len(dr.From))
+	for _, from := range dr.From {
+		out = append(out, slicedSource{rank: transfer.Rank{TP: uint16(from), Size: uint16(prefillTP)},
+			copies: m.CopiesFrom(from, int(dst.TP)), aux: from == dr.AuxFrom})
+	}
+	return out, nil
+}
+
+// slicedRanks holds the expectations of head-slice streams, which are keyed
+// by (decode rank, prefill rank): per room the keys a fence covers, and per
+// decode rank the streams still to complete. Its own lock: Expect runs on
+// the SendMetadata caller, Complete on a receiver goroutine.
+type slicedRanks struct {
+	sync.Mutex
+	keys      map[poll.Key][]transfer.Key
+	remaining map[metaKey]int
+}
+
+// fenceKeys are the room's rank keys plus its head-slice streams' keys.
+func (d *DecodeData) fenceKeys(key poll.Key) []transfer.Key {
+	keys := d.slot.keys(key)
+	d.sliced.Lock()
+	keys = append(keys, d.sliced.keys[key]...)
+	d.sliced.Unlock()
+	return keys
+}
+
+// completed reports whether k's completion completes its decode rank: a
+// whole-page stream at once, a head-slice stream when its rank's last one.
+func (d *DecodeData) completed(k transfer.Key) bool {
+	if k.From == (transfer.Rank{}) {
+		return true
+	}
+	mk := metaKey{pkey(k), k.Rank.TP}
+	d.sliced.Lock()
+	defer d.sliced.Unlock()
+	n, ok := d.sliced.remaining[mk]
+	if !ok {
+		return false
+	}
+	if n--; n > 0 {
+		d.sliced.remaining[mk] = n
+		return false
+	}
+	delete(d.sliced.remaining, mk)
+	return true
 }
 
 // Fence implements DecodeDataPlane without waiting: the receiver
@@ -214,12 +347,20 @@ func (d *DecodeData) Fence(key poll.Key) bool {
 	if rx == nil {
 		return true
 	}
-	return d.fences.fence(d.slot.keys(key), rx.Fence, func() { d.node.Fenced(key) })
+	return d.fences.fence(d.fenceKeys(key), rx.Fence, func() { d.node.Fenced(key) })
 }
 
 // Forget implements DecodeDataPlane.
 func (d *DecodeData) Forget(key poll.Key) {
 	d.Fence(key) // a room reaped unfenced: stop its writes all the same
+	d.sliced.Lock()
+	delete(d.sliced.keys, key)
+	for mk := range d.sliced.remaining {
+		if mk.key == key {
+			delete(d.sliced.remaining, mk)
+		}
+	}
+	d.sliced.Unlock()
 	for k := range d.metadata {
 		if k.key == key {
 			delete(d.metadata, k)
@@ -234,7 +375,16 @@ func (e decodeEvents) Progress(k transfer.Key, n int64) {
 	e.d.node.OnProgress(pkey(k))
 }
 
-func (e decodeEvents) Complete(k transfer.Key) { e.d.node.OnRankDone(pkey(k), completedRank(k)) }
+func (e decodeEvents) Complete(k transfer.Key) {
+	if k.From != (transfer.Rank{}) && k.Rank.Size <= 1 {
+		// A decode room of one rank expects one completion per prefill rank.
+		e.d.node.OnRankDone(pkey(k), int(k.From.TP))
+		return
+	}
+	if e.d.completed(k) {
+		e.d.node.OnRankDone(pkey(k), completedRank(k))
+	}
+}
 
 func (e decodeEvents) Failed(k transfer.Key, r transfer.Reason, err error) {
 	e.d.log.Warn("room transfer failed", zap.Uint64("room", k.Room), zap.String("reason", string(r)), zap.Error(err))

@@ -72,7 +72,12 @@ type prefillRoom struct {
 	dummy bool
 	// dstRank is the decode rank fed: the stream's key carries it, as the
 	// receiver's expectation does.
-	dstRank  transfer.Rank
+	dstRank transfer.Rank
+	// copies are the head slices the stream carries (MHA between TP
+	// sizes; nil: whole pages), and noAux says another prefill rank sends
+	// the decode rank's aux row.
+	copies   []rankmap.Copy
+	noAux    bool
 	peerAddr string
 	dst      []transfer.Run // decode's pages, in position order
 	dstPages int64          // positions, the prefix included
@@ -307,8 +312,16 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 		if slices.ContainsFunc(shares, func(r *prefillRoom) bool { return r.dstRank == dstRank }) {
 			continue // a retransmitted METADATA
 		}
-		d.rooms[rr] = append(shares, &prefillRoom{key: md.Key, rank: src, dstRank: dstRank, peerAddr: peer.Addr, dst: dst,
-			dstPages: transfer.CountPages(dst), prefix: prefix})
+		share := &prefillRoom{key: md.Key, rank: src, dstRank: dstRank, peerAddr: peer.Addr, dst: dst,
+			dstPages: transfer.CountPages(dst), prefix: prefix}
+		if m, ok := d.plans.mapping(peer.Addr); ok && !wholePages(m, int(dstRank.TP)) {
+			// Head slices: the stream carries the pair's copies and names its
+			// prefill rank (a decode rank may take several), and only the
+			// decode rank's AuxFrom sends the aux row.
+			share.copies = m.CopiesFrom(int(src.TP), int(dstRank.TP))
+			share.noAux = m.DecodeRanks[dstRank.TP].AuxFrom != int(src.TP)
+		}
+		d.rooms[rr] = append(shares, share)
 	}
 	for _, src := range dummies {
 		if rr := (roomRank{md.Key.Room, src.TP}); len(d.rooms[rr]) == 0 || d.rooms[rr][0].key != md.Key {
@@ -317,23 +330,28 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 	}
 }
 
+// wholePages reports whether decode rank dst of m takes whole pages (equal
+// TP, MLA): one stream, keyed by the decode rank alone.
+func wholePages(m rankmap.Mapping, dst int) bool {
+	if dst < 0 || dst >= len(m.DecodeRanks) {
+		return true
+	}
+	for _, c := range m.DecodeRanks[dst].Copies {
+		if !c.Whole() {
+			return false
+		}
+	}
+	return true
+}
+
 // sourcesOf is the local ranks that feed decode rank dst of the peer at
 // addr, from its mapping, and the dummies: ranks dst addresses that feed
-// no decode rank at all (their Sends move nothing). An error for a mapping
-// this side cannot serve yet (a copy that is not whole pages: MHA with
-// different TP needs head slices) or a source rank with no region.
+// no decode rank at all (their Sends move nothing). An error for a source
+// rank with no region.
 func (d *PrefillData) sourcesOf(addr string, dst transfer.Rank) (sources, dummies []transfer.Rank, err error) {
 	m, ok := d.plans.mapping(addr)
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: no rank mapping for %s", ErrRankMapping, addr)
-	}
-	for _, dr := range m.DecodeRanks {
-		for _, c := range dr.Copies {
-			if !c.Whole() {
-				return nil, nil, fmt.Errorf("%w: prefill tp %d -> decode tp %d moves head slices (buffer %d heads %d+%d of rank %d), not served yet",
-					ErrRankMapping, m.Prefill.TP, m.Decode.TP, c.Buffer, c.SrcHead, c.Heads, c.From)
-			}
-		}
 	}
 	if int(dst.TP) >= len(m.DecodeRanks) || int(dst.Size) != len(m.DecodeRanks) {
 		return nil, nil, fmt.Errorf("%w: decode rank %d of %d outside the mapping's %d ranks", ErrRankMapping, dst.TP, dst.Size, len(m.DecodeRanks))
@@ -366,7 +384,35 @@ func (d *PrefillData) Fence(key poll.Key) bool {
 	if s == nil {
 		return true
 	}
-	return d.fences.fence(d.slot.keys(key), s.Fence, func() { d.node.Fenced(key) })
+	return d.fences.fence(d.streamKeys(key), s.Fence, func() { d.node.Fenced(key) })
+}
+
+// streamKeys are the data-plane keys a fence of the room covers: every
+// local rank's, and those of the streams its shares opened (keyed by the
+// decode rank they feed, and the prefill rank for head slices). On the
+// owner.
+func (d *PrefillData) streamKeys(key poll.Key) []transfer.Key {
+	keys := d.slot.keys(key)
+	for tp := range d.slot.size() {
+		for _, r := range d.rooms[roomRank{key.Room, tp}] {
+			if r.key == key && !r.dummy {
+				if k := r.streamKey(); !slices.Contains(keys, k) {
+					keys = append(keys, k)
+				}
+			}
+		}
+	}
+	return keys
+}
+
+// streamKey is the share's stream key: the decode rank's, and for head
+// slices the prefill rank's too.
+func (r *prefillRoom) streamKey() transfer.Key {
+	k := tkey(r.key, r.dstRank)
+	if r.copies != nil {
+		k.From = r.rank
+	}
+	return k
 }
 
 // Forget implements PrefillDataPlane, on the owner.
@@ -515,7 +561,7 @@ func (d *PrefillData) takeShare(ctx context.Context, req sendOf, region *transfe
 	sender := d.transport()
 	nbuf := len(region.Layout().Buffers)
 	start, src := int64(req.StartPosition), req.src
-	key, tk := r.key, tkey(r.key, r.dstRank)
+	key, tk := r.key, r.streamKey()
 	behind := false // start is a position some named buffer already has
 	named(req.buffers, nbuf, func(b int) bool { behind = start < r.nextPosition(b); return !behind })
 	if (r.started || behind) && r.repeats(start, src, req.buffers, req.Last, req.AuxIndex) {
@@ -554,7 +600,7 @@ func (d *PrefillData) takeShare(ctx context.Context, req sendOf, region *transfe
 			bytes += (r.dstPages - r.prefix) * b.ItemLen
 		}
 		rank, dst := r.rank.TP, r.dstRank.TP
-		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Source: r.rank, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
+		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Source: r.rank, Copies: r.copies, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
 			Done: func(err error) { d.done(key, bytes, err) },
 			// Each chunk written refreshes the room's transfer-idle deadline: a last Send
 			// whose pages wait behind other rooms' or move over a slow link is not idle.
@@ -569,6 +615,9 @@ func (d *PrefillData) takeShare(ctx context.Context, req sendOf, region *transfe
 	}
 	moved := r.moved(start, src)
 	piece := transfer.Piece{Src: make([][]transfer.Run, nbuf), Last: req.Last, Aux: aux}
+	if r.noAux {
+		piece.Aux = nil
+	}
 	named(req.buffers, nbuf, func(b int) bool { piece.Src[b] = moved; return true })
 	// Appended on the owner, so concurrent Sends of a room reach the
 	// stream in the order their start positions were checked.
@@ -696,6 +745,9 @@ func (d *PrefillData) refused(key poll.Key, err error) sendOutcome {
 		d.node.applyOwned(func() {
 			_ = d.node.t.Step(d.node.now(), poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
 		})
+	}
+	if slice := headSliceError(err); slice != nil {
+		return sendOutcome{err: slice}
 	}
 	return sendOutcome{err: errorf(ErrTransferRefused, "transfer refused: %v", err)}
 }

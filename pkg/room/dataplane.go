@@ -34,6 +34,11 @@ type Metadata struct {
 	// decode reports Success (R11). The frame's field keeps its old name,
 	// expected_senders, for compatibility.
 	ExpectedRanks int
+	// PrefillTP is the prefill side's TP size the room's ranks were opened
+	// with (expected_senders); 0 when unknown. Decode plans the head slices
+	// each prefill rank brings from it and its own layout (MHA between TP
+	// sizes).
+	PrefillTP int
 }
 
 // PrefillDataPlane is what the prefill node needs from the data plane:

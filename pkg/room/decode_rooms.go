@@ -38,6 +38,13 @@ func (n *DecodeOwner) SendMetadata(room poll.RoomID, req MetadataRequest) error 
 		return fmt.Errorf("%w: no session for peer %d", conn.ErrClosedNode, info.Peer)
 	}
 	md := Metadata{Key: info.Key, Rank: rank, DstPages: req.DstPages, AuxIndex: req.AuxIndex, PrefixLen: req.PrefixLen, ExpectedRanks: max(info.Ranks, 1)}
+	n.exec(func() {
+		if rec := n.opens[room]; rec != nil && rec.key == info.Key {
+			md.PrefillTP = rec.expected
+		} else if rank.Size == 1 {
+			md.PrefillTP = md.ExpectedRanks // a room of one rank counts the prefill ranks
+		}
+	})
 	if err := n.dp.Expect(md); err != nil {
 		return err
 	}

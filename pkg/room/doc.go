@@ -91,9 +91,23 @@
 //     room expects one completion per decode rank and is Success once every
 //     rank did (R11 with real bytes). A lost frame or a slow rank fails the
 //     room at its deadline (r11_tp4).
-//   - served: equal TP, and any TP pair whose copies are whole pages (MLA).
-//     A mapping that needs head slices (MHA with different TP) fails the
-//     room invalid at bind (ErrRankMapping, logged with both TP sizes).
+//   - MHA with different TP (head slices): prefill rank s opens one stream
+//     per decode rank d in Mapping.PrefillRanks[s].To carrying
+//     Mapping.CopiesFrom(s, d), keyed by d and by s (transfer Key.From: a
+//     decode rank may take several); only d's AuxFrom sends the aux row.
+//     Decode plans the same mapping from its own layout and the prefill TP
+//     size (expected_senders, which a multi-rank room's Opens agree on;
+//     data_decode.go slicedSources): decode rank d expects one stream per
+//     rank of DecodeRanks[d].From with its copies, the aux row from AuxFrom
+//     only, and d is done once every one of them completed (a decode room
+//     of one rank counts each prefill rank as today). A prefill layout other
+//     than the one decode derives sends slices decode does not expect: the
+//     receiver refuses them before a byte lands and the room fails invalid;
+//     a refused slice reaches a scheduler as ErrBadHeadSlice /
+//     ErrHeadSliceMismatch. A room's fence covers every stream key its
+//     shares or expectations opened, not only its local ranks' keys.
+//   - served: every mapping rankmap plans (equal TP, MLA, MHA between TP
+//     sizes whose heads divide).
 //
 // A rank's new generation (or its UnregisterRegion) fails the rooms holding
 // data-plane state on that rank (decode: that rank's metadata; prefill: a

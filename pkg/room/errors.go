@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 var (
@@ -22,9 +23,25 @@ var (
 	ErrRankMapping = errors.New("room: rank mapping not served")
 	// ErrDataPlane means the data plane could not be started for a region.
 	ErrDataPlane = errors.New("room: cannot start data plane")
+	// ErrBadHeadSlice means a head slice names no heads or heads outside its row or page (transfer.ErrBadSlice).
+	ErrBadHeadSlice = errors.New("room: head slice outside its row")
+	// ErrHeadSliceMismatch means a head slice is not one the peer's mapping gives the pair (transfer.ErrSliceMismatch).
+	ErrHeadSliceMismatch = errors.New("room: head slice not in the rank mapping")
 	// ErrRegionPathRefused means a region path is no file a region may be (pkg/regionpath's rules).
 	ErrRegionPathRefused = errors.New("room: region path refused")
 )
+
+// headSliceError is err under this package's head-slice sentinel when the
+// data plane refused a head slice (the edge maps it), else nil.
+func headSliceError(err error) error {
+	switch {
+	case errors.Is(err, transfer.ErrBadSlice):
+		return fmt.Errorf("%w: %w", ErrBadHeadSlice, err)
+	case errors.Is(err, transfer.ErrSliceMismatch):
+		return fmt.Errorf("%w: %w", ErrHeadSliceMismatch, err)
+	}
+	return nil
+}
 
 // FieldError is a request field the room refused: the edge answers it as
 // InvalidArgument naming Field.

@@ -79,10 +79,19 @@
 // room of slices, fails the room invalid before a byte lands), each pair is claimed once,
 // the crc32c covers the bytes sent, and the room is Complete only when every pair of every
 // buffer landed. No byte of a destination row outside its expected slices is written, so
-// the streams of several prefill ranks merge into one page. Each (prefill rank, decode
-// rank) stream is its own Key and Expectation: a decode rank fed by two prefill ranks
-// expects two keys, so the key must tell the pair apart (Key.Rank alone names one side;
-// the tests put the pair in the nonce).
+// the streams of several prefill ranks merge into one page.
+//
+// Each (prefill rank, decode rank) stream of slices is its own Key and Expectation: Key.Rank
+// is the decode rank (whose region the receiver writes) and Key.From the prefill rank, so a
+// decode rank fed by two prefill ranks (MHA 4 -> 2) expects two keys, each with its own
+// sequence, totals, claimed pairs, RESULT and fence, and is done once both completed (the
+// daemons count that; R11 per pair). The pair is in the key rather than in one Expectation
+// taking several streams because everything keyed per stream (seq, DONE totals, the
+// sender's job, the fence) then stays as it is; and the frames carry From in the header's
+// bytes 30-31 (from_tp, from_size), the high half of the old 4-byte status, which only ever
+// held a reason code below 16. A whole-page stream (equal TP, MLA) has From zero and its
+// frames keep every byte they had; a build that does not know From refuses a frame with it
+// (a status on a chunk or DONE), so it never lands a slice in another stream's room.
 //
 // Cost (BenchmarkSlicedTransfer, 64 MiB rooms of 32 KiB per page and buffer over loopback,
 // median of 6 on the shared 2-core machine at load 6-7, so +-30%): whole pages 2.36 GB/s
@@ -99,8 +108,7 @@
 // once (each its own stream, seq and totals), and a Receiver with several ranks of a room
 // expected writes each frame into the expectation of the rank it names only, so a rank is
 // Complete with its own pages and aux row only (R11). Fencing or completing one rank does
-// not touch another. The daemons still refuse a second rank of a room at their edge (issue
-// 15 lifts that).
+// not touch another. A stream of head slices adds its prefill rank (Key.From, above).
 //
 // # Receiver (decode)
 //

@@ -50,7 +50,7 @@ func chunkHeaderRuns(k Key, seq uint32, runs []ChunkRun, itemLen int, payload []
 	for _, r := range runs {
 		pages += int64(r.Count)
 	}
-	h := Header{Type: FrameChunk, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: seq,
+	h := Header{Type: FrameChunk, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: k.From, Seq: seq,
 		NumRuns: uint32(len(runs)), Pages: uint32(pages), PayloadLen: uint64(pages) * uint64(itemLen),
 		PayloadCRC: crc32.Checksum(payload, castagnoli), RunsCRC: RunsChecksum(meta[HeaderSize:])}
 	h.Encode(meta)
@@ -59,7 +59,7 @@ func chunkHeaderRuns(k Key, seq uint32, runs []ChunkRun, itemLen int, payload []
 
 func doneFrame(k Key, chunks, pages uint32, aux []byte) []byte {
 	b := make([]byte, HeaderSize, HeaderSize+len(aux))
-	h := Header{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: chunks, Pages: pages,
+	h := Header{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: k.From, Seq: chunks, Pages: pages,
 		PayloadLen: uint64(len(aux)), PayloadCRC: crc32.Checksum(aux, castagnoli)}
 	h.Encode(b)
 	return append(b, aux...)

@@ -208,7 +208,7 @@ func (c *rxConn) result(key Key, reason Reason) error {
 	if reason != "" {
 		code = reason.code()
 	}
-	return c.reply(&Header{Type: FrameResult, Room: key.Room, Nonce: key.Nonce, Rank: key.Rank, Status: uint32(code)})
+	return c.reply(&Header{Type: FrameResult, Room: key.Room, Nonce: key.Nonce, Rank: key.Rank, From: key.From, Status: uint32(code)})
 }
 
 // reject fails room as invalid, drains the frame's payload and tells the sender.

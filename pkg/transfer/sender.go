@@ -289,6 +289,9 @@ func (s *Sender) Open(st Stream) error {
 	if src == (Rank{}) {
 		src = st.Key.Rank
 	}
+	if f := st.Key.From; f.Size > maxFromSize || (f.Size == 0 && f.TP != 0) || (f.Size != 0 && f.TP >= f.Size) {
+		return fmt.Errorf("%w: from rank %d of %d", ErrBadSlice, f.TP, f.Size)
+	}
 	region := s.regions.ForRank(src)
 	if region == nil {
 		return fail(ReasonInvalid, fmt.Errorf("%w: %v", ErrNoRankRegion, st.Key))

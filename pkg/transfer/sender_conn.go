@@ -787,7 +787,7 @@ func (tc *txConn) writePiece(w *piece) (end pieceEnd, err error) {
 			}
 		}
 		tc.meta = c.appendRunList(append(tc.meta[:0], zeroHeader[:]...))
-		h := Header{Type: FrameChunk, Flags: flags | c.flags(), Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank,
+		h := Header{Type: FrameChunk, Flags: flags | c.flags(), Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank, From: j.st.Key.From,
 			Seq: j.seq, NumRuns: c.entries(), Pages: uint32(c.pages),
 			PayloadLen: uint64(c.bytes), PayloadCRC: crc, RunsCRC: RunsChecksum(tc.meta[HeaderSize:])}
 		h.Encode(tc.meta)
@@ -869,7 +869,7 @@ func (tc *txConn) encodeDone(j *job, w *piece, flags uint16, chunks uint32, page
 	if flags != 0 {
 		crc = crc32.Checksum(w.aux, castagnoli)
 	}
-	h := Header{Type: FrameDone, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank, Seq: chunks,
+	h := Header{Type: FrameDone, Flags: flags, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank, From: j.st.Key.From, Seq: chunks,
 		Pages: uint32(pages), PayloadLen: uint64(len(w.aux)), PayloadCRC: crc}
 	h.Encode(tc.hdr[:])
 }

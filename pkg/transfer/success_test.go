@@ -14,7 +14,7 @@ import (
 // doneFrameWithCRC is a DONE whose header claims crc for the aux row it carries.
 func doneFrameWithCRC(k Key, chunks, pages uint32, aux []byte, crc uint32) []byte {
 	b := make([]byte, HeaderSize, HeaderSize+len(aux))
-	h := Header{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: chunks, Pages: pages,
+	h := Header{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: k.From, Seq: chunks, Pages: pages,
 		PayloadLen: uint64(len(aux)), PayloadCRC: crc}
 	h.Encode(b)
 	return append(b, aux...)

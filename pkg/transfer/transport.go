@@ -23,11 +23,18 @@ type Key struct {
 	Room  uint64
 	Nonce uint64
 	Rank  Rank
+	// From is the prefill rank of a stream of head slices (Stream.Copies): a decode rank
+	// fed by several prefill ranks (MHA 4 -> 2) takes one stream, and one Expectation, per
+	// source rank. The zero Rank for whole pages, where a decode rank takes one stream.
+	From Rank
 }
 
 // String is room/nonce, and the rank when the room has more than one, so that log lines of
 // engines without tensor parallelism read as they always did.
 func (k Key) String() string {
+	if k.From.Size > 0 {
+		return fmt.Sprintf("%d/%d rank %d/%d from %d/%d", k.Room, k.Nonce, k.Rank.TP, k.Rank.Size, k.From.TP, k.From.Size)
+	}
 	if k.Rank.Size > 1 {
 		return fmt.Sprintf("%d/%d rank %d/%d", k.Room, k.Nonce, k.Rank.TP, k.Rank.Size)
 	}

@@ -20,7 +20,9 @@ import (
 //	  8    8 room
 //	 16    8 nonce
 //	 24    4 seq     chunk: sequence within the stream; done: number of chunks sent
-//	 28    4 status  result: 0 ok, else a Reason code
+//	 28    2 status  result: 0 ok, else a Reason code
+//	 30    1 from_tp   chunk, done, result: the prefill rank of a sliced stream (Key.From)
+//	 31    1 from_size 0 for a whole-page stream (from_tp then 0 too)
 //	 32    4 runs    chunk: number of entries in the run list
 //	 36    4 pages   chunk: page-buffer pairs in this chunk (sliced: page-slice pairs); done: in the stream
 //	 40    2 tp_rank chunk, done, result: the rank the frame is about
@@ -43,7 +45,11 @@ import (
 // chunks, its bytes otherwise the same as v3's): both daemons ship together.
 //
 // A sliced chunk (FlagSliced, wire_slices.go) moves head slices between TP sizes: its
-// entries are SliceRuns, whole-page entries plus the slice every page carries.
+// entries are SliceRuns, whole-page entries plus the slice every page carries. A decode
+// rank may take several prefill ranks' slices (MHA 4 -> 2), so a sliced stream's frames
+// name their prefill rank too (from_tp, from_size: Key.From), in the two high bytes of the
+// old 4-byte status, which never held more than a reason code: a whole-page stream's from
+// is zero, so its bytes are what they were (see doc.go, "Head slices").
 const (
 	// HeaderSize is the fixed size of a frame header.
 	HeaderSize = 64
@@ -82,22 +88,28 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Header is a decoded frame header.
 type Header struct {
-	Type       FrameType
-	Flags      uint16
-	Room       uint64
-	Nonce      uint64
-	Seq        uint32
-	Status     uint32
-	NumRuns    uint32
-	Pages      uint32
-	Rank       Rank
+	Type    FrameType
+	Flags   uint16
+	Room    uint64
+	Nonce   uint64
+	Seq     uint32
+	Status  uint32
+	NumRuns uint32
+	Pages   uint32
+	Rank    Rank
+	// From is Key.From: the prefill rank of a sliced stream, zero for whole pages.
+	From       Rank
 	PayloadLen uint64
 	PayloadCRC uint32
 	RunsCRC    uint32
 }
 
 // Key is the stream the frame is about: room, nonce and rank.
-func (h *Header) Key() Key { return Key{Room: h.Room, Nonce: h.Nonce, Rank: h.Rank} }
+func (h *Header) Key() Key { return Key{Room: h.Room, Nonce: h.Nonce, Rank: h.Rank, From: h.From} }
+
+// maxFromSize is the largest prefill TP size a frame's from_size byte holds (rankmap.MaxTP
+// is below it).
+const maxFromSize = 255
 
 // Encode writes h into b[:HeaderSize], including the header checksum.
 func (h *Header) Encode(b []byte) {
@@ -110,7 +122,9 @@ func (h *Header) Encode(b []byte) {
 	le.PutUint64(b[8:], h.Room)
 	le.PutUint64(b[16:], h.Nonce)
 	le.PutUint32(b[24:], h.Seq)
-	le.PutUint32(b[28:], h.Status)
+	le.PutUint16(b[28:], uint16(h.Status))
+	b[30] = byte(h.From.TP)
+	b[31] = byte(h.From.Size)
 	le.PutUint32(b[32:], h.NumRuns)
 	le.PutUint32(b[36:], h.Pages)
 	le.PutUint16(b[40:], h.Rank.TP)
@@ -145,7 +159,8 @@ func DecodeHeader(b []byte) (Header, error) {
 		Room:       le.Uint64(b[8:]),
 		Nonce:      le.Uint64(b[16:]),
 		Seq:        le.Uint32(b[24:]),
-		Status:     le.Uint32(b[28:]),
+		Status:     uint32(le.Uint16(b[28:])),
+		From:       Rank{TP: uint16(b[30]), Size: uint16(b[31])},
 		NumRuns:    le.Uint32(b[32:]),
 		Pages:      le.Uint32(b[36:]),
 		Rank:       Rank{TP: le.Uint16(b[40:]), Size: le.Uint16(b[42:])},
@@ -155,6 +170,9 @@ func DecodeHeader(b []byte) (Header, error) {
 	}
 	if h.Flags&^(FlagPayloadCRC|FlagSliced) != 0 || (h.Flags&FlagSliced != 0 && h.Type != FrameChunk) {
 		return h, fmt.Errorf("%w: flags %#x on a frame of type %d", ErrBadFrameType, h.Flags, h.Type)
+	}
+	if (h.From.Size == 0 && h.From.TP != 0) || (h.From.Size != 0 && h.From.TP >= h.From.Size) {
+		return h, fmt.Errorf("%w: from rank %d of %d", ErrBadFrameType, h.From.TP, h.From.Size)
 	}
 	if h.Type != FrameResult && h.Status != 0 {
 		return h, fmt.Errorf("%w: status on a frame of type %d", ErrBadFrameType, h.Type)
@@ -179,7 +197,7 @@ func DecodeHeader(b []byte) (Header, error) {
 			return h, fmt.Errorf("%w: malformed result", ErrBadFrameType)
 		}
 	case FramePing, FramePong:
-		if h.NumRuns != 0 || h.PayloadLen != 0 || h.Rank != (Rank{}) {
+		if h.NumRuns != 0 || h.PayloadLen != 0 || h.Rank != (Rank{}) || h.From != (Rank{}) {
 			return h, fmt.Errorf("%w: keepalive with payload or rank", ErrBadFrameType)
 		}
 	default:

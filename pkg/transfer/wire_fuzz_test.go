@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -45,6 +46,18 @@ var (
 		{ChunkRun: ChunkRun{0, Run{6, 1}}, SrcHead: 0, DstHead: 2, Heads: 2, HeadBytes: 32, RowBytes: 128},
 		{ChunkRun: ChunkRun{1, Run{7, 1}}, SrcHead: 1, DstHead: 0, Heads: 1, HeadBytes: 32, RowBytes: 128},
 	}
+	// fuzzFromKey is a second prefill rank's stream into the same decode rank and pages
+	// (MHA 4 -> 2): its key differs from fuzzSlicedKey only by From, and its slices are
+	// the rows' heads the other stream leaves.
+	fuzzFromKey    = Key{Room: 42, Nonce: 8, Rank: Rank{TP: 1, Size: 2}, From: Rank{TP: 3, Size: 4}}
+	fuzzFromSlices = []rankmap.Copy{
+		{Buffer: 0, SrcHead: 0, DstHead: 0, Heads: 2, HeadBytes: 32, PageTokens: 4, SrcRow: 64, DstRow: 128},
+		{Buffer: 1, SrcHead: 0, DstHead: 1, Heads: 1, HeadBytes: 32, PageTokens: 4, SrcRow: 64, DstRow: 128},
+	}
+	fuzzFromRuns = []SliceRun{
+		{ChunkRun: ChunkRun{0, Run{6, 1}}, SrcHead: 0, DstHead: 0, Heads: 2, HeadBytes: 32, RowBytes: 128},
+		{ChunkRun: ChunkRun{1, Run{7, 1}}, SrcHead: 0, DstHead: 1, Heads: 1, HeadBytes: 32, RowBytes: 128},
+	}
 )
 
 // seedFrames are frames of every type, the seeds of the fuzz targets: valid v3 frames, a
@@ -56,8 +69,8 @@ func seedFrames() [][]byte {
 	var out [][]byte
 	for _, h := range []Header{
 		{Type: FramePing}, {Type: FramePong},
-		{Type: FrameResult, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Status: uint32(codeChecksum)},
-		{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: 1, Pages: 3, PayloadLen: 16},
+		{Type: FrameResult, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: k.From, Status: uint32(codeChecksum)},
+		{Type: FrameDone, Flags: FlagPayloadCRC, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: k.From, Seq: 1, Pages: 3, PayloadLen: 16},
 	} {
 		b := make([]byte, HeaderSize)
 		h.Encode(b)
@@ -77,6 +90,10 @@ func seedFrames() [][]byte {
 	payload = bytes.Repeat([]byte{3}, 4*2*32+4*1*32)
 	sliced := append(slicedChunkHeader(sk, 0, fuzzSliceRuns, 4, payload), payload...)
 	out = append(out, append(sliced, doneFrame(sk, 1, 2, nil)...))
+	fk := fuzzFromKey
+	from := append(slicedChunkHeader(fk, 0, fuzzFromRuns, 4, payload), payload...)
+	out = append(out, append(from, doneFrame(fk, 1, 2, nil)...))
+	out = append(out, slices.Concat(sliced, from, doneFrame(fk, 1, 2, nil), doneFrame(sk, 1, 2, nil)))
 	v2 := append(chunkHeader(k, 0, 0, []Run{{1, 2}}, 512, bytes.Repeat(page, 2)), bytes.Repeat(page, 2)...)
 	out = append(out, withVersion(v2, 2))
 	return out
@@ -242,6 +259,10 @@ func FuzzReceiverStream(f *testing.F) {
 		if err := rcv.Expect(Expectation{Key: fuzzSlicedKey, Dst: [][]Run{{{6, 1}}, {{7, 1}}}, AuxRow: -1, Copies: fuzzSlices}); err != nil {
 			t.Fatal(err)
 		}
+		rcv.Fence(fuzzFromKey)
+		if err := rcv.Expect(Expectation{Key: fuzzFromKey, Dst: [][]Run{{{6, 1}}, {{7, 1}}}, AuxRow: -1, Copies: fuzzFromSlices}); err != nil {
+			t.Fatal(err)
+		}
 		client, server := net.Pipe()
 		rcv.ServeConn(server)
 		go func() { // answers (results, pongs) are read and dropped
@@ -264,13 +285,20 @@ func FuzzReceiverStream(f *testing.F) {
 		}{{0, Run{0, 1}}, {0, Run{3, 1}}, {0, Run{7, 1}}, {1, Run{1, 2}}, {1, Run{4, 3}}} {
 			outside = append(outside, dst.Pages(p.buf, p.run)...)
 		}
-		// The sliced room's pages: only its heads' bytes of each 128-byte row may change.
-		for _, c := range fuzzSlices {
-			page := dst.Pages(c.Buffer, Run{int32(6 + c.Buffer), 1})
-			for tok := range c.PageTokens {
-				row := page[tok*c.DstRow : (tok+1)*c.DstRow]
-				outside = append(outside, row[:c.DstHead*c.HeadBytes]...)
-				outside = append(outside, row[(c.DstHead+c.Heads)*c.HeadBytes:]...)
+		// The sliced streams' pages: only their heads' bytes of each 128-byte row may change.
+		for b := range 2 {
+			page := dst.Pages(b, Run{int32(6 + b), 1})
+			for tok := range 4 {
+				row := page[tok*128 : (tok+1)*128]
+				for at := range row {
+					covered := false
+					for _, c := range slices.Concat(fuzzSlices, fuzzFromSlices) {
+						covered = covered || (c.Buffer == b && at >= c.DstHead*c.HeadBytes && at < (c.DstHead+c.Heads)*c.HeadBytes)
+					}
+					if !covered {
+						outside = append(outside, row[at])
+					}
+				}
 			}
 		}
 		if !bytes.Equal(outside, bytes.Repeat([]byte{0xAA}, len(outside))) {
@@ -331,7 +359,7 @@ func slicedChunkHeader(k Key, seq uint32, runs []SliceRun, pageTokens int64, pay
 		pages += int64(r.Count)
 		n += int64(r.Count) * r.sliceBytes(pageTokens)
 	}
-	h := Header{Type: FrameChunk, Flags: FlagPayloadCRC | FlagSliced, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: seq,
+	h := Header{Type: FrameChunk, Flags: FlagPayloadCRC | FlagSliced, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: k.From, Seq: seq,
 		NumRuns: uint32(len(runs)), Pages: uint32(pages), PayloadLen: uint64(n),
 		PayloadCRC: crc32.Checksum(payload, castagnoli), RunsCRC: RunsChecksum(meta[HeaderSize:])}
 	h.Encode(meta)

@@ -275,3 +275,35 @@ func TestSlicedFlagIsRefusedOffChunks(t *testing.T) {
 		t.Errorf("a sliced chunk: %v", err)
 	}
 }
+
+// TestFromRankTellsTwoPrefillRanksStreamsApart: a sliced stream's frames name their
+// prefill rank (Key.From, bytes 30-31), so two prefill ranks feeding one decode rank are two
+// keys on the wire; a malformed from rank, or one on a keepalive, is refused.
+func TestFromRankTellsTwoPrefillRanksStreamsApart(t *testing.T) {
+	k := Key{Room: 5, Nonce: 6, Rank: Rank{TP: 0, Size: 2}}
+	for _, from := range []Rank{{TP: 0, Size: 4}, {TP: 1, Size: 4}, {TP: 7, Size: 8}} {
+		k.From = from
+		for _, h := range []Header{
+			{Type: FrameDone, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: k.From, Seq: 1, Pages: 1},
+			{Type: FrameResult, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: k.From, Status: uint32(maxReasonCode)},
+		} {
+			b := make([]byte, HeaderSize)
+			h.Encode(b)
+			got, err := DecodeHeader(b)
+			if err != nil || got.Key() != k || got.Status != h.Status {
+				t.Errorf("from %v type %d: decoded %+v, %v; want key %v", from, h.Type, got, err, k)
+			}
+		}
+	}
+	for _, h := range []Header{
+		{Type: FrameDone, Room: 1, Nonce: 1, Rank: Rank{Size: 1}, From: Rank{TP: 2, Size: 2}},
+		{Type: FrameDone, Room: 1, Nonce: 1, Rank: Rank{Size: 1}, From: Rank{TP: 1}},
+		{Type: FramePing, From: Rank{TP: 0, Size: 2}},
+	} {
+		b := make([]byte, HeaderSize)
+		h.Encode(b)
+		if _, err := DecodeHeader(b); !errors.Is(err, ErrBadFrameType) {
+			t.Errorf("from %v on type %d: %v, want ErrBadFrameType", h.From, h.Type, err)
+		}
+	}
+}
