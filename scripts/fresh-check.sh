@@ -12,7 +12,7 @@
 # Prints the time of each step and exits non-zero on the first failure. The
 # root is deleted at the end; FRESH_KEEP=1 keeps it for debugging (then
 # `scripts/in-root.sh DIR bash` enters it). FRESH_TMP (default /var/tmp) is
-# where the root goes: it holds about 3 GB during the run.
+# where the root goes: it holds about 9 GB during the run (the Python venv with SGLang and torch is 6 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
