@@ -254,6 +254,16 @@ class _Room:
 
     _opened = False
 
+    # SGLang's sender and receiver end a room the same way; clear() is each one's own.
+    def failure_exception(self) -> None:
+        self.conclude_state = KVPoll.Failed
+        self.clear()
+        self._raise_failure()
+
+    def abort(self) -> None:
+        self._abort_daemon_room("aborted by SGLang")
+        self._fail("Aborted by AbortReq.")
+
 
 class PdlinkKVSender(_Room, CommonKVSender):
     """Prefill, one per request: OpenSender at creation, Send per chunk, cached poll."""
@@ -346,15 +356,6 @@ class PdlinkKVSender(_Room, CommonKVSender):
         if state == KVPoll.Success:
             self.conclude_state = KVPoll.Success
         return state
-
-    def failure_exception(self) -> None:
-        self.conclude_state = KVPoll.Failed
-        self.clear()
-        self._raise_failure()
-
-    def abort(self) -> None:
-        self._abort_daemon_room("aborted by SGLang")
-        self._fail("Aborted by AbortReq.")
 
     def clear(self) -> None:
         self._release("cleared by SGLang")
@@ -469,15 +470,6 @@ class PdlinkKVReceiver(_Room, CommonKVReceiver):
         )
         if self.dst_aux_index is not None and mgr.region_aux_row_len:
             mgr.copy_aux_out(int(self.dst_aux_index))
-
-    def failure_exception(self) -> None:
-        self.conclude_state = KVPoll.Failed
-        self.clear()
-        self._raise_failure()
-
-    def abort(self) -> None:
-        self._abort_daemon_room("aborted by SGLang")
-        self._fail("Aborted by AbortReq.")
 
     def clear(self) -> None:
         self._release("cleared by SGLang")
