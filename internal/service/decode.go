@@ -66,7 +66,10 @@ func (s *DecodeServer) OpenReceiver(_ context.Context, req *pb.OpenReceiverReque
 	if !s.Node.HasRegion() {
 		return nil, status.Error(codes.FailedPrecondition, "no region registered: call RegisterRegion first")
 	}
-	nonce, err := s.Node.Open(poll.RoomID(req.RoomId), req.PrefillBootstrapAddr, int(req.ExpectedSenders))
+	if err := validateRank("rank", req.Rank); err != nil {
+		return nil, err
+	}
+	nonce, err := s.Node.OpenRank(poll.RoomID(req.RoomId), req.PrefillBootstrapAddr, int(req.ExpectedSenders), rankOf(req.Rank))
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -55,10 +55,13 @@ func (s *PrefillServer) OpenSender(_ context.Context, req *pb.OpenSenderRequest)
 	if err := validateRoomID("room_id", req.RoomId); err != nil {
 		return nil, err
 	}
-	if req.ExpectedReceivers > 1 {
-		return nil, status.Error(codes.Unimplemented, "expected_receivers: fan-out to several decode ranks is not supported yet")
+	if err := validateRank("rank", req.Rank); err != nil {
+		return nil, err
 	}
-	in, err := s.Node.Open(poll.RoomID(req.RoomId), poll.Nonce(req.Nonce), 0)
+	if req.ExpectedReceivers > 1 {
+		return nil, status.Error(codes.Unimplemented, "expected_receivers: the decode ranks a prefill rank feeds come from the rank mapping; more than one (dummies, head slices) is not served yet")
+	}
+	in, err := s.Node.OpenRank(poll.RoomID(req.RoomId), poll.Nonce(req.Nonce), rankOf(req.Rank))
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -119,7 +119,7 @@ func toStatus(err error) error {
 	case errors.Is(err, poll.ErrNotTerminal), errors.Is(err, poll.ErrTerminal),
 		errors.Is(err, poll.ErrIllegalTransition), errors.Is(err, conn.ErrNotBootstrapping),
 		errors.Is(err, poll.ErrNonceMismatch), errors.Is(err, room.ErrNoRegion), errors.Is(err, room.ErrNotSendable),
-		errors.Is(err, room.ErrTransferRefused):
+		errors.Is(err, room.ErrTransferRefused), errors.Is(err, room.ErrRankMapping):
 		code = codes.FailedPrecondition
 	case errors.Is(err, room.ErrMetadataConflict):
 		code = codes.AlreadyExists

@@ -65,12 +65,12 @@ func TestEveryRPCRefusesBadInputWithTheRightCode(t *testing.T) {
 			_, err := p.decode.RegisterRegion(ctx, &pb.DecodeServiceRegisterRegionRequest{RegionPath: pre.path})
 			return err
 		}, codes.InvalidArgument, "layout"},
-		{"second rank", func(ctx context.Context) error {
+		{"rank of another tp_size", func(ctx context.Context) error {
 			l := layoutPB(pre.layout)
 			l.Rank = &pb.Rank{TpRank: 1, TpSize: 2}
 			_, err := p.prefill.RegisterRegion(ctx, &pb.PrefillServiceRegisterRegionRequest{RegionPath: pre.path, Layout: l})
 			return err
-		}, codes.Unimplemented, ""},
+		}, codes.InvalidArgument, "layout.rank"},
 		// OpenSender
 		{"open room 0", func(ctx context.Context) error {
 			_, err := p.prefill.OpenSender(ctx, &pb.OpenSenderRequest{RoomId: 0})

@@ -13,6 +13,7 @@ import (
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/poll"
+	"github.com/pdlink/pdlink/pkg/room"
 )
 
 // MaxBatch bounds the room ids of one Poll or Clear call.
@@ -133,4 +134,9 @@ func failedRoom(in poll.RoomInfo) error {
 		st = d
 	}
 	return st.Err()
+}
+
+// rankOf is a rank validateRank accepted, for the owner (nil: rank 0 of 1).
+func rankOf(r *pb.Rank) room.Rank {
+	return room.Rank{TP: uint16(r.GetTpRank()), Size: uint16(max(r.GetTpSize(), 1))}
 }

@@ -141,6 +141,19 @@ func (t *Table) apply(now int64, r *room, ev *Event) error {
 			r.peer = ev.Peer
 			t.linkPeer(r)
 		}
+		if ev.Addressed > 1 || r.addressed > 1 {
+			if (r.addressed != 0 && ev.Addressed != r.addressed) || ev.Rank >= ev.Addressed {
+				t.reject(rejInvalid)
+				return ErrInvalidEvent
+			}
+			r.addressed = ev.Addressed
+			r.ranksDone |= uint64(1) << ev.Rank
+			if r.ranksDone != maskOf(int(r.addressed)) {
+				t.q.Touch(&r.entry, now) // one decode rank's METADATA: progress, not yet bound whole
+				return nil
+			}
+			r.ranksDone = 0 // every decode rank's METADATA is in: from now on, the ranks done
+		}
 	case ev.Kind == EvDone:
 		if int(ev.Rank) >= r.expectedRanks() {
 			t.reject(rejInvalid)

@@ -15,9 +15,13 @@ type room struct {
 	reason     reasonCode
 	peerReason reasonCode
 	ranks      uint8 // expected ranks; 0 = unset, means 1
-	ranksDone  uint64
-	createdAt  int64
-	enteredAt  int64 // when the room entered its current state
+	// addressed is how many METADATA frames a prefill room waits for in
+	// Bootstrapping (0: the first); ranksDone holds the ones seen until
+	// then, and the ranks done after.
+	addressed uint8
+	ranksDone uint64
+	createdAt int64
+	enteredAt int64 // when the room entered its current state
 
 	entry              inflight.Entry[*room]
 	peerPrev, peerNext *room // intrusive list of live rooms bound to peer
@@ -57,12 +61,14 @@ func (r *room) expectedRanks() int {
 }
 
 // allRanksDone reports whether every expected rank reported Done.
-func (r *room) allRanksDone() bool {
-	n := r.expectedRanks()
-	if n == 64 {
-		return r.ranksDone == ^uint64(0)
+func (r *room) allRanksDone() bool { return r.ranksDone == maskOf(r.expectedRanks()) }
+
+// maskOf is the bitmask of ranks 0..n-1.
+func maskOf(n int) uint64 {
+	if n >= 64 {
+		return ^uint64(0)
 	}
-	return r.ranksDone == (uint64(1)<<n)-1
+	return (uint64(1) << n) - 1
 }
 
 // classOf maps a state to its inflight class. The mapping is a lookup, not

@@ -363,6 +363,39 @@ func TestMultiRankNeedsEveryDistinctRank_R11(t *testing.T) {
 	h.expectState(2, Failed)
 }
 
+// R11 on prefill: a room fed by several decode ranks is WaitingForInput
+// only once every decode rank's METADATA arrived (each prefill rank's Send
+// must find its destination); a repeat does not count, one that names
+// another count or a rank outside it is refused, and a lost one fails the
+// room at its Bootstrapping deadline instead of pinning it.
+func TestPrefillWaitsForEveryDecodeRanksMetadata_R11(t *testing.T) {
+	h := newHarness(t, Prefill)
+	h.must(open(1, 0, NoPeer))
+	meta := func(room RoomID, nonce Nonce, rank uint8) Event {
+		return Event{Kind: EvMetadata, Key: Key{room, nonce}, Peer: testPeer, Ranks: 4, Addressed: 4, Rank: rank}
+	}
+	h.must(meta(1, 42, 0))
+	h.must(meta(1, 42, 2))
+	h.must(meta(1, 42, 2)) // a retransmit
+	h.expectState(1, Bootstrapping)
+	h.expectErr(Event{Kind: EvMetadata, Key: Key{1, 42}, Peer: testPeer, Ranks: 4, Addressed: 2, Rank: 1}, ErrInvalidEvent)
+	h.expectErr(Event{Kind: EvMetadata, Key: Key{1, 42}, Peer: testPeer, Ranks: 4, Addressed: 4, Rank: 4}, ErrInvalidEvent)
+	h.must(meta(1, 42, 1))
+	h.expectState(1, Bootstrapping)
+	h.must(meta(1, 42, 3))
+	h.expectState(1, WaitingForInput)
+	if info, _ := h.tab.Get(1); info.RanksDone != 0 || info.Ranks != 4 {
+		t.Fatalf("room 1 after its METADATA: ranks %d done %b, want 4 and none done", info.Ranks, info.RanksDone)
+	}
+	// One decode rank's METADATA lost: the room never waits for input.
+	h.must(open(2, 0, NoPeer))
+	for _, r := range []uint8{0, 1, 3} {
+		h.must(meta(2, 43, r))
+	}
+	h.advance(bootT)
+	h.expectState(2, Failed)
+}
+
 func contains(s, sub string) bool {
 	for i := 0; i+len(sub) <= len(s); i++ {
 		if s[i:i+len(sub)] == sub {

@@ -139,7 +139,7 @@ func (t *Table) emit(e Effect) { t.effects = append(t.effects, e) }
 // validate rejects malformed events before they touch any state.
 func (t *Table) validate(ev *Event) error {
 	ok := ev.Kind > evNone && int(ev.Kind) < numEventKinds && ev.Kind != EvTimeout &&
-		uint64(ev.Key.Room) < 1<<63 && ev.Ranks <= MaxRanks && ev.Rank < MaxRanks
+		uint64(ev.Key.Room) < 1<<63 && ev.Ranks <= MaxRanks && ev.Rank < MaxRanks && ev.Addressed <= MaxRanks
 	if ok && ev.Kind.fromPeer() && ev.Key.Nonce == 0 {
 		ok = false
 	}

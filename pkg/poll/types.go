@@ -153,8 +153,13 @@ type Event struct {
 	Reason Reason
 	// Ranks: expected ranks (1..64) on EvOpen or EvMetadata; 0 = unset.
 	Ranks uint8
-	// Rank: the index of the sending rank that finished, on EvDone (0..Ranks-1).
+	// Rank: the index of the sending rank that finished, on EvDone (0..Ranks-1);
+	// on EvMetadata, the index of the METADATA's decode rank (0..Addressed-1).
 	Rank uint8
+	// Addressed: on EvMetadata (prefill), how many METADATA frames, one per
+	// decode rank, the room waits for before it is WaitingForInput (R11: a
+	// rank's Send must find its destination); 0 or 1 means the first.
+	Addressed uint8
 }
 
 // EffectKind says what the driver must do.

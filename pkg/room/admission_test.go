@@ -88,7 +88,7 @@ func newHarnessOverTransport(t testing.TB, tr transfer.Transport) *harness {
 	h := newHarnessWith(t, 1, options{
 		pre: func(c *PrefillConfig) {
 			c.DataPlane, c.RegionDirs = nil, tempRegionDirs()
-			c.newTransport = func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
+			c.newTransport = func(transfer.RegionSet, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
 		},
 		dec: func(c *DecodeConfig) { c.Layouts = []*pdlinkv1.RegionLayout{layoutPB(reg.layout)} },
 	})

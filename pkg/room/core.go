@@ -73,6 +73,10 @@ type core struct {
 	// link's, as one step: with two nodes on one FakeClock, a tick then
 	// ends before the other node's starts, so the trace is one order.
 	syncTicks bool
+
+	// opens are the multi-rank rooms' Opens, by room (ranks_open.go): the
+	// owner's, touched only in owner inputs; dropped with the room.
+	opens map[poll.RoomID]*openRecord
 }
 
 func newCore(lk conn.Link, performHook func([]poll.Effect), publishHook func(Transition)) (*core, error) {
@@ -247,6 +251,7 @@ func (c *core) perform(effs []poll.Effect) {
 				c.log.Info("uncleared room reaped", zap.Uint64("room", uint64(e.Key.Room)), zap.Stringer("state", e.Status))
 			}
 			c.dropFence(e.Key)
+			c.dropOpen(e.Key)
 			c.hooks.forget(e.Key)
 		}
 	}

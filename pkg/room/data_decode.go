@@ -36,7 +36,7 @@ type DecodeData struct {
 	node decodeNode
 	// newSink builds the sink once the region is registered
 	// (transfer.NewSink of kind; a fake in tests).
-	newSink func(*transfer.Region, transfer.ReceiverConfig, transfer.Events) (transfer.Sink, error)
+	newSink func(transfer.RegionSet, transfer.ReceiverConfig, transfer.Events) (transfer.Sink, error)
 
 	slot regionSlot
 	// mu guards receiver, set once the region is registered.
@@ -45,10 +45,18 @@ type DecodeData struct {
 	bytes    atomic.Uint64
 	refused  atomic.Uint64
 
-	// metadata holds each room's SendMetadata until the room is forgotten,
-	// so a retry is answered as the same request and another one refused.
-	// It is the owner's: touched only in owner inputs, under no lock.
-	metadata map[poll.Key]*sentMetadata
+	// metadata holds each rank's SendMetadata of a room until the room is
+	// forgotten, so a retry is answered as the same request and another
+	// one refused. It is the owner's: touched only in owner inputs, under
+	// no lock.
+	metadata map[metaKey]*sentMetadata
+	fences   rankFences
+}
+
+// metaKey names one decode rank's share of a room.
+type metaKey struct {
+	key poll.Key
+	tp  uint16
 }
 
 // sentMetadata is what a room's first SendMetadata asked for.
@@ -80,18 +88,19 @@ func (m *sentMetadata) conflict(o *sentMetadata) string {
 // claimMetadata records md as key's metadata unless some is recorded
 // already: then it returns that one and false.
 func (d *DecodeData) claimMetadata(key poll.Key, md *sentMetadata) (*sentMetadata, bool) {
-	if prev := d.metadata[key]; prev != nil {
+	mk := metaKey{key, md.rank.TP}
+	if prev := d.metadata[mk]; prev != nil {
 		return prev, false
 	}
-	d.metadata[key] = md
+	d.metadata[mk] = md
 	return md, true
 }
 
 // settleMetadata ends the first call for key: a failed one is forgotten so
 // the scheduler may try again.
 func (d *DecodeData) settleMetadata(key poll.Key, md *sentMetadata, err error) {
-	if err != nil && d.metadata[key] == md {
-		delete(d.metadata, key)
+	if mk := (metaKey{key, md.rank.TP}); err != nil && d.metadata[mk] == md {
+		delete(d.metadata, mk)
 	}
 	md.err = err
 	close(md.done)
@@ -102,13 +111,13 @@ var _ DecodeDataPlane = (*DecodeData)(nil)
 // newDecodeData returns the owner's data plane of the given kind, built
 // when the region is registered, reporting to node.
 func newDecodeData(kind transfer.Kind, cfg transfer.ReceiverConfig, log *zap.Logger, node decodeNode) *DecodeData {
-	d := &DecodeData{log: log, kind: kind, rcfg: cfg, node: node, metadata: map[poll.Key]*sentMetadata{}}
-	d.rcfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
+	d := &DecodeData{log: log, kind: kind, rcfg: cfg, node: node, metadata: map[metaKey]*sentMetadata{}}
+	d.rcfg.OnFenced = func(k transfer.Key) { d.fences.onFenced(k, func() { d.node.Fenced(pkey(k)) }) }
 	d.slot.log = log
-	d.newSink = func(r *transfer.Region, cfg transfer.ReceiverConfig, ev transfer.Events) (transfer.Sink, error) {
+	d.newSink = func(r transfer.RegionSet, cfg transfer.ReceiverConfig, ev transfer.Events) (transfer.Sink, error) {
 		return transfer.NewSink(d.kind, r, cfg, ev)
 	}
-	d.slot.onSet = func(r *transfer.Region) error {
+	d.slot.onSet = func(r transfer.RegionSet, first *transfer.Region) error {
 		rx, err := d.newSink(r, d.rcfg, decodeEvents{d})
 		if err != nil {
 			return err
@@ -116,18 +125,20 @@ func newDecodeData(kind transfer.Kind, cfg transfer.ReceiverConfig, log *zap.Log
 		d.mu.Lock()
 		d.receiver = rx
 		d.mu.Unlock()
-		d.log.Info("data plane ready", zap.String("transport", string(d.kind)), zap.String("region", r.Path()))
+		d.log.Info("data plane ready", zap.String("transport", string(d.kind)), zap.String("region", first.Path()))
 		return nil
 	}
 	return d
 }
 
-// expectedKeys are the rooms with metadata on this side's data plane: the
-// ones a region replacement fails. On the owner.
-func (d *DecodeData) expectedKeys() []poll.Key {
+// expectedKeys are the rooms with metadata for rank on this side's data
+// plane: the ones a replacement of rank's region fails. On the owner.
+func (d *DecodeData) expectedKeys(rank transfer.Rank) []poll.Key {
 	keys := make([]poll.Key, 0, len(d.metadata))
-	for k := range d.metadata {
-		keys = append(keys, k)
+	for k, md := range d.metadata {
+		if md.rank == rank {
+			keys = append(keys, k.key)
+		}
 	}
 	return keys
 }
@@ -177,9 +188,9 @@ func (d *DecodeData) Expect(md Metadata) error {
 	d.mu.Lock()
 	rx := d.receiver
 	d.mu.Unlock()
-	region := d.slot.get()
+	region := d.slot.rank(transfer.Rank(md.Rank))
 	if rx == nil || region == nil {
-		return fmt.Errorf("no region registered")
+		return fmt.Errorf("no region registered for rank %d of %d", md.Rank.TP, md.Rank.Size)
 	}
 	l := region.Layout()
 	// Checked by SendMetadata against this region; the positions below the
@@ -203,13 +214,17 @@ func (d *DecodeData) Fence(key poll.Key) bool {
 	if rx == nil {
 		return true
 	}
-	return rx.Fence(d.slot.key(key))
+	return d.fences.fence(d.slot.keys(key), rx.Fence, func() { d.node.Fenced(key) })
 }
 
 // Forget implements DecodeDataPlane.
 func (d *DecodeData) Forget(key poll.Key) {
 	d.Fence(key) // a room reaped unfenced: stop its writes all the same
-	delete(d.metadata, key)
+	for k := range d.metadata {
+		if k.key == key {
+			delete(d.metadata, k)
+		}
+	}
 }
 
 type decodeEvents struct{ d *DecodeData }
@@ -236,15 +251,15 @@ func (e decodeEvents) Failed(k transfer.Key, r transfer.Reason, err error) {
 // rank was checked at the edge.
 func (n *DecodeOwner) SubmitMetadata(ctx context.Context, req *pdlinkv1.SendMetadataRequest) error {
 	d := n.data
-	region := d.slot.get()
-	if region == nil {
-		return ErrNoRegion
-	}
 	if err := d.slot.checkRank("rank", req.Rank); err != nil {
 		return err
 	}
+	region := d.slot.rank(transferRank(req.Rank))
+	if region == nil {
+		return ErrNoRegion // unregistered since the check
+	}
 	if m := region.Current(); m != nil {
-		if reason, stale := d.slot.stale(m); stale {
+		if reason, stale := d.slot.stale(transferRank(req.Rank), m); stale {
 			// The engine recreated (or truncated) its file and has not
 			// registered it: these pages would be written into the dead inode.
 			return n.failStale(ctx, poll.RoomID(req.RoomId), reason)

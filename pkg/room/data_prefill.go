@@ -37,7 +37,7 @@ type PrefillData struct {
 	node *PrefillOwner
 	// newTransport builds the transport once the region is registered
 	// (transfer.NewTransport of kind; a fake in tests).
-	newTransport func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error)
+	newTransport func(transfer.RegionSet, transfer.SenderConfig) (transfer.Transport, error)
 
 	slot regionSlot
 	// senderMu guards sender, set once the region is registered (a gRPC
@@ -46,15 +46,33 @@ type PrefillData struct {
 	senderMu sync.Mutex
 	sender   transfer.Transport
 
-	rooms  map[poll.RoomID]*prefillRoom // the owner's
-	fenced map[poll.Key]bool            // the owner's; sticky until Forget (a late Bind is ignored)
+	rooms  map[roomRank][]*prefillRoom // the owner's: each rank's shares of a room, one per decode rank it feeds
+	fenced map[poll.Key]bool           // the owner's; sticky until Forget (a late Bind is ignored)
 	bytes  atomic.Uint64
+	fences rankFences
 
 	plans peerPlans
 }
 
+// roomRank names one prefill rank's part of a room.
+type roomRank struct {
+	id poll.RoomID
+	tp uint16
+}
+
+// prefillRoom is one prefill rank's share of a room: the decode rank it
+// feeds (equal TP: the same index; MLA with decode TP larger: one of
+// several), its stream and positions.
 type prefillRoom struct {
-	key      poll.Key
+	key  poll.Key
+	rank transfer.Rank // the prefill rank, its source region
+	// dummy: the rank feeds no decode rank of the room (MLA with prefill TP
+	// larger: decode reads the latent from a sibling): its Sends are taken
+	// and move nothing (SGLang's is_dummy).
+	dummy bool
+	// dstRank is the decode rank fed: the stream's key carries it, as the
+	// receiver's expectation does.
+	dstRank  transfer.Rank
 	peerAddr string
 	dst      []transfer.Run // decode's pages, in position order
 	dstPages int64          // positions, the prefix included
@@ -188,13 +206,13 @@ var _ PrefillDataPlane = (*PrefillData)(nil)
 // newPrefillData returns the owner's data plane of the given kind, built
 // when the region is registered, reporting to node.
 func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logger, node *PrefillOwner) *PrefillData {
-	d := &PrefillData{log: log, kind: kind, scfg: cfg, node: node, rooms: map[poll.RoomID]*prefillRoom{}, fenced: map[poll.Key]bool{}}
-	d.newTransport = func(r *transfer.Region, cfg transfer.SenderConfig) (transfer.Transport, error) {
+	d := &PrefillData{log: log, kind: kind, scfg: cfg, node: node, rooms: map[roomRank][]*prefillRoom{}, fenced: map[poll.Key]bool{}}
+	d.newTransport = func(r transfer.RegionSet, cfg transfer.SenderConfig) (transfer.Transport, error) {
 		return transfer.NewTransport(d.kind, r, cfg)
 	}
-	d.scfg.OnFenced = func(k transfer.Key) { d.node.Fenced(pkey(k)) }
+	d.scfg.OnFenced = func(k transfer.Key) { d.fences.onFenced(k, func() { d.node.Fenced(pkey(k)) }) }
 	d.slot.log = log
-	d.slot.onSet = func(r *transfer.Region) error {
+	d.slot.onSet = func(r transfer.RegionSet, first *transfer.Region) error {
 		s, err := d.newTransport(r, d.scfg)
 		if err != nil {
 			return err
@@ -202,7 +220,7 @@ func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logg
 		d.senderMu.Lock()
 		d.sender = s
 		d.senderMu.Unlock()
-		d.log.Info("data plane ready", zap.String("transport", string(d.kind)), zap.String("region", r.Path()))
+		d.log.Info("data plane ready", zap.String("transport", string(d.kind)), zap.String("region", first.Path()))
 		return nil
 	}
 	return d
@@ -211,12 +229,14 @@ func newPrefillData(kind transfer.Kind, cfg transfer.SenderConfig, log *zap.Logg
 // Bytes is the KV bytes this side sent and decode confirmed.
 func (d *PrefillData) Bytes() uint64 { return d.bytes.Load() }
 
-// boundKeys are the rooms bound to decode on this side's data plane: the
-// ones a region replacement fails. On the owner.
-func (d *PrefillData) boundKeys() []poll.Key {
+// boundKeys are the rooms bound to decode for rank on this side's data
+// plane: the ones a replacement of rank's region fails. On the owner.
+func (d *PrefillData) boundKeys(rank transfer.Rank) []poll.Key {
 	keys := make([]poll.Key, 0, len(d.rooms))
-	for _, r := range d.rooms {
-		keys = append(keys, r.key)
+	for rr, shares := range d.rooms {
+		if r := shares[0]; rr.tp == rank.TP && r.rank == rank && !r.dummy {
+			keys = append(keys, r.key)
+		}
 	}
 	return keys
 }
@@ -237,27 +257,33 @@ func (d *PrefillData) Close() {
 
 // Bind implements PrefillDataPlane, on the owner in the input that
 // applied the METADATA: a Send that sees the room WaitingForInput finds it
-// bound.
+// bound. Decode rank md.Rank's METADATA binds the prefill ranks that feed
+// it, from the peer's rank mapping (transfer.PlanRanks, peerplan.go): with
+// equal TP, prefill rank i feeds decode rank i. A mapping that needs
+// dummies or head slices (MLA or MHA with different TP) is refused: the
+// room fails invalid rather than move bytes the wrong way.
 func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
-	region, sender := d.slot.get(), d.transport()
-	if d.fenced[md.Key] || region == nil || sender == nil {
-		if region == nil {
+	local, sender := d.slot.get(), d.transport()
+	if d.fenced[md.Key] || local == nil || sender == nil {
+		if local == nil {
 			d.log.Warn("metadata before any region is registered", zap.Uint64("room", uint64(md.Key.Room)))
 		}
 		return
 	}
-	if r := d.rooms[md.Key.Room]; r != nil && r.key == md.Key {
-		return // a retransmitted METADATA
-	}
+	dstRank := transfer.Rank(md.Rank)
 	var layout *pdlinkv1.RegionLayout
 	for _, l := range peer.Layouts {
-		if transferRank(l.GetRank()).TP == md.Rank.TP {
+		if transferRank(l.GetRank()) == dstRank {
 			layout = l
 		}
 	}
 	pl, err := layoutFromProto("layout", layout)
 	if err == nil {
-		err = d.plans.plan(d.log, peer.Addr, region.Layout(), pl)
+		err = d.plans.plan(d.log, peer.Addr, local.Layout(), pl)
+	}
+	var sources, dummies []transfer.Rank
+	if err == nil {
+		sources, dummies, err = d.sourcesOf(peer.Addr, dstRank)
 	}
 	if err == nil {
 		err = sender.AddPeer(peer.Addr, pl)
@@ -272,29 +298,86 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 	// decode's buffers is decode's to check, on its edge and on every chunk.
 	dst := runsOf(md.DstPages)
 	prefix := min(int64(md.PrefixLen), transfer.CountPages(dst)) // the frame check bounds it; min keeps the slicing safe
-	d.rooms[md.Key.Room] = &prefillRoom{key: md.Key, peerAddr: peer.Addr, dst: dst, dstPages: transfer.CountPages(dst),
-		prefix: prefix}
+	for _, src := range sources {
+		rr := roomRank{md.Key.Room, src.TP}
+		shares := d.rooms[rr]
+		if len(shares) > 0 && (shares[0].key != md.Key || shares[0].dummy) {
+			shares = nil // left by another request of the id (its Forget is on the way)
+		}
+		if slices.ContainsFunc(shares, func(r *prefillRoom) bool { return r.dstRank == dstRank }) {
+			continue // a retransmitted METADATA
+		}
+		d.rooms[rr] = append(shares, &prefillRoom{key: md.Key, rank: src, dstRank: dstRank, peerAddr: peer.Addr, dst: dst,
+			dstPages: transfer.CountPages(dst), prefix: prefix})
+	}
+	for _, src := range dummies {
+		if rr := (roomRank{md.Key.Room, src.TP}); len(d.rooms[rr]) == 0 || d.rooms[rr][0].key != md.Key {
+			d.rooms[rr] = []*prefillRoom{{key: md.Key, rank: src, dummy: true}}
+		}
+	}
+}
+
+// sourcesOf is the local ranks that feed decode rank dst of the peer at
+// addr, from its mapping, and the dummies: ranks dst addresses that feed
+// no decode rank at all (their Sends move nothing). An error for a mapping
+// this side cannot serve yet (a copy that is not whole pages: MHA with
+// different TP needs head slices) or a source rank with no region.
+func (d *PrefillData) sourcesOf(addr string, dst transfer.Rank) (sources, dummies []transfer.Rank, err error) {
+	m, ok := d.plans.mapping(addr)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: no rank mapping for %s", ErrRankMapping, addr)
+	}
+	for _, dr := range m.DecodeRanks {
+		for _, c := range dr.Copies {
+			if !c.Whole() {
+				return nil, nil, fmt.Errorf("%w: prefill tp %d -> decode tp %d moves head slices (buffer %d heads %d+%d of rank %d), not served yet",
+					ErrRankMapping, m.Prefill.TP, m.Decode.TP, c.Buffer, c.SrcHead, c.Heads, c.From)
+			}
+		}
+	}
+	if int(dst.TP) >= len(m.DecodeRanks) || int(dst.Size) != len(m.DecodeRanks) {
+		return nil, nil, fmt.Errorf("%w: decode rank %d of %d outside the mapping's %d ranks", ErrRankMapping, dst.TP, dst.Size, len(m.DecodeRanks))
+	}
+	size := uint16(len(m.PrefillRanks))
+	dr := m.DecodeRanks[dst.TP]
+	for _, from := range dr.From {
+		src := transfer.Rank{TP: uint16(from), Size: size}
+		if d.slot.rank(src) == nil {
+			return nil, nil, fmt.Errorf("%w: prefill rank %d of %d feeds decode rank %d and has no region", ErrRankMapping, from, size, dst.TP)
+		}
+		sources = append(sources, src)
+	}
+	for _, s := range dr.Dummies {
+		if len(m.PrefillRanks[s].To) == 0 {
+			dummies = append(dummies, transfer.Rank{TP: uint16(s), Size: size})
+		}
+	}
+	return sources, dummies, nil
 }
 
 // Fence implements PrefillDataPlane without waiting, on the owner: the
-// sender stops the room at once and answers done when no worker reads its
-// source pages; otherwise its OnFenced tells the node Fenced once the
-// worker let go (within FenceGrace plus one chunk write).
+// sender stops every rank's stream of the room at once and answers done
+// when no worker reads its source pages; otherwise its OnFenced tells the
+// node Fenced once the last worker let go (within FenceGrace plus one
+// chunk write).
 func (d *PrefillData) Fence(key poll.Key) bool {
 	d.fenced[key] = true
 	s := d.transport()
 	if s == nil {
 		return true
 	}
-	return s.Fence(d.slot.key(key))
+	return d.fences.fence(d.slot.keys(key), s.Fence, func() { d.node.Fenced(key) })
 }
 
 // Forget implements PrefillDataPlane, on the owner.
 func (d *PrefillData) Forget(key poll.Key) {
 	d.Fence(key) // a room reaped unfenced: stop its transfer all the same
 	delete(d.fenced, key)
-	if r := d.rooms[key.Room]; r != nil && (r.key == key || key.Nonce == 0) {
-		delete(d.rooms, key.Room)
+	for tp := range d.slot.size() {
+		rr := roomRank{key.Room, tp}
+		if shares := d.rooms[rr]; len(shares) > 0 && (shares[0].key == key || key.Nonce == 0) {
+			delete(d.rooms, rr)
+		}
 	}
 }
 
@@ -303,15 +386,16 @@ func (d *PrefillData) Forget(key poll.Key) {
 // last one closes the stream and waits, parked on the room, for its
 // admission.
 func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error {
-	region := d.slot.get()
-	if region == nil {
-		return ErrNoRegion
-	}
 	if err := d.slot.checkRank("rank", req.Rank); err != nil {
 		return err
 	}
+	rank := transferRank(req.Rank)
+	region := d.slot.rank(rank)
+	if region == nil {
+		return ErrNoRegion // unregistered since the check
+	}
 	if m := region.Current(); m != nil {
-		if reason, stale := d.slot.stale(m); stale {
+		if reason, stale := d.slot.stale(rank, m); stale {
 			// The engine recreated (or truncated) its file and has not
 			// registered it: these pages would be read from the dead inode.
 			return d.failStale(ctx, poll.RoomID(req.RoomId), reason)
@@ -330,7 +414,7 @@ func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error
 		}
 	}
 	var out sendOutcome
-	if !d.node.execOwned(func() { out = d.take(ctx, sendOf{req, src, buffers}, region) }) {
+	if !d.node.execOwned(func() { out = d.take(ctx, sendOf{req, src, buffers, rank}, region) }) {
 		return conn.ErrClosedNode
 	}
 	switch {
@@ -359,6 +443,7 @@ type sendOf struct {
 	*pdlinkv1.SendRequest
 	src     []transfer.Run
 	buffers []int
+	rank    transfer.Rank
 }
 
 // sendOutcome is what a Send's owner input decided.
@@ -379,49 +464,85 @@ type sendOutcome struct {
 // first would leave decode's Success no state to land on.
 func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Region) sendOutcome {
 	n := d.node
-	r := d.rooms[poll.RoomID(req.RoomId)]
-	if r == nil {
+	rr := roomRank{poll.RoomID(req.RoomId), req.rank.TP}
+	shares := d.rooms[rr]
+	if len(shares) == 0 || shares[0].rank != req.rank {
 		return sendOutcome{err: d.notSendable(poll.RoomID(req.RoomId), nil)}
 	}
-	if d.fenced[r.key] {
+	if d.fenced[shares[0].key] {
 		// Failed: say so before judging the chunk against a room that
 		// will take no more.
-		return sendOutcome{err: d.notSendable(r.key.Room, poll.ErrTerminal)}
+		return sendOutcome{err: d.notSendable(rr.id, poll.ErrTerminal)}
 	}
+	if shares[0].dummy {
+		// Decode reads nothing from this rank: its pages stay here, and its
+		// Sends count as the scheduler's progress, also once its siblings'
+		// bytes made the room Success.
+		if err := n.firstSendOwned(rr.id); err != nil && !d.succeeded(rr.id) {
+			return sendOutcome{err: d.notSendable(rr.id, err)}
+		}
+		return sendOutcome{}
+	}
+	// One stream per decode rank this rank feeds (MLA with decode TP
+	// larger: several, each the whole latent), the pages appended to each.
+	wait := false
+	for _, r := range shares {
+		out, last := d.takeShare(ctx, req, region, rr, r)
+		if out.err != nil || out.ended {
+			return out
+		}
+		wait = wait || last
+	}
+	if !wait {
+		return sendOutcome{}
+	}
+	return d.park(ctx, rr)
+}
+
+// succeeded reports whether the room is Success, on the owner.
+func (d *PrefillData) succeeded(id poll.RoomID) bool {
+	var in poll.RoomInfo
+	var err error
+	c := d.node.core
+	c.withTable(func() { in, err = c.t.Get(id) })
+	return err == nil && in.State == poll.Success
+}
+
+// takeShare is take for one of the rank's shares; last reports a last
+// Send that waits for the rank's admission.
+func (d *PrefillData) takeShare(ctx context.Context, req sendOf, region *transfer.Region, rr roomRank, r *prefillRoom) (out sendOutcome, last bool) {
+	n := d.node
 	sender := d.transport()
 	nbuf := len(region.Layout().Buffers)
 	start, src := int64(req.StartPosition), req.src
-	key, tk := r.key, d.slot.key(r.key)
+	key, tk := r.key, tkey(r.key, r.dstRank)
 	behind := false // start is a position some named buffer already has
 	named(req.buffers, nbuf, func(b int) bool { behind = start < r.nextPosition(b); return !behind })
 	if (r.started || behind) && r.repeats(start, src, req.buffers, req.Last, req.AuxIndex) {
-		if !req.Last {
-			return sendOutcome{}
-		}
 		// A retried last Send answers as the first call does: once the
 		// room's pages are admitted, or with the failure that ended them.
-		return d.park(ctx, r)
+		return sendOutcome{}, req.Last
 	}
 	if r.started {
-		return sendOutcome{err: errorf(ErrNotSendable, "room already sent its last chunk")}
+		return sendOutcome{err: errorf(ErrNotSendable, "room already sent its last chunk")}, false
 	}
 	pages := transfer.CountPages(src)
 	if err := r.checkPositions(start, pages, req.buffers, nbuf, req.Last); err != nil {
-		return sendOutcome{err: err}
+		return sendOutcome{err: err}, false
 	}
 	var aux []byte
 	if req.Last && region.Layout().Aux.Rows > 0 {
 		if int64(req.AuxIndex) >= region.Layout().Aux.Rows {
-			return sendOutcome{err: invalid("aux_index", "row %d of %d", req.AuxIndex, region.Layout().Aux.Rows)}
+			return sendOutcome{err: invalid("aux_index", "row %d of %d", req.AuxIndex, region.Layout().Aux.Rows)}, false
 		}
 		aux = region.AuxRow(int64(req.AuxIndex))
 	}
 	if err := n.firstSendOwned(key.Room); err != nil {
-		return sendOutcome{err: d.notSendable(key.Room, err)}
+		return sendOutcome{err: d.notSendable(key.Room, err)}, false
 	}
-	if d.fenced[key] || d.rooms[key.Room] != r {
+	if d.fenced[key] || !slices.Contains(d.rooms[rr], r) {
 		// The step's effects fenced or forgot the room.
-		return sendOutcome{err: d.notSendable(key.Room, poll.ErrTerminal)}
+		return sendOutcome{err: d.notSendable(key.Room, poll.ErrTerminal)}, false
 	}
 	if !r.opened {
 		// The stream opens with the room's first Send: its pages go on the
@@ -432,16 +553,17 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 		for _, b := range region.Layout().Buffers {
 			bytes += (r.dstPages - r.prefix) * b.ItemLen
 		}
-		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
+		rank, dst := r.rank.TP, r.dstRank.TP
+		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Source: r.rank, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
 			Done: func(err error) { d.done(key, bytes, err) },
 			// Each chunk written refreshes the room's transfer-idle deadline: a last Send
 			// whose pages wait behind other rooms' or move over a slow link is not idle.
 			Progress: func(int64) { d.node.OnProgress(key) },
 			// The last piece's admission answers the last Send: posted, as the data
 			// plane's other events are (it may come from inside the Append below).
-			Admitted: func() { d.node.post(func() { d.admitted(key) }) }})
+			Admitted: func() { d.node.post(func() { d.admitted(key, rank, dst) }) }})
 		if err != nil {
-			return d.refused(key, err)
+			return d.refused(key, err), false
 		}
 		r.opened = true
 	}
@@ -451,46 +573,60 @@ func (d *PrefillData) take(ctx context.Context, req sendOf, region *transfer.Reg
 	// Appended on the owner, so concurrent Sends of a room reach the
 	// stream in the order their start positions were checked.
 	if err := sender.Append(tk, piece); err != nil {
-		return d.refused(key, err)
+		return d.refused(key, err), false
 	}
 	r.chunks = append(r.chunks, sentChunk{start: start, at: len(r.src), runs: len(src), buffers: req.buffers, last: req.Last, auxIndex: req.AuxIndex})
 	r.src = append(r.src, src...)
 	r.advance(req.buffers, nbuf, start+pages)
 	r.started = req.Last
-	if !req.Last {
-		return sendOutcome{}
-	}
-	return d.park(ctx, r)
+	return sendOutcome{}, req.Last
 }
 
-// park parks a last Send's wait for admission on its room, unless the
-// room's last piece is admitted already (then it answers OK): the room's
-// admitted event wakes it (admitted), and so do the room's Failed
-// becoming visible and the room going, whatever the data plane does.
-func (d *PrefillData) park(ctx context.Context, r *prefillRoom) sendOutcome {
-	if r.admitted {
+// park parks a last Send's wait for admission on its room, unless every
+// stream of the rank has its last piece admitted already (then it answers
+// OK): the rank's admitted events wake it (admitted), and so do the
+// room's Failed becoming visible and the room going, whatever the data
+// plane does.
+func (d *PrefillData) park(ctx context.Context, rr roomRank) sendOutcome {
+	shares := d.rooms[rr]
+	if allAdmitted(shares) {
 		return sendOutcome{}
 	}
-	p := &parkedCall{woken: make(chan struct{}), admission: ctx}
+	key := shares[0].key
+	p := &parkedCall{woken: make(chan struct{}), admission: ctx, rank: rr.tp}
 	c := d.node.core
-	c.withTable(func() { c.parked[r.key] = append(c.parked[r.key], p) })
-	return sendOutcome{key: r.key, parked: p}
+	c.withTable(func() { c.parked[key] = append(c.parked[key], p) })
+	return sendOutcome{key: key, parked: p}
+}
+
+// allAdmitted reports whether every share's last piece is admitted.
+func allAdmitted(shares []*prefillRoom) bool {
+	for _, r := range shares {
+		if !r.admitted {
+			return false
+		}
+	}
+	return true
 }
 
 // admitted is the room's admitted event, on the owner: the stream's last
 // piece is in the peer's in-flight budget. The last Sends parked on the
 // room answer OK, and a retry from now on at once.
-func (d *PrefillData) admitted(key poll.Key) {
-	r := d.rooms[key.Room]
-	if r == nil || r.key != key {
+func (d *PrefillData) admitted(key poll.Key, rank, dst uint16) {
+	shares := d.rooms[roomRank{key.Room, rank}]
+	i := slices.IndexFunc(shares, func(r *prefillRoom) bool { return r.key == key && r.dstRank.TP == dst })
+	if i < 0 {
 		return // the room went meanwhile: its Sends were answered then
 	}
-	r.admitted = true
+	shares[i].admitted = true
+	if !allAdmitted(shares) {
+		return // the rank's other streams are still queued
+	}
 	c := d.node.core
 	c.withTable(func() {
 		kept := c.parked[key][:0]
 		for _, p := range c.parked[key] {
-			if p.admission == nil {
+			if p.admission == nil || p.rank != rank {
 				kept = append(kept, p)
 				continue
 			}

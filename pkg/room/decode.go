@@ -38,7 +38,7 @@ type DecodeConfig struct {
 	DataPlane DecodeDataPlane
 	// newSink, if set (tests), builds the data plane's sink over the
 	// region (transfer.NewSink of DataTransport otherwise).
-	newSink func(*transfer.Region, transfer.ReceiverConfig, transfer.Events) (transfer.Sink, error)
+	newSink func(transfer.RegionSet, transfer.ReceiverConfig, transfer.Events) (transfer.Sink, error)
 
 	openHook func() // tests: runs in Open between reading the prefill instance and opening the room
 	// roomFrameHook, if set (tests), runs on the owner goroutine as it
@@ -108,8 +108,8 @@ func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
 		if cfg.newSink != nil {
 			n.data.newSink = cfg.newSink
 		}
-		n.data.slot.retire = func(reason poll.Reason, swap func(), hold func() func()) int {
-			return c.retireRooms(n.data.expectedKeys, reason, swap, hold)
+		n.data.slot.retire = func(rank transfer.Rank, reason poll.Reason, swap func(), hold func() func()) int {
+			return c.retireRooms(func() []poll.Key { return n.data.expectedKeys(rank) }, reason, swap, hold)
 		}
 		// A new layout reaches the prefill daemons in REGISTER.
 		n.data.slot.onLayout = link.RegisterAgain

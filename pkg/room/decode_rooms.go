@@ -3,6 +3,7 @@ package room
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -44,13 +45,24 @@ func (n *DecodeOwner) SendMetadata(room poll.RoomID, req MetadataRequest) error 
 		RoomId: uint64(room), Nonce: uint64(info.Key.Nonce), Rank: rank.proto(),
 		DstPages: req.DstPages, AuxIndex: req.AuxIndex, ExpectedSenders: uint32(md.ExpectedRanks), PrefixLen: req.PrefixLen}}}
 	key := info.Key
+	// acked is this rank's METADATA answered APPLIED: with several decode
+	// ranks the room is WaitingForInput from the first rank's answer, and
+	// each other rank's METADATA is retried until its own is.
+	acked := new(atomic.Bool)
+	multi := rank.Size > 1
 	// Asked by the tick worker before each retransmit: it reads the
 	// table, never waits for the owner's queue.
 	want := func() bool {
 		st, ok := n.roomStateNow(key.Room)
-		return ok && st == poll.Bootstrapping
+		return ok && (st == poll.Bootstrapping || multi && st == poll.WaitingForInput && !acked.Load())
 	}
 	n.link.SendFollowing(s, env, key, info.Deadline, want, func(from poll.PeerID, a conn.AckResult) bool {
+		if a.Result == pdlinkv1.AckResult_ACK_RESULT_APPLIED {
+			acked.Store(true)
+		}
+		if multi && a.Result == pdlinkv1.AckResult_ACK_RESULT_NOT_OPEN {
+			return !want()
+		}
 		return n.metadataAcked(from, key, a)
 	})
 	return nil

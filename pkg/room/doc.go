@@ -37,9 +37,13 @@
 //	                   a last Send's wait for admission, parked on its room
 //	data_decode.go     DecodeData over transfer.Sink: Expect, the receiver's
 //	                   callbacks, SubmitMetadata (retries, conflicts)
-//	regions.go         the region a daemon serves (one rank today): its
-//	                   generations, replacement and UnregisterRegion (fail,
-//	                   fence, then unmap) and the per-Send/bind file check
+//	regions.go         the regions a daemon serves, one per TP rank (one
+//	                   tp_size): each rank's generations, replacement and
+//	                   UnregisterRegion (fail, fence, then unmap) and the
+//	                   per-Send/bind file check
+//	ranks_open.go      one room per request shared by every rank: the
+//	                   first Open creates it, sibling ranks join
+//	rankfence.go       a room's fence over its ranks' data-plane keys
 //	reasons.go         transfer reasons -> room reasons
 //	convert.go         proto <-> transfer conversions (page lists, layouts,
 //	                   ranks, keys): the service does not import transfer
@@ -49,6 +53,53 @@
 // The script harness (script*_test.go, testdata/script) runs two owners
 // over conn.MemNetwork links and compares each scenario's full trace with
 // its golden file (-update rewrites them).
+//
+// # Tensor-parallel ranks (issue 15)
+//
+// One daemon serves every TP rank of its engine. Each rank registers its
+// own region file (RegisterRegion with layout.rank); all ranks of a daemon
+// share one tp_size (another is refused naming layout.rank until every
+// rank is unregistered). The data plane is one transfer Sender or Receiver
+// per daemon over a transfer.Regions: connections and the in-flight budget
+// stay per peer, and each stream or expectation resolves its region by its
+// key's rank (a stream reads its Source rank's, the receiver writes its
+// key's rank's); a rank with no region is refused invalid, never touched.
+// REGISTER carries every rank's layout and goes again when one changes.
+//
+// A request is one room per daemon, shared by its ranks, so Poll, Watch and
+// Get are per room and every rank's scheduler sees the same state (SGLang's
+// MIN all-reduce over ranks). Each rank's scheduler opens the room with its
+// rank: the first Open creates it, a sibling rank of the same tp_size joins
+// (decode answers the same nonce, and checks the prefill address and
+// expected_senders against the first Open's), the same rank again is
+// AlreadyExists. The rank mapping comes from transfer.PlanRanks over
+// pkg/rankmap, per decode peer (peerplan.go), never recomputed here:
+//
+//   - decode rank d's SendMetadata is one METADATA naming d; prefill binds
+//     the prefill ranks in Mapping.DecodeRanks[d].From to it. The prefill
+//     room stays Bootstrapping until every decode rank's METADATA arrived
+//     (poll's EvMetadata Addressed: decode tp_size frames, by rank), so a
+//     rank's Send always finds its destination; decode retries each rank's
+//     METADATA until that rank's is applied.
+//   - each prefill rank Sends its own pages (SendRequest.rank): one stream
+//     per decode rank it feeds (Mapping.PrefillRanks[s].To; MLA with decode
+//     TP larger: several, each the whole latent), keyed by that decode rank.
+//     A dummy rank (MLA with prefill TP larger: addressed, feeding nobody)
+//     has its Sends taken and moves nothing, as SGLang's is_dummy.
+//   - decode expects each rank's pages under its own key and steps EvDone
+//     for the rank whose pages and aux row are verified (I8 per rank); the
+//     room expects one completion per decode rank and is Success once every
+//     rank did (R11 with real bytes). A lost frame or a slow rank fails the
+//     room at its deadline (r11_tp4).
+//   - served: equal TP, and any TP pair whose copies are whole pages (MLA).
+//     A mapping that needs head slices (MHA with different TP) fails the
+//     room invalid at bind (ErrRankMapping, logged with both TP sizes).
+//
+// A rank's new generation (or its UnregisterRegion) fails the rooms holding
+// data-plane state on that rank (decode: that rank's metadata; prefill: a
+// binding of that rank) with region_replaced: a room spans every rank, so
+// such a room fails whole. Rooms with no state on that rank yet are
+// untouched and go on over the new file.
 //
 // # Fences and aborting (I9)
 //

@@ -18,6 +18,8 @@ var (
 	ErrTransferRefused = errors.New("room: transfer refused")
 	// ErrMetadataConflict means the room already has metadata that differs from a SendMetadata's.
 	ErrMetadataConflict = errors.New("room: other metadata already sent")
+	// ErrRankMapping means a decode peer's rank mapping cannot be served (yet), or names a rank with no region.
+	ErrRankMapping = errors.New("room: rank mapping not served")
 	// ErrDataPlane means the data plane could not be started for a region.
 	ErrDataPlane = errors.New("room: cannot start data plane")
 	// ErrRegionPathRefused means a region path is no file a region may be (pkg/regionpath's rules).

@@ -146,6 +146,9 @@ type parkedCall struct {
 	// only these, with admitted set, and a wait whose ctx ended is leaving.
 	admission context.Context
 	admitted  bool
+	// rank is the prefill rank whose last Send waits (its stream's
+	// admission wakes it, not another rank's).
+	rank uint16
 }
 
 // abort fails a room locally and parks the caller until the room's Failed

@@ -35,7 +35,7 @@ type PrefillConfig struct {
 
 	// newTransport, if set (tests), builds the data plane's transport
 	// instead of transfer.NewTransport of DataTransport.
-	newTransport func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error)
+	newTransport func(transfer.RegionSet, transfer.SenderConfig) (transfer.Transport, error)
 	// roomFrameHook, if set (tests), runs on the owner goroutine as it
 	// starts stepping a room frame the link delivered (blocking in it
 	// holds the owner, not the reader).
@@ -95,8 +95,8 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 		if cfg.newTransport != nil {
 			n.data.newTransport = cfg.newTransport
 		}
-		n.data.slot.retire = func(reason poll.Reason, swap func(), hold func() func()) int {
-			return c.retireRooms(n.data.boundKeys, reason, swap, hold)
+		n.data.slot.retire = func(rank transfer.Rank, reason poll.Reason, swap func(), hold func() func()) int {
+			return c.retireRooms(func() []poll.Key { return n.data.boundKeys(rank) }, reason, swap, hold)
 		}
 		n.dp = n.data
 	}

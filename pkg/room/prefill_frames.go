@@ -22,7 +22,13 @@ func (n *PrefillOwner) handleMetadata(p conn.Target, m *pdlinkv1.Metadata) conn.
 	info := n.link.PeerInfo(p)
 	// Applied and bound in one input: a Send that sees the room
 	// WaitingForInput finds its binding.
-	a, err := n.stepFrameOwned(poll.Event{Kind: poll.EvMetadata, Key: key, Peer: p.PeerID(), Ranks: uint8(m.GetExpectedSenders())})
+	ev := poll.Event{Kind: poll.EvMetadata, Key: key, Peer: p.PeerID(), Ranks: uint8(m.GetExpectedSenders())}
+	if md.Rank.Size > 1 {
+		// One METADATA per decode rank, all for this daemon (it serves every
+		// prefill rank): the room waits for input once each one arrived.
+		ev.Addressed, ev.Rank = uint8(min(md.Rank.Size, poll.MaxRanks)), uint8(min(md.Rank.TP, poll.MaxRanks))
+	}
+	a, err := n.stepFrameOwned(ev)
 	if a == conn.AckApplied && (err == nil || errors.Is(err, poll.ErrIllegalTransition)) {
 		n.dp.Bind(info, md)
 	}

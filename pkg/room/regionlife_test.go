@@ -69,8 +69,8 @@ func TestUnregisterRegionUnmapsOnlyAfterAWriterMidCopyLetGo(t *testing.T) {
 	h := newHarnessWith(t, 1, options{
 		pre: func(c *PrefillConfig) {
 			c.DataPlane, c.RegionDirs = nil, tempRegionDirs()
-			c.newTransport = func(r *transfer.Region, cfg transfer.SenderConfig) (transfer.Transport, error) {
-				tr.region, tr.onFenced = r, cfg.OnFenced
+			c.newTransport = func(r transfer.RegionSet, cfg transfer.SenderConfig) (transfer.Transport, error) {
+				tr.region, tr.onFenced = r.ForRank(transfer.Rank{Size: 1}), cfg.OnFenced
 				return tr, nil
 			}
 		},
@@ -237,8 +237,8 @@ func TestDecodeUnregisterRegionUnmapsOnlyAfterAWriteMidCopyLetGo(t *testing.T) {
 	sink := &midWriteSink{fenceAsked: make(chan transfer.Key, 1)}
 	h := newHarnessWith(t, 1, options{dec: func(c *DecodeConfig) {
 		c.DataPlane, c.RegionDirs = nil, tempRegionDirs()
-		c.newSink = func(r *transfer.Region, cfg transfer.ReceiverConfig, _ transfer.Events) (transfer.Sink, error) {
-			sink.region, sink.onFenced = r, cfg.OnFenced
+		c.newSink = func(r transfer.RegionSet, cfg transfer.ReceiverConfig, _ transfer.Events) (transfer.Sink, error) {
+			sink.region, sink.onFenced = r.ForRank(transfer.Rank{Size: 1}), cfg.OnFenced
 			return sink, nil
 		}
 	}})

@@ -3,6 +3,8 @@ package room
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,14 +25,21 @@ import (
 // is still mapped.
 const retireWait = 10 * time.Second
 
-// regionSlot holds the region a daemon serves for its rank (one rank
-// today: the TP work keys these by rank). The transfer.Region handle is
-// built once, with the data plane over it; each registered file is one
-// transfer.Mapping in it, with its generation.
+// regionSlot holds the regions a daemon serves, one per TP rank, all of
+// one tp_size (rank 0 of 2 then rank 0 of 4 is refused naming layout.rank
+// unless the first was unregistered). Each rank's transfer.Region handle
+// is built once and kept in one transfer.Regions; the data plane (one
+// Sender or Receiver for the daemon, whose connections and in-flight
+// budget are per peer) is built over that set at the first registration
+// and resolves each stream's or expectation's region by its key's rank.
+// Each registered file is one transfer.Mapping in its rank's Region, with
+// the rank's own generation.
 //
-// A new generation (the file at the path was replaced, or another path or
-// layout) retires the old mapping in this order: every room that holds
-// data-plane state on it fails with region_replaced and is fenced, then
+// A rank's new generation (the file at the path was replaced, or another
+// path or layout) retires that rank's old mapping in this order: every
+// room that holds data-plane state on that rank fails with
+// region_replaced and is fenced (a room spans all ranks, so such a room
+// fails whole; rooms with no state on that rank yet are untouched), then
 // the new mapping is installed (one owner input: a bind or Send after it
 // sees the new file), then, once every one of those fences is done, the
 // old mapping is unmapped. Unmapping while a fenced writer still copies
@@ -38,32 +47,35 @@ const retireWait = 10 * time.Second
 type regionSlot struct {
 	// mu serialises register and unregister across their whole procedure
 	// (they wait for fences). The owner never takes it.
-	mu     sync.Mutex
-	region atomic.Pointer[transfer.Region]
-	// vmu guards proto and gen, read by REGISTER and the edge.
-	vmu   sync.Mutex
-	proto *pb.RegionLayout
-	gen   uint64
-	// announced is the layout the peers last learned in REGISTER (set
+	mu sync.Mutex
+	// regions is every rank's Region, built once per rank (set: made on
+	// first use, read by the counters without mu).
+	regionsOnce sync.Once
+	regions     *transfer.Regions
+	// built is set once the data plane is built over regions (under mu).
+	built bool
+	// vmu guards ranks, read by REGISTER, the edge and the owner.
+	vmu   sync.RWMutex
+	ranks map[transfer.Rank]*rankRegion
+	// announced is the layouts the peers last learned in REGISTER (set
 	// at the first registration, which the link sends on its own).
-	announced *pb.RegionLayout
+	announced []*pb.RegionLayout
 
-	// onSet builds the data plane over the region, once.
-	onSet func(*transfer.Region) error
+	// onSet builds the data plane over the regions, once, at the first
+	// registration (first is the region it registered).
+	onSet func(set transfer.RegionSet, first *transfer.Region) error
 	// retire fails and fences, as one owner input, every room holding
-	// data-plane state on the current mapping with reason, runs swap in
-	// the same input after the fences were asked for, and returns how
+	// data-plane state on rank's current mapping with reason, runs swap
+	// in the same input after the fences were asked for, and returns how
 	// many rooms it failed. For each of those rooms it takes a hold and
 	// calls the release it got once the room's fence is done.
-	retire func(reason poll.Reason, swap func(), hold func() (release func())) int
+	retire func(rank transfer.Rank, reason poll.Reason, swap func(), hold func() (release func())) int
 	// onLayout tells the peers the new layouts (REGISTER again).
 	onLayout func()
 
 	log *zap.Logger
-	// staleSeen is the last generation a changed file was logged for;
 	// replacedRooms counts the rooms failed with region_replaced, and
 	// replacements the files found replaced (RegionReplaced).
-	staleSeen     atomic.Uint64
 	replacedRooms atomic.Uint64
 	replacements  atomic.Uint64
 
@@ -72,6 +84,16 @@ type regionSlot struct {
 	// afterPathCheck, for tests, runs between the path check and the
 	// mapping's own open of the path.
 	afterPathCheck func(path string)
+}
+
+// rankRegion is one rank's region: its handle, the layout registered and
+// its generation (proto nil while unregistered).
+type rankRegion struct {
+	region *transfer.Region
+	proto  *pb.RegionLayout
+	gen    uint64
+	// staleSeen is the last generation a changed file was logged for.
+	staleSeen atomic.Uint64
 }
 
 // RegionFile is a mapped region file's identity: path, device, inode and
@@ -95,6 +117,33 @@ type Unregistered struct {
 	RoomsFailed int
 }
 
+// rankOfLayout is the entry of rank, made on first use. Under mu.
+func (s *regionSlot) entry(rank transfer.Rank) *rankRegion {
+	s.vmu.Lock()
+	defer s.vmu.Unlock()
+	if s.ranks == nil {
+		s.ranks = map[transfer.Rank]*rankRegion{}
+	}
+	e := s.ranks[rank]
+	if e == nil {
+		e = &rankRegion{}
+		s.ranks[rank] = e
+	}
+	return e
+}
+
+// sizeHeld is the tp_size of the ranks registered now (0 when none is).
+func (s *regionSlot) sizeHeld() uint16 {
+	s.vmu.RLock()
+	defer s.vmu.RUnlock()
+	for rank, e := range s.ranks {
+		if e.proto != nil {
+			return rank.Size
+		}
+	}
+	return 0
+}
+
 func (s *regionSlot) register(path string, l *pb.RegionLayout) (Registered, error) {
 	if path == "" {
 		return Registered{}, invalid("region_path", "required")
@@ -103,12 +152,21 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (Registered, erro
 	if err != nil {
 		return Registered{}, err
 	}
-	if layout.Rank.Size != 1 {
-		return Registered{}, errorf(ErrUnsupported, "layout.rank: tp_size %d: one rank per daemon until fan-out lands", layout.Rank.Size)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.region.Load()
+	rank := layout.Rank
+	if held := s.sizeHeld(); held != 0 && held != rank.Size {
+		return Registered{}, invalid("layout.rank", "tp_size %d: this daemon serves tp_size %d (unregister every rank first)", rank.Size, held)
+	}
+	if other := s.get(); other != nil && other.Layout().Rank != rank {
+		// A daemon's ranks share their shape: the peers' mapping is planned
+		// from any one of them (transfer.PlanRanks compares two shapes).
+		if _, err := transfer.PlanRanks(other.Layout(), layout); err != nil {
+			return Registered{}, invalid("layout", "rank %d of %d does not have the shape of rank %d: %v", rank.TP, rank.Size, other.Layout().Rank.TP, err)
+		}
+	}
+	e := s.entry(rank)
+	r := e.region
 	var cur *transfer.Mapping
 	if r != nil {
 		cur = r.Current()
@@ -138,74 +196,84 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (Registered, erro
 		m.Close()
 		return Registered{}, err
 	}
-	s.vmu.Lock()
-	gen := s.gen + 1
-	s.vmu.Unlock()
+	s.vmu.RLock()
+	gen := e.gen + 1
+	s.vmu.RUnlock()
 	if r == nil {
 		r = transfer.NewEmptyRegion()
 		r.Replace(m, gen)
-		if s.onSet != nil {
-			if err := s.onSet(r); err != nil {
+		s.set().Set(rank, r)
+		if !s.built && s.onSet != nil {
+			if err := s.onSet(s.set(), r); err != nil {
+				s.set().Set(rank, nil)
 				r.Close()
 				return Registered{}, errorf(ErrDataPlane, "start data plane: %v", err)
 			}
 		}
-		s.region.Store(r)
-		s.setVersion(l, gen)
-		s.announced = l
+		s.vmu.Lock()
+		e.region = r
+		s.vmu.Unlock()
+		s.setVersion(e, l, gen)
+		if !s.built {
+			s.built = true
+			s.announced = s.layouts()
+			return Registered{ID: regionID(layout), File: m.ID()}, nil
+		}
+		s.announce()
 		return Registered{ID: regionID(layout), File: m.ID()}, nil
 	}
 	if cur == nil { // unregistered: no room holds a mapping to retire
 		r.Replace(m, gen)
-		s.setVersion(l, gen)
-		s.announce(l)
+		s.setVersion(e, l, gen)
+		s.announce()
 		return Registered{ID: regionID(layout), File: m.ID()}, nil
 	}
-	failed := s.retireMapping(r, func() {
+	failed := s.retireMapping(rank, r, func() {
 		r.Replace(m, gen)
-		s.setVersion(l, gen)
+		s.setVersion(e, l, gen)
 	})
-	s.log.Info("region replaced", zap.String("region", path), zap.Uint64("generation", gen),
+	s.log.Info("region replaced", zap.String("region", path), zap.Uint64("generation", gen), zap.Stringer("rank", rankName(rank)),
 		zap.String("old_region", cur.ID().Path), zap.Uint64("old_generation", cur.ID().Generation), zap.Int("rooms_failed", failed))
-	s.announce(l)
+	s.announce()
 	return Registered{ID: regionID(layout), File: m.ID(), RoomsFailed: failed}, nil
 }
 
-// unregister drops rank's region: its rooms fail with region_replaced,
-// are fenced, and the mapping is unmapped once the fences are done.
+// unregister drops rank's region: the rooms with data-plane state on it
+// fail with region_replaced, are fenced, and the mapping is unmapped once
+// the fences are done. The other ranks' regions and rooms are untouched.
 func (s *regionSlot) unregister(rank *pb.Rank) (Unregistered, error) {
 	if err := conn.ValidateRank(rank); err != nil {
 		return Unregistered{}, invalid("rank", "%v", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.region.Load()
-	if r == nil || r.Current() == nil {
-		return Unregistered{}, nil
-	}
-	if want, have := transferRank(rank), r.Layout().Rank; want != have {
+	want := transferRank(rank)
+	s.vmu.RLock()
+	e := s.ranks[want]
+	s.vmu.RUnlock()
+	if e == nil || e.region == nil || e.region.Current() == nil {
 		return Unregistered{}, nil // no region for that rank: nothing to drop
 	}
+	r := e.region
 	gen := r.ID().Generation
-	failed := s.retireMapping(r, func() {
+	failed := s.retireMapping(want, r, func() {
 		r.Replace(nil, 0)
 		s.vmu.Lock()
-		s.proto = nil
+		e.proto = nil
 		s.vmu.Unlock()
 	})
-	// The peers keep the layout they have (no room opens here without a
-	// region); the next registration tells them again, as a peer that
-	// registered us meanwhile got none.
-	s.announced = nil
-	s.log.Info("region unregistered", zap.Uint64("generation", gen), zap.Int("rooms_failed", failed))
+	// The peers keep the layouts they have for it (no room opens on it
+	// without a region); the next registration tells them again.
+	s.announced = s.layouts()
+	s.log.Info("region unregistered", zap.Stringer("rank", rankName(want)), zap.Uint64("generation", gen), zap.Int("rooms_failed", failed))
 	return Unregistered{Dropped: true, Generation: gen, RoomsFailed: failed}, nil
 }
 
-// retireMapping fails and fences the rooms on r's current mapping, runs
-// swap (which replaces it) in the same owner input, and unmaps the old
-// mapping once every fence is done: here if they finish within
+// retireMapping fails and fences the rooms on rank's current mapping in
+// r, runs swap (which replaces it) in the same owner input, and unmaps the
+// old mapping once every fence is done: here if they finish within
 // retireWait, else on the owner when the last one does.
-func (s *regionSlot) retireMapping(r *transfer.Region, swap func()) int {
+func (s *regionSlot) retireMapping(rank transfer.Rank, r *transfer.Region, swap func()) int {
 	old := r.Current()
 	s.replacements.Add(1)
 	var pending atomic.Int64
@@ -226,7 +294,7 @@ func (s *regionSlot) retireMapping(r *transfer.Region, swap func()) int {
 	own := hold() // this call's, let go once swap ran
 	failed := 0
 	if s.retire != nil {
-		failed = s.retire(poll.ReasonRegionReplaced, swap, hold)
+		failed = s.retire(rank, poll.ReasonRegionReplaced, swap, hold)
 	} else {
 		swap()
 	}
@@ -240,20 +308,27 @@ func (s *regionSlot) retireMapping(r *transfer.Region, swap func()) int {
 	return failed
 }
 
-// setVersion records the registered layout and generation.
-func (s *regionSlot) setVersion(l *pb.RegionLayout, gen uint64) {
+// setVersion records rank's registered layout and generation.
+func (s *regionSlot) setVersion(e *rankRegion, l *pb.RegionLayout, gen uint64) {
 	s.vmu.Lock()
 	defer s.vmu.Unlock()
-	s.proto, s.gen = l, gen
+	e.proto, e.gen = l, gen
 }
 
-// announce sends REGISTER again when l is not the layout the peers have.
-// Under mu.
-func (s *regionSlot) announce(l *pb.RegionLayout) {
-	if s.announced != nil && layoutsEqual(s.announced, l) {
-		return
+// announce sends REGISTER again when the ranks' layouts are not the ones
+// the peers have. Under mu.
+func (s *regionSlot) announce() {
+	now := s.layouts()
+	if len(now) == len(s.announced) {
+		same := true
+		for i := range now {
+			same = same && layoutsEqual(now[i], s.announced[i])
+		}
+		if same {
+			return
+		}
 	}
-	s.announced = l
+	s.announced = now
 	if s.onLayout != nil {
 		s.onLayout()
 	}
@@ -262,39 +337,74 @@ func (s *regionSlot) announce(l *pb.RegionLayout) {
 // checkRank refuses a rank this daemon holds no region for
 // (InvalidArgument naming field): a request for it could only fail later,
 // on the peer or at a deadline. A nil rank, or tp_size 0, is rank 0 of 1.
-// The caller has checked a region is registered.
 func (s *regionSlot) checkRank(field string, r *pb.Rank) error {
 	if err := conn.ValidateRank(r); err != nil {
 		return invalid(field, "%v", err)
 	}
-	rank := transferRank(r)
-	region := s.get()
-	if region == nil {
+	if s.get() == nil {
 		return ErrNoRegion
 	}
-	if l := region.Layout(); rank != l.Rank {
-		return invalid(field, "tp_rank %d of tp_size %d: no region registered for it (this daemon serves %s)", rank.TP, rank.Size, regionID(l))
+	rank := transferRank(r)
+	if s.rank(rank) == nil {
+		return invalid(field, "tp_rank %d of tp_size %d: no region registered for it (this daemon serves %s)", rank.TP, rank.Size, s.served())
 	}
 	return nil
 }
 
-// get returns the region while a file is registered for it (nil before
-// the first RegisterRegion and after UnregisterRegion).
-func (s *regionSlot) get() *transfer.Region {
-	r := s.region.Load()
-	if r == nil || r.Current() == nil {
-		return nil
+// served names the ranks registered now, for errors.
+func (s *regionSlot) served() string {
+	s.vmu.RLock()
+	defer s.vmu.RUnlock()
+	var names []string
+	for rank, e := range s.ranks {
+		if e.proto != nil {
+			names = append(names, regionID(transfer.Layout{Rank: rank}))
+		}
 	}
-	return r
+	slices.Sort(names)
+	return strings.Join(names, ", ")
 }
 
-// stale checks, with one stat, that the file the region maps is still the
-// one mapped and whole, and names the reason a room about to bind or send
-// must fail with instead of moving bytes through it: region_replaced for a
-// file deleted or recreated at its path (the engine restarted and has not
-// registered again), transfer_error for one truncated under the layout
-// (its pages would fault). It logs once per generation.
-func (s *regionSlot) stale(m *transfer.Mapping) (poll.Reason, bool) {
+// rank returns rank's region while a file is registered for it (nil
+// before its first RegisterRegion and after its UnregisterRegion).
+func (s *regionSlot) rank(rank transfer.Rank) *transfer.Region {
+	if rank.Size == 0 {
+		rank.Size = 1
+	}
+	s.vmu.RLock()
+	e := s.ranks[rank]
+	s.vmu.RUnlock()
+	if e == nil || e.region == nil || e.region.Current() == nil {
+		return nil
+	}
+	return e.region
+}
+
+// get returns the lowest registered rank's region (nil when no rank has
+// one): ranks share their shape, so its layout is the daemon's.
+func (s *regionSlot) get() *transfer.Region {
+	s.vmu.RLock()
+	defer s.vmu.RUnlock()
+	var best *transfer.Region
+	var bestTP uint16
+	for rank, e := range s.ranks {
+		if e.region != nil && e.region.Current() != nil && (best == nil || rank.TP < bestTP) {
+			best, bestTP = e.region, rank.TP
+		}
+	}
+	return best
+}
+
+// size is the tp_size of the ranks registered (1 when none is).
+func (s *regionSlot) size() uint16 { return max(s.sizeHeld(), 1) }
+
+// stale checks, with one stat, that the file rank's region maps is still
+// the one mapped and whole, and names the reason a room about to bind or
+// send must fail with instead of moving bytes through it: region_replaced
+// for a file deleted or recreated at its path (the engine restarted and
+// has not registered again), transfer_error for one truncated under the
+// layout (its pages would fault). It logs once per generation.
+func (s *regionSlot) stale(rank transfer.Rank, m *transfer.Mapping) (poll.Reason, bool) {
 	err := m.Check()
 	var reason poll.Reason
 	switch {
@@ -307,7 +417,10 @@ func (s *regionSlot) stale(m *transfer.Mapping) (poll.Reason, bool) {
 	default:
 		return poll.ReasonNone, false // the stat failed: the transfer finds out
 	}
-	if gen := m.ID().Generation; s.staleSeen.Swap(gen) != gen {
+	s.vmu.RLock()
+	e := s.ranks[rank]
+	s.vmu.RUnlock()
+	if gen := m.ID().Generation; e != nil && e.staleSeen.Swap(gen) != gen {
 		if reason == poll.ReasonRegionReplaced {
 			s.replacements.Add(1)
 		}
@@ -325,48 +438,73 @@ func (s *regionSlot) RegionReplacedRooms() uint64 { return s.replacedRooms.Load(
 // at a bind or Send (once per generation).
 func (s *regionSlot) RegionReplaced() uint64 { return s.replacements.Load() }
 
-// RegionFaults is how many faults on the region's memory (its file
-// truncated mid-copy) failed rooms instead of the daemon.
+// RegionFaults is how many faults on the regions' memory (a file
+// truncated mid-copy) failed rooms instead of the daemon, over every rank.
 func (s *regionSlot) RegionFaults() uint64 {
-	if r := s.region.Load(); r != nil {
-		return r.Faults()
+	var n uint64
+	for _, r := range s.set().All() {
+		n += r.Faults()
 	}
-	return 0
+	return n
 }
 
+// layouts is every registered rank's layout, by rank (what REGISTER
+// carries).
 func (s *regionSlot) layouts() []*pb.RegionLayout {
-	s.vmu.Lock()
-	defer s.vmu.Unlock()
-	if s.proto == nil {
-		return nil
+	s.vmu.RLock()
+	defer s.vmu.RUnlock()
+	ranks := make([]transfer.Rank, 0, len(s.ranks))
+	for rank, e := range s.ranks {
+		if e.proto != nil {
+			ranks = append(ranks, rank)
+		}
 	}
-	return []*pb.RegionLayout{s.proto}
+	slices.SortFunc(ranks, func(a, b transfer.Rank) int { return int(a.TP) - int(b.TP) })
+	out := make([]*pb.RegionLayout, 0, len(ranks))
+	for _, rank := range ranks {
+		out = append(out, s.ranks[rank].proto)
+	}
+	return out
 }
 
-// identity is the current mapping's identity (zero when none).
+// identity is the lowest registered rank's mapping identity (zero when
+// none).
 func (s *regionSlot) identity() transfer.RegionID {
-	if r := s.region.Load(); r != nil {
+	if r := s.get(); r != nil {
 		return r.ID()
 	}
 	return transfer.RegionID{}
 }
 
 func (s *regionSlot) close() {
-	if r := s.region.Load(); r != nil {
+	for _, r := range s.set().All() {
 		r.Close()
 	}
 }
 
-// key is the data-plane key of this daemon's share of the room: the rank
-// of the region it serves (0 of 1 before one is registered). A transfer
-// and its fence take their key from here, so a fence finds its transfer.
-func (s *regionSlot) key(k poll.Key) transfer.Key {
-	rank := transfer.Rank{TP: 0, Size: 1}
-	if r := s.get(); r != nil {
-		rank = r.Layout().Rank
-	}
-	return tkey(k, rank)
+// set is every rank's Region, made on first use.
+func (s *regionSlot) set() *transfer.Regions {
+	s.regionsOnce.Do(func() { s.regions = transfer.NewRegions() })
+	return s.regions
 }
+
+// keys are the data-plane keys of every rank's share of the room: one per
+// rank of the daemon's tp_size (rank 0 of 1 before one is registered). A
+// transfer and its fence take their key from here, so a fence finds every
+// rank's transfer.
+func (s *regionSlot) keys(k poll.Key) []transfer.Key {
+	n := s.size()
+	out := make([]transfer.Key, n)
+	for i := range out {
+		out[i] = tkey(k, transfer.Rank{TP: uint16(i), Size: n})
+	}
+	return out
+}
+
+// rankName names a rank in logs.
+type rankName transfer.Rank
+
+func (r rankName) String() string { return fmt.Sprintf("%d/%d", r.TP, r.Size) }
 
 func layoutsEqual(a, b *pb.RegionLayout) bool {
 	la, errA := layoutFromProto("layout", a)

@@ -27,6 +27,10 @@ func (e *scriptEnv) cmdOpen(a scriptArgs) error {
 	if err != nil {
 		return err
 	}
+	rank, err := rankArg(a)
+	if err != nil {
+		return err
+	}
 	if _, err := e.node(s); err != nil {
 		e.logf("error: %v", err)
 		return nil
@@ -34,7 +38,7 @@ func (e *scriptEnv) cmdOpen(a scriptArgs) error {
 	desc := fmt.Sprintf("open %d on %v", room, s)
 	if s == sideDecode {
 		e.call(s, desc, func() string {
-			nonce, err := e.dec.Open(room, prefillAddr, ranks)
+			nonce, err := e.dec.OpenRank(room, prefillAddr, ranks, rank)
 			if err != nil {
 				return e.answer(err, "")
 			}
@@ -49,13 +53,32 @@ func (e *scriptEnv) cmdOpen(a scriptArgs) error {
 		}
 	}
 	e.call(s, desc, func() string {
-		info, err := e.pre.Open(room, nonce, ranks)
+		open := func() (poll.RoomInfo, error) { return e.pre.Open(room, nonce, ranks) }
+		if rank.Size > 1 {
+			open = func() (poll.RoomInfo, error) { return e.pre.OpenRank(room, nonce, rank) }
+		}
+		info, err := open()
 		if err != nil {
 			return e.answer(err, "")
 		}
 		return "ok: " + e.formatVisible(info, info.Visible)
 	})
 	return nil
+}
+
+// rankArg is the rank=R/S argument (rank 0 of 1 without one).
+func rankArg(a scriptArgs) (Rank, error) {
+	r, ok := a.kv["rank"]
+	if !ok {
+		return Rank{Size: 1}, nil
+	}
+	rank, size, _ := strings.Cut(r, "/")
+	rv, err1 := strconv.ParseUint(rank, 10, 16)
+	sv, err2 := strconv.ParseUint(size, 10, 16)
+	if err1 != nil || err2 != nil {
+		return Rank{}, fmt.Errorf("rank %q: want R/S", r)
+	}
+	return Rank{TP: uint16(rv), Size: uint16(sv)}, nil
 }
 
 // formatVisible renders the state a scheduler sees, with the reasons once
@@ -84,16 +107,11 @@ func (e *scriptEnv) cmdMetadata(a scriptArgs) error {
 	if err != nil {
 		return err
 	}
-	req := MetadataRequest{DstPages: pages, AuxIndex: uint32(aux), Rank: Rank{Size: 1}}
-	if r, ok := a.kv["rank"]; ok {
-		rank, size, _ := strings.Cut(r, "/")
-		rv, err1 := strconv.ParseUint(rank, 10, 16)
-		sv, err2 := strconv.ParseUint(size, 10, 16)
-		if err1 != nil || err2 != nil {
-			return fmt.Errorf("rank %q: want R/S", r)
-		}
-		req.Rank = Rank{TP: uint16(rv), Size: uint16(sv)}
+	rank, err := rankArg(a)
+	if err != nil {
+		return err
 	}
+	req := MetadataRequest{DstPages: pages, AuxIndex: uint32(aux), Rank: rank}
 	if _, err := e.node(sideDecode); err != nil {
 		e.logf("error: %v", err)
 		return nil

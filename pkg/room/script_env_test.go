@@ -165,7 +165,7 @@ func (e *scriptEnv) start(s scriptSide) {
 		if e.transportDP {
 			tr := newScriptTransport(e)
 			e.tr, pcfg.DataPlane, pcfg.RegionDirs = tr, nil, tempRegionDirs()
-			pcfg.newTransport = func(*transfer.Region, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
+			pcfg.newTransport = func(transfer.RegionSet, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
 		}
 		n, err := NewPrefillOwner(pcfg)
 		if err != nil {
@@ -554,7 +554,7 @@ type scriptDP struct {
 
 func (d *scriptDP) Bind(p conn.PeerInfo, md Metadata) {
 	d.e.maybePanic(d.side, "bind", md.Key)
-	d.e.logf("%s dp: bind %s to %s pages=%s aux=%d", d.side, d.e.key(md.Key), p.Instance, formatPages(md.DstPages), md.AuxIndex)
+	d.e.logf("%s dp: bind %s to %s pages=%s aux=%d%s", d.side, d.e.key(md.Key), p.Instance, formatPages(md.DstPages), md.AuxIndex, rankSuffix(md.Rank))
 }
 
 func (d *scriptDP) Expect(md Metadata) error {
@@ -562,7 +562,7 @@ func (d *scriptDP) Expect(md Metadata) error {
 		d.e.logf("%s dp: expect %s refused: fenced", d.side, d.e.key(md.Key))
 		return conn.ErrBadArgument
 	}
-	d.e.logf("%s dp: expect %s pages=%s aux=%d", d.side, d.e.key(md.Key), formatPages(md.DstPages), md.AuxIndex)
+	d.e.logf("%s dp: expect %s pages=%s aux=%d%s", d.side, d.e.key(md.Key), formatPages(md.DstPages), md.AuxIndex, rankSuffix(md.Rank))
 	return nil
 }
 
@@ -604,4 +604,13 @@ func roomsOf(c *core) []poll.RoomInfo {
 	infos, _, _ := c.List(poll.Filter{}, "", 1000)
 	sort.Slice(infos, func(i, j int) bool { return infos[i].Key.Room < infos[j].Key.Room })
 	return infos
+}
+
+// rankSuffix names a rank of a multi-rank room in a trace line (nothing
+// for rank 0 of 1, so single-rank traces read as they always did).
+func rankSuffix(r Rank) string {
+	if r.Size <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(" rank=%d/%d", r.TP, r.Size)
 }

@@ -205,6 +205,9 @@ func (e *scriptEnv) describe(d linkDir, b []byte) string {
 	case *pdlinkv1.Envelope_Metadata:
 		m := b.Metadata
 		s = fmt.Sprintf("metadata %s pages=%s aux=%d ranks=%d", key(m.GetRoomId(), m.GetNonce()), formatPages(m.GetDstPages()), m.GetAuxIndex(), m.GetExpectedSenders())
+		if r := m.GetRank(); r.GetTpSize() > 1 {
+			s += fmt.Sprintf(" rank=%d/%d", r.GetTpRank(), r.GetTpSize())
+		}
 	case *pdlinkv1.Envelope_Abort:
 		s = "abort " + key(b.Abort.GetRoomId(), b.Abort.GetNonce())
 		if b.Abort.GetReason() != "" {

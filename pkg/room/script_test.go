@@ -37,8 +37,8 @@ var updateScripts = flag.Bool("update", false, "rewrite the expected output of t
 // Commands (room ids are numbers; <side> is prefill or decode; <dir> is
 // p->d, d->p or both):
 //
-//	open <room> on prefill [nonce=n1|N] [ranks=N]   OpenSender
-//	open <room> on decode [ranks=N]                OpenReceiver (draws the nonce)
+//	open <room> on prefill [nonce=n1|N] [ranks=N] [rank=R/S]   OpenSender (a rank of S > 1 joins its siblings' room)
+//	open <room> on decode [ranks=N] [rank=R/S]     OpenReceiver (draws the nonce; a sibling rank joins)
 //	metadata <room> pages=1,2,3|0+8 [aux=N] [rank=R/S]   SendMetadata
 //	send <room> pages=... [last]                   the prefill scheduler's Send
 //	complete <room> [rank=N]                       decode's data plane wrote and verified a rank's pages

@@ -70,6 +70,8 @@ var (
 	ErrConnBroken = errors.New("transfer: data connection broken")
 	// ErrRejected means the receiver refused the room's frames (reason "invalid").
 	ErrRejected = errors.New("transfer: receiver rejected the room")
+	// ErrNoRankRegion means a stream or expectation named a rank the daemon holds no region for.
+	ErrNoRankRegion = errors.New("transfer: no region for the key's rank")
 	// ErrUnknownPeer means Send named a peer that was not added with AddPeer.
 	ErrUnknownPeer = errors.New("transfer: unknown peer")
 	// ErrFenced means Send was waiting for admission when its room was fenced; nothing was charged.

@@ -84,7 +84,7 @@ type faultAddr interface {
 
 // recoverRegionFault turns v, a value recovered on a goroutine touching region memory, into
 // a *RegionFaultError when it is a memory fault inside a live mapping, logging once per
-// mapping and counting it on region. Anything else is re-panicked: a fault outside every
+// mapping and counting it on region (nil: a write of no region memory, counted nowhere). Anything else is re-panicked: a fault outside every
 // mapping is memory corruption, not a truncated file, and must not be hidden.
 func recoverRegionFault(region *Region, log *zap.Logger, v any) error {
 	f, ok := v.(faultAddr)
@@ -95,7 +95,9 @@ func recoverRegionFault(region *Region, log *zap.Logger, v any) error {
 	if m == nil {
 		panic(v)
 	}
-	region.faults.Add(1)
+	if region != nil {
+		region.faults.Add(1)
+	}
 	if m.faultLogged.CompareAndSwap(false, true) {
 		log.Error("region memory fault: the file was truncated while its pages were copied; its rooms fail with transfer_error",
 			zap.String("region", m.id.Path), zap.Uint64("generation", m.id.Generation), zap.Uintptr("addr", f.Addr()))
@@ -140,6 +142,9 @@ func copyRegionBytes(region *Region, log *zap.Logger, b []byte) (out []byte, err
 func regionIOError(region *Region, log *zap.Logger, err error) error {
 	if err == nil || !errors.Is(err, syscall.EFAULT) {
 		return err
+	}
+	if region == nil {
+		return &RegionFaultError{Err: err}
 	}
 	region.faults.Add(1)
 	if m := region.Current(); m != nil && m.faultLogged.CompareAndSwap(false, true) {

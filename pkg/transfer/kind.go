@@ -43,8 +43,9 @@ func ParseKind(s string) (Kind, error) {
 	return "", fmt.Errorf("%w: data transport %q (want %s)", ErrUnknownKind, s, KindNames())
 }
 
-// NewTransport returns the prefill side of kind's data plane, reading pages from region.
-func NewTransport(kind Kind, region *Region, cfg SenderConfig) (Transport, error) {
+// NewTransport returns the prefill side of kind's data plane, reading pages from regions
+// (each stream from its key's rank's region).
+func NewTransport(kind Kind, region RegionSet, cfg SenderConfig) (Transport, error) {
 	switch kind {
 	case KindTCP:
 		s, err := NewSender(region, cfg)
@@ -56,9 +57,9 @@ func NewTransport(kind Kind, region *Region, cfg SenderConfig) (Transport, error
 	return nil, fmt.Errorf("%w: data transport %q (want %s)", ErrUnknownKind, kind, KindNames())
 }
 
-// NewSink returns the decode side of kind's data plane, writing pages into region and
-// reporting to events (which may be nil).
-func NewSink(kind Kind, region *Region, cfg ReceiverConfig, events Events) (Sink, error) {
+// NewSink returns the decode side of kind's data plane, writing pages into regions (each
+// room into its key's rank's region) and reporting to events (which may be nil).
+func NewSink(kind Kind, region RegionSet, cfg ReceiverConfig, events Events) (Sink, error) {
 	switch kind {
 	case KindTCP:
 		r, err := NewReceiver(region, cfg, events)

@@ -98,12 +98,13 @@ type ReceiverStats struct {
 }
 
 // Receiver is the decode-side Sink over stream connections (TCP, or MemNetwork pipes). It is
-// the only writer of its region.
+// the only writer of its regions (one per TP rank the daemon serves; each room writes into
+// its key's rank's).
 type Receiver struct {
-	region *Region
-	cfg    ReceiverConfig
-	events Events
-	log    *zap.Logger
+	regions RegionSet
+	cfg     ReceiverConfig
+	events  Events
+	log     *zap.Logger
 
 	mu     sync.Mutex
 	rooms  map[Key]*rxRoom // by the key frames carry: each rank of a room is its own entry
@@ -119,8 +120,9 @@ type Receiver struct {
 
 var _ Sink = (*Receiver)(nil)
 
-// NewReceiver returns a Receiver writing into region. events may be nil.
-func NewReceiver(region *Region, cfg ReceiverConfig, events Events) (*Receiver, error) {
+// NewReceiver returns a Receiver writing into regions: each room into its key's rank's
+// region (a *Region serves every rank). events may be nil.
+func NewReceiver(regions RegionSet, cfg ReceiverConfig, events Events) (*Receiver, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
@@ -128,7 +130,7 @@ func NewReceiver(region *Region, cfg ReceiverConfig, events Events) (*Receiver, 
 		events = NopEvents{}
 	}
 	return &Receiver{
-		region: region, cfg: cfg, events: events, log: cfg.Logger,
+		regions: regions, cfg: cfg, events: events, log: cfg.Logger,
 		rooms: make(map[Key]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
 	}, nil
 }
@@ -162,7 +164,9 @@ const (
 // lands for the room, and the goroutine that empties it after a Fence hands the room back
 // (letGoFence).
 type rxRoom struct {
-	key    Key
+	key Key
+	// region is the one the key's rank writes into, resolved at Expect.
+	region *Region
 	auxRow int64
 	total  int64 // pages expected over all buffers
 
@@ -193,14 +197,18 @@ func samePageList(a, b []Run) bool {
 // checked against the region and against Dst before a byte is written, so a page outside
 // the region or named twice fails the room (reason invalid) and is never written.
 func (r *Receiver) Expect(e Expectation) error {
-	l := r.region.Layout()
+	region := r.regions.ForRank(e.Key.Rank)
+	if region == nil {
+		return fmt.Errorf("%w: %v", ErrNoRankRegion, e.Key)
+	}
+	l := region.Layout()
 	if len(e.Dst) != len(l.Buffers) {
 		return fmt.Errorf("%w: %d page lists for %d buffers", ErrRunsMismatch, len(e.Dst), len(l.Buffers))
 	}
 	if e.AuxRow < -1 || e.AuxRow >= l.Aux.Rows {
 		return fmt.Errorf("%w: row %d of %d", ErrAuxMismatch, e.AuxRow, l.Aux.Rows)
 	}
-	room := &rxRoom{key: e.Key, auxRow: e.AuxRow, bufs: make([]rxBuf, len(e.Dst))}
+	room := &rxRoom{key: e.Key, region: region, auxRow: e.AuxRow, bufs: make([]rxBuf, len(e.Dst))}
 	counts := make([]int64, len(e.Dst))
 	mult, err := expectSlices(room, e.Copies, l)
 	if err != nil {

@@ -160,7 +160,7 @@ func (c *rxConn) readFull(p []byte) error {
 // piece, or a socket that hands out less) cost a second copy of the page bytes: 22% of
 // decoded's CPU in the demo bench. The next frame's header refills the buffering. It
 // returns how many bytes it took from the stream: len(p), or fewer with the error.
-func (c *rxConn) readPages(p []byte) (int, error) {
+func (c *rxConn) readPages(region *Region, p []byte) (int, error) {
 	n := 0
 	if c.in.Buffered() > 0 {
 		n, _ = c.in.Read(p) // buffered bytes only: no read from the connection
@@ -173,7 +173,7 @@ func (c *rxConn) readPages(p []byte) (int, error) {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return n + k, regionIOError(c.r.region, c.r.log, err)
+		return n + k, regionIOError(region, c.r.log, err)
 	}
 	return n + k, nil
 }
@@ -251,7 +251,7 @@ func (c *rxConn) chunk(h *Header) error {
 	if h.Flags&FlagPayloadCRC == 0 && r.cfg.Checksum == ChecksumCRC32C {
 		err = fmt.Errorf("%w: chunk without checksum", ErrRejected)
 	} else {
-		err = room.claim(h, runs, r.region.Layout())
+		err = room.claim(h, runs, room.region.Layout())
 	}
 	room.mu.Unlock()
 	if err != nil {
@@ -259,7 +259,7 @@ func (c *rxConn) chunk(h *Header) error {
 	}
 	c.dsts = c.dsts[:0]
 	for _, run := range runs {
-		dst := r.region.Pages(int(run.Buffer), run.Run)
+		dst := room.region.Pages(int(run.Buffer), run.Run)
 		if dst == nil {
 			// Claimed against a mapping the region no longer serves: the
 			// room was fenced before the region was replaced.
@@ -320,12 +320,12 @@ func (c *rxConn) write(room *rxRoom, dsts [][]byte, crc uint32) (uint32, int, er
 		// out of the read buffering leaves its bytes there, one in the checksum pass
 		// comes after all of p was read.
 		taken := 0
-		fault := touchRegion(c.r.region, c.r.log, c.r.beforeTouch, func() {
+		fault := touchRegion(room.region, c.r.log, c.r.beforeTouch, func() {
 			for left := c.r.cfg.PieceBytes; left > 0 && i < len(dsts); {
 				p := dsts[i][off:]
 				p = p[:min(len(p), left)]
 				taken = 0
-				if taken, err = c.readPages(p); err != nil {
+				if taken, err = c.readPages(room.region, p); err != nil {
 					break
 				}
 				crc = crc32.Update(crc, castagnoli, p)
@@ -405,7 +405,7 @@ func (c *rxConn) done(h *Header) error {
 	}
 	var aux []byte
 	if room.auxRow >= 0 {
-		aux = r.region.AuxRow(room.auxRow)
+		aux = room.region.AuxRow(room.auxRow)
 	}
 	var err error
 	switch {

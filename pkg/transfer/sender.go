@@ -134,7 +134,11 @@ type SendRequest struct {
 // engine still computes the rest.
 type Stream struct {
 	Peer string
-	Key  Key
+	// Key is the destination's: the receiver's expectation, its rank the decode rank's.
+	Key Key
+	// Source is the local rank whose region the pages are read from; the zero Rank means
+	// Key.Rank (equal TP: prefill rank i feeds decode rank i).
+	Source Rank
 	// Dst has one page list per buffer, in position order: a buffer's k-th appended source
 	// page goes to its k-th destination page.
 	Dst [][]Run
@@ -175,9 +179,9 @@ type Piece struct {
 
 // Sender is the prefill-side Transport over stream connections (TCP, or MemNetwork pipes).
 type Sender struct {
-	region *Region
-	cfg    SenderConfig
-	log    *zap.Logger
+	regions RegionSet
+	cfg     SenderConfig
+	log     *zap.Logger
 
 	mu     sync.Mutex
 	peers  map[string]*peer
@@ -200,12 +204,13 @@ func (s *Sender) Stats() SenderStats { return SenderStats{StalledInterrupts: s.i
 
 var _ Transport = (*Sender)(nil)
 
-// NewSender returns a Sender reading from region.
-func NewSender(region *Region, cfg SenderConfig) (*Sender, error) {
+// NewSender returns a Sender reading from regions: each stream from its key's rank's region
+// (a *Region serves every rank).
+func NewSender(regions RegionSet, cfg SenderConfig) (*Sender, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Sender{region: region, cfg: cfg, log: cfg.Logger, peers: make(map[string]*peer), jobs: make(map[Key]*job)}, nil
+	return &Sender{regions: regions, cfg: cfg, log: cfg.Logger, peers: make(map[string]*peer), jobs: make(map[Key]*job)}, nil
 }
 
 // AddPeer registers a decode peer's data address and region layout and starts its
@@ -217,7 +222,7 @@ func (s *Sender) AddPeer(addr string, layout Layout) error {
 	if known && sameLayout(p.layout, layout) {
 		return nil // checked when it was added; the daemons add the peer at every bind
 	}
-	if err := s.region.Layout().Compatible(layout); err != nil {
+	if err := s.regions.Shape().Compatible(layout); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -280,11 +285,19 @@ func (s *Sender) Send(ctx context.Context, req SendRequest) error {
 // a chunk naming a page outside its region or its room's destination before writing a byte,
 // and the room fails with reason invalid. Nothing is sent before Append.
 func (s *Sender) Open(st Stream) error {
-	local := s.region.Layout()
+	src := st.Source
+	if src == (Rank{}) {
+		src = st.Key.Rank
+	}
+	region := s.regions.ForRank(src)
+	if region == nil {
+		return fail(ReasonInvalid, fmt.Errorf("%w: %v", ErrNoRankRegion, st.Key))
+	}
+	local := region.Layout()
 	if len(st.Dst) != len(local.Buffers) {
 		return fmt.Errorf("%w: %d destination page lists for %d buffers", ErrRunsMismatch, len(st.Dst), len(local.Buffers))
 	}
-	j := &job{s: s, st: st, dst: st.Dst, dstPages: make([]int64, len(st.Dst)), next: make([]int64, len(st.Dst)),
+	j := &job{s: s, region: region, st: st, dst: st.Dst, dstPages: make([]int64, len(st.Dst)), next: make([]int64, len(st.Dst)),
 		fenceCh: make(chan struct{})}
 	for b, runs := range st.Dst {
 		j.dstPages[b] = CountPages(runs)
@@ -337,14 +350,14 @@ func (s *Sender) Append(key Key, pc Piece) error {
 	if j == nil {
 		return fmt.Errorf("%w: %v", ErrStreamEnded, key)
 	}
-	local := s.region.Layout()
+	local := j.region.Layout()
 	if len(pc.Src) != len(local.Buffers) {
 		return fmt.Errorf("%w: %d source page lists for %d buffers", ErrRunsMismatch, len(pc.Src), len(local.Buffers))
 	}
 	if n := len(pc.Aux); n != 0 && (!pc.Last || int64(n) != j.peer.layout.Aux.RowLen) {
 		return fmt.Errorf("%w: aux row of %d bytes (last %v), peer rows are %d", ErrAuxMismatch, n, pc.Last, j.peer.layout.Aux.RowLen)
 	}
-	aux, err := copyRegionBytes(s.region, s.log, pc.Aux) // the daemon's aux row is region memory
+	aux, err := copyRegionBytes(j.region, s.log, pc.Aux) // the daemon's aux row is region memory
 	if err != nil {
 		return fail(ReasonTransferError, err)
 	}
@@ -527,10 +540,13 @@ func (s *Sender) Close() error {
 // (checksum and socket write), then decrements; Fence sets stopped, and the decrement that
 // reaches zero after it hands the room back (letGoFence).
 type job struct {
-	s    *Sender
-	peer *peer // immutable once the job is in Sender.jobs
-	st   Stream
-	dst  [][]Run
+	s *Sender
+	// region is the one the stream's key's rank reads from, resolved at Open (a rank's
+	// Region outlives its generations).
+	region *Region
+	peer   *peer // immutable once the job is in Sender.jobs
+	st     Stream
+	dst    [][]Run
 	// dstPages and pages (their sum) are the stream's destination page counts.
 	dstPages []int64
 	pages    int64

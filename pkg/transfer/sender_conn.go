@@ -537,7 +537,7 @@ func (tc *txConn) ping() error {
 // write writes n bytes under a deadline scaled by their size.
 func (tc *txConn) write(iov [][]byte, n int64) error {
 	tc.armWrite(n)
-	return tc.writeArmed(iov)
+	return tc.writeArmed(nil, iov)
 }
 
 func (tc *txConn) armWrite(n int64) {
@@ -545,15 +545,16 @@ func (tc *txConn) armWrite(n int64) {
 	tc.conn.SetWriteDeadline(deadlineFor(cfg.WriteTimeout, n, cfg.MinWriteRate))
 }
 
-// writeArmed writes iov under the deadline armWrite set.
-func (tc *txConn) writeArmed(iov [][]byte) error {
+// writeArmed writes iov, whose payload is region's memory (nil: none is), under the
+// deadline armWrite set.
+func (tc *txConn) writeArmed(region *Region, iov [][]byte) error {
 	s := tc.p.s
 	bufs := net.Buffers(iov)
 	var err error
-	if fault := touchRegion(s.region, s.log, s.beforeTouch, func() { _, err = bufs.WriteTo(tc.conn) }); fault != nil {
+	if fault := touchRegion(region, s.log, s.beforeTouch, func() { _, err = bufs.WriteTo(tc.conn) }); fault != nil {
 		return fault
 	}
-	return regionIOError(s.region, s.log, err)
+	return regionIOError(region, s.log, err)
 }
 
 // sendPiece writes a piece's admitted chunks and, after the last piece's last chunk, the
@@ -627,7 +628,8 @@ func (s *Sender) planChunks(w *piece) ([]chunkPlan, bool) {
 	// A piece is checked against the region's mapping at Append; one that
 	// no longer fits was taken before the region was replaced, and its
 	// room fenced before that: nothing of it may be planned or read.
-	layout := s.region.Layout()
+	region := w.j.region
+	layout := region.Layout()
 	if len(w.segs) > len(layout.Buffers) {
 		return nil, false
 	}
@@ -654,7 +656,7 @@ func (s *Sender) planChunks(w *piece) ([]chunkPlan, bool) {
 				n = 1 // a chunk holds at least one page
 			}
 			c.runs = append(c.runs, ChunkRun{Buffer: uint32(b), Run: Run{Start: seg.Dst + off, Count: int32(n)}})
-			c.iov = append(c.iov, s.region.Pages(b, Run{Start: seg.Src + off, Count: int32(n)}))
+			c.iov = append(c.iov, region.Pages(b, Run{Start: seg.Src + off, Count: int32(n)}))
 			c.bytes += n * itemLen
 			c.pages += n
 			if off += int32(n); off == seg.Count {
@@ -698,7 +700,7 @@ func checksums(w *piece, quit <-chan struct{}) (sums <-chan uint32, exited <-cha
 				return
 			}
 			var crc uint32
-			err := touchRegion(s.region, s.log, s.beforeTouch, func() {
+			err := touchRegion(w.j.region, s.log, s.beforeTouch, func() {
 				for _, p := range w.plans[w.summed].iov[1:] {
 					crc = crc32.Update(crc, castagnoli, p)
 				}
@@ -801,7 +803,7 @@ func (tc *txConn) writePiece(w *piece) (end pieceEnd, err error) {
 		if !j.acquireWrite(tc, n) {
 			return pieceAbandoned, nil
 		}
-		err := tc.writeArmed(iov)
+		err := tc.writeArmed(w.j.region, iov)
 		j.release()
 		if err != nil {
 			return pieceAbandoned, err

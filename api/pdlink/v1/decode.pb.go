@@ -266,15 +266,30 @@ func (x *DecodeServiceUnregisterRegionResponse) GetRoomsFailed() uint32 {
 }
 
 // Valid when room_id != 0, prefill_bootstrap_addr is a tcp://host:port
-// ZeroMQ endpoint (a host, not *, and a port in 1-65535; nothing else), and
-// expected_senders is 0 (meaning 1) or the prefill engine's tp size.
+// ZeroMQ endpoint (a host, not *, and a port in 1-65535; nothing else),
+// expected_senders is 0 (meaning 1) or the number of prefill ranks feeding
+// the room (the prefill tp size with equal TP), and rank names a registered
+// rank.
+//
+// One room per request per daemon, shared by every rank: each rank's
+// scheduler process opens it with its own rank. The first Open creates the
+// room and draws its nonce; an Open from another rank of the same tp_size
+// joins it and answers the same nonce, provided prefill_bootstrap_addr and
+// expected_senders are the first Open's (else InvalidArgument naming the
+// field); the same rank opening a live room again is AlreadyExists. Each
+// rank then sends its own SendMetadata (SendMetadataRequest.rank); the room
+// is Success once every rank's pages and aux row, from every prefill rank
+// the mapping feeds it from, are in place. Poll, Watch and Get are per
+// room, so every rank's scheduler sees the same state.
 type OpenReceiverRequest struct {
 	state                protoimpl.MessageState `protogen:"open.v1"`
 	RoomId               uint64                 `protobuf:"varint,1,opt,name=room_id,json=roomId,proto3" json:"room_id,omitempty"`
 	PrefillBootstrapAddr string                 `protobuf:"bytes,2,opt,name=prefill_bootstrap_addr,json=prefillBootstrapAddr,proto3" json:"prefill_bootstrap_addr,omitempty"`
 	ExpectedSenders      uint32                 `protobuf:"varint,3,opt,name=expected_senders,json=expectedSenders,proto3" json:"expected_senders,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// rank is the scheduler's TP rank (nil is rank 0 of 1).
+	Rank          *Rank `protobuf:"bytes,4,opt,name=rank,proto3" json:"rank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OpenReceiverRequest) Reset() {
@@ -326,6 +341,13 @@ func (x *OpenReceiverRequest) GetExpectedSenders() uint32 {
 		return x.ExpectedSenders
 	}
 	return 0
+}
+
+func (x *OpenReceiverRequest) GetRank() *Rank {
+	if x != nil {
+		return x.Rank
+	}
+	return nil
 }
 
 type OpenReceiverResponse struct {
@@ -892,11 +914,12 @@ const file_pdlink_v1_decode_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12!\n" +
-	"\frooms_failed\x18\x03 \x01(\rR\vroomsFailed\"\x8f\x01\n" +
+	"\frooms_failed\x18\x03 \x01(\rR\vroomsFailed\"\xb4\x01\n" +
 	"\x13OpenReceiverRequest\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x124\n" +
 	"\x16prefill_bootstrap_addr\x18\x02 \x01(\tR\x14prefillBootstrapAddr\x12)\n" +
-	"\x10expected_senders\x18\x03 \x01(\rR\x0fexpectedSenders\"E\n" +
+	"\x10expected_senders\x18\x03 \x01(\rR\x0fexpectedSenders\x12#\n" +
+	"\x04rank\x18\x04 \x01(\v2\x0f.pdlink.v1.RankR\x04rank\"E\n" +
 	"\x14OpenReceiverResponse\x12-\n" +
 	"\x06status\x18\x01 \x01(\v2\x15.pdlink.v1.RoomStatusR\x06status\"\xc1\x01\n" +
 	"\x13SendMetadataRequest\x12\x17\n" +
@@ -976,36 +999,37 @@ var file_pdlink_v1_decode_proto_goTypes = []any{
 var file_pdlink_v1_decode_proto_depIdxs = []int32{
 	16, // 0: pdlink.v1.DecodeServiceRegisterRegionRequest.layout:type_name -> pdlink.v1.RegionLayout
 	17, // 1: pdlink.v1.DecodeServiceUnregisterRegionRequest.rank:type_name -> pdlink.v1.Rank
-	18, // 2: pdlink.v1.OpenReceiverResponse.status:type_name -> pdlink.v1.RoomStatus
-	17, // 3: pdlink.v1.SendMetadataRequest.rank:type_name -> pdlink.v1.Rank
-	19, // 4: pdlink.v1.SendMetadataRequest.dst_pages:type_name -> pdlink.v1.PageList
-	18, // 5: pdlink.v1.SendMetadataResponse.status:type_name -> pdlink.v1.RoomStatus
-	18, // 6: pdlink.v1.DecodeServicePollResponse.statuses:type_name -> pdlink.v1.RoomStatus
-	20, // 7: pdlink.v1.DecodeServiceWatchRequest.filter:type_name -> pdlink.v1.WatchFilter
-	21, // 8: pdlink.v1.DecodeServiceWatchResponse.event:type_name -> pdlink.v1.WatchEvent
-	18, // 9: pdlink.v1.DecodeServiceAbortResponse.status:type_name -> pdlink.v1.RoomStatus
-	22, // 10: pdlink.v1.DecodeServiceClearResponse.results:type_name -> pdlink.v1.ClearResult
-	0,  // 11: pdlink.v1.DecodeService.RegisterRegion:input_type -> pdlink.v1.DecodeServiceRegisterRegionRequest
-	2,  // 12: pdlink.v1.DecodeService.UnregisterRegion:input_type -> pdlink.v1.DecodeServiceUnregisterRegionRequest
-	4,  // 13: pdlink.v1.DecodeService.OpenReceiver:input_type -> pdlink.v1.OpenReceiverRequest
-	6,  // 14: pdlink.v1.DecodeService.SendMetadata:input_type -> pdlink.v1.SendMetadataRequest
-	8,  // 15: pdlink.v1.DecodeService.Poll:input_type -> pdlink.v1.DecodeServicePollRequest
-	10, // 16: pdlink.v1.DecodeService.Watch:input_type -> pdlink.v1.DecodeServiceWatchRequest
-	12, // 17: pdlink.v1.DecodeService.Abort:input_type -> pdlink.v1.DecodeServiceAbortRequest
-	14, // 18: pdlink.v1.DecodeService.Clear:input_type -> pdlink.v1.DecodeServiceClearRequest
-	1,  // 19: pdlink.v1.DecodeService.RegisterRegion:output_type -> pdlink.v1.DecodeServiceRegisterRegionResponse
-	3,  // 20: pdlink.v1.DecodeService.UnregisterRegion:output_type -> pdlink.v1.DecodeServiceUnregisterRegionResponse
-	5,  // 21: pdlink.v1.DecodeService.OpenReceiver:output_type -> pdlink.v1.OpenReceiverResponse
-	7,  // 22: pdlink.v1.DecodeService.SendMetadata:output_type -> pdlink.v1.SendMetadataResponse
-	9,  // 23: pdlink.v1.DecodeService.Poll:output_type -> pdlink.v1.DecodeServicePollResponse
-	11, // 24: pdlink.v1.DecodeService.Watch:output_type -> pdlink.v1.DecodeServiceWatchResponse
-	13, // 25: pdlink.v1.DecodeService.Abort:output_type -> pdlink.v1.DecodeServiceAbortResponse
-	15, // 26: pdlink.v1.DecodeService.Clear:output_type -> pdlink.v1.DecodeServiceClearResponse
-	19, // [19:27] is the sub-list for method output_type
-	11, // [11:19] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	17, // 2: pdlink.v1.OpenReceiverRequest.rank:type_name -> pdlink.v1.Rank
+	18, // 3: pdlink.v1.OpenReceiverResponse.status:type_name -> pdlink.v1.RoomStatus
+	17, // 4: pdlink.v1.SendMetadataRequest.rank:type_name -> pdlink.v1.Rank
+	19, // 5: pdlink.v1.SendMetadataRequest.dst_pages:type_name -> pdlink.v1.PageList
+	18, // 6: pdlink.v1.SendMetadataResponse.status:type_name -> pdlink.v1.RoomStatus
+	18, // 7: pdlink.v1.DecodeServicePollResponse.statuses:type_name -> pdlink.v1.RoomStatus
+	20, // 8: pdlink.v1.DecodeServiceWatchRequest.filter:type_name -> pdlink.v1.WatchFilter
+	21, // 9: pdlink.v1.DecodeServiceWatchResponse.event:type_name -> pdlink.v1.WatchEvent
+	18, // 10: pdlink.v1.DecodeServiceAbortResponse.status:type_name -> pdlink.v1.RoomStatus
+	22, // 11: pdlink.v1.DecodeServiceClearResponse.results:type_name -> pdlink.v1.ClearResult
+	0,  // 12: pdlink.v1.DecodeService.RegisterRegion:input_type -> pdlink.v1.DecodeServiceRegisterRegionRequest
+	2,  // 13: pdlink.v1.DecodeService.UnregisterRegion:input_type -> pdlink.v1.DecodeServiceUnregisterRegionRequest
+	4,  // 14: pdlink.v1.DecodeService.OpenReceiver:input_type -> pdlink.v1.OpenReceiverRequest
+	6,  // 15: pdlink.v1.DecodeService.SendMetadata:input_type -> pdlink.v1.SendMetadataRequest
+	8,  // 16: pdlink.v1.DecodeService.Poll:input_type -> pdlink.v1.DecodeServicePollRequest
+	10, // 17: pdlink.v1.DecodeService.Watch:input_type -> pdlink.v1.DecodeServiceWatchRequest
+	12, // 18: pdlink.v1.DecodeService.Abort:input_type -> pdlink.v1.DecodeServiceAbortRequest
+	14, // 19: pdlink.v1.DecodeService.Clear:input_type -> pdlink.v1.DecodeServiceClearRequest
+	1,  // 20: pdlink.v1.DecodeService.RegisterRegion:output_type -> pdlink.v1.DecodeServiceRegisterRegionResponse
+	3,  // 21: pdlink.v1.DecodeService.UnregisterRegion:output_type -> pdlink.v1.DecodeServiceUnregisterRegionResponse
+	5,  // 22: pdlink.v1.DecodeService.OpenReceiver:output_type -> pdlink.v1.OpenReceiverResponse
+	7,  // 23: pdlink.v1.DecodeService.SendMetadata:output_type -> pdlink.v1.SendMetadataResponse
+	9,  // 24: pdlink.v1.DecodeService.Poll:output_type -> pdlink.v1.DecodeServicePollResponse
+	11, // 25: pdlink.v1.DecodeService.Watch:output_type -> pdlink.v1.DecodeServiceWatchResponse
+	13, // 26: pdlink.v1.DecodeService.Abort:output_type -> pdlink.v1.DecodeServiceAbortResponse
+	15, // 27: pdlink.v1.DecodeService.Clear:output_type -> pdlink.v1.DecodeServiceClearResponse
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_pdlink_v1_decode_proto_init() }

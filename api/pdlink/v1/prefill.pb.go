@@ -265,15 +265,29 @@ func (x *PrefillServiceUnregisterRegionResponse) GetRoomsFailed() uint32 {
 	return 0
 }
 
-// Valid when room_id != 0. nonce is 0 when the prefill scheduler does not
-// know it; decode's METADATA binds it. expected_receivers is 0 or 1 today.
+// Valid when room_id != 0 and rank names a registered rank. nonce is 0
+// when the prefill scheduler does not know it; decode's METADATA binds it.
+// expected_receivers is 0 or 1 (the decode ranks a prefill rank feeds come
+// from the rank mapping, not from the scheduler).
+//
+// One room per request per daemon, shared by every rank: each rank's
+// scheduler process opens it with its own rank. The first Open creates the
+// room; an Open from another rank of the same tp_size joins it and answers
+// its status (the same nonce); the same rank opening a live room again is
+// AlreadyExists, and a rank of another tp_size is InvalidArgument naming
+// rank. The room is WaitingForInput once every decode rank that addresses
+// this daemon's ranks sent its METADATA; each rank then Sends its own pages
+// (SendRequest.rank); Poll, Watch and Get are per room, so every rank's
+// scheduler sees the same state.
 type OpenSenderRequest struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	RoomId            uint64                 `protobuf:"varint,1,opt,name=room_id,json=roomId,proto3" json:"room_id,omitempty"`
 	Nonce             uint64                 `protobuf:"varint,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
 	ExpectedReceivers uint32                 `protobuf:"varint,3,opt,name=expected_receivers,json=expectedReceivers,proto3" json:"expected_receivers,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// rank is the scheduler's TP rank (nil is rank 0 of 1).
+	Rank          *Rank `protobuf:"bytes,4,opt,name=rank,proto3" json:"rank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OpenSenderRequest) Reset() {
@@ -325,6 +339,13 @@ func (x *OpenSenderRequest) GetExpectedReceivers() uint32 {
 		return x.ExpectedReceivers
 	}
 	return 0
+}
+
+func (x *OpenSenderRequest) GetRank() *Rank {
+	if x != nil {
+		return x.Rank
+	}
+	return nil
 }
 
 type OpenSenderResponse struct {
@@ -914,11 +935,12 @@ const file_pdlink_v1_prefill_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12!\n" +
-	"\frooms_failed\x18\x03 \x01(\rR\vroomsFailed\"q\n" +
+	"\frooms_failed\x18\x03 \x01(\rR\vroomsFailed\"\x96\x01\n" +
 	"\x11OpenSenderRequest\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\x12-\n" +
-	"\x12expected_receivers\x18\x03 \x01(\rR\x11expectedReceivers\"C\n" +
+	"\x12expected_receivers\x18\x03 \x01(\rR\x11expectedReceivers\x12#\n" +
+	"\x04rank\x18\x04 \x01(\v2\x0f.pdlink.v1.RankR\x04rank\"C\n" +
 	"\x12OpenSenderResponse\x12-\n" +
 	"\x06status\x18\x01 \x01(\v2\x15.pdlink.v1.RoomStatusR\x06status\"\xe8\x01\n" +
 	"\vSendRequest\x12\x17\n" +
@@ -1000,36 +1022,37 @@ var file_pdlink_v1_prefill_proto_goTypes = []any{
 var file_pdlink_v1_prefill_proto_depIdxs = []int32{
 	16, // 0: pdlink.v1.PrefillServiceRegisterRegionRequest.layout:type_name -> pdlink.v1.RegionLayout
 	17, // 1: pdlink.v1.PrefillServiceUnregisterRegionRequest.rank:type_name -> pdlink.v1.Rank
-	18, // 2: pdlink.v1.OpenSenderResponse.status:type_name -> pdlink.v1.RoomStatus
-	17, // 3: pdlink.v1.SendRequest.rank:type_name -> pdlink.v1.Rank
-	19, // 4: pdlink.v1.SendRequest.pages:type_name -> pdlink.v1.PageList
-	18, // 5: pdlink.v1.SendResponse.status:type_name -> pdlink.v1.RoomStatus
-	18, // 6: pdlink.v1.PrefillServicePollResponse.statuses:type_name -> pdlink.v1.RoomStatus
-	20, // 7: pdlink.v1.PrefillServiceWatchRequest.filter:type_name -> pdlink.v1.WatchFilter
-	21, // 8: pdlink.v1.PrefillServiceWatchResponse.event:type_name -> pdlink.v1.WatchEvent
-	18, // 9: pdlink.v1.PrefillServiceAbortResponse.status:type_name -> pdlink.v1.RoomStatus
-	22, // 10: pdlink.v1.PrefillServiceClearResponse.results:type_name -> pdlink.v1.ClearResult
-	0,  // 11: pdlink.v1.PrefillService.RegisterRegion:input_type -> pdlink.v1.PrefillServiceRegisterRegionRequest
-	2,  // 12: pdlink.v1.PrefillService.UnregisterRegion:input_type -> pdlink.v1.PrefillServiceUnregisterRegionRequest
-	4,  // 13: pdlink.v1.PrefillService.OpenSender:input_type -> pdlink.v1.OpenSenderRequest
-	6,  // 14: pdlink.v1.PrefillService.Send:input_type -> pdlink.v1.SendRequest
-	8,  // 15: pdlink.v1.PrefillService.Poll:input_type -> pdlink.v1.PrefillServicePollRequest
-	10, // 16: pdlink.v1.PrefillService.Watch:input_type -> pdlink.v1.PrefillServiceWatchRequest
-	12, // 17: pdlink.v1.PrefillService.Abort:input_type -> pdlink.v1.PrefillServiceAbortRequest
-	14, // 18: pdlink.v1.PrefillService.Clear:input_type -> pdlink.v1.PrefillServiceClearRequest
-	1,  // 19: pdlink.v1.PrefillService.RegisterRegion:output_type -> pdlink.v1.PrefillServiceRegisterRegionResponse
-	3,  // 20: pdlink.v1.PrefillService.UnregisterRegion:output_type -> pdlink.v1.PrefillServiceUnregisterRegionResponse
-	5,  // 21: pdlink.v1.PrefillService.OpenSender:output_type -> pdlink.v1.OpenSenderResponse
-	7,  // 22: pdlink.v1.PrefillService.Send:output_type -> pdlink.v1.SendResponse
-	9,  // 23: pdlink.v1.PrefillService.Poll:output_type -> pdlink.v1.PrefillServicePollResponse
-	11, // 24: pdlink.v1.PrefillService.Watch:output_type -> pdlink.v1.PrefillServiceWatchResponse
-	13, // 25: pdlink.v1.PrefillService.Abort:output_type -> pdlink.v1.PrefillServiceAbortResponse
-	15, // 26: pdlink.v1.PrefillService.Clear:output_type -> pdlink.v1.PrefillServiceClearResponse
-	19, // [19:27] is the sub-list for method output_type
-	11, // [11:19] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	17, // 2: pdlink.v1.OpenSenderRequest.rank:type_name -> pdlink.v1.Rank
+	18, // 3: pdlink.v1.OpenSenderResponse.status:type_name -> pdlink.v1.RoomStatus
+	17, // 4: pdlink.v1.SendRequest.rank:type_name -> pdlink.v1.Rank
+	19, // 5: pdlink.v1.SendRequest.pages:type_name -> pdlink.v1.PageList
+	18, // 6: pdlink.v1.SendResponse.status:type_name -> pdlink.v1.RoomStatus
+	18, // 7: pdlink.v1.PrefillServicePollResponse.statuses:type_name -> pdlink.v1.RoomStatus
+	20, // 8: pdlink.v1.PrefillServiceWatchRequest.filter:type_name -> pdlink.v1.WatchFilter
+	21, // 9: pdlink.v1.PrefillServiceWatchResponse.event:type_name -> pdlink.v1.WatchEvent
+	18, // 10: pdlink.v1.PrefillServiceAbortResponse.status:type_name -> pdlink.v1.RoomStatus
+	22, // 11: pdlink.v1.PrefillServiceClearResponse.results:type_name -> pdlink.v1.ClearResult
+	0,  // 12: pdlink.v1.PrefillService.RegisterRegion:input_type -> pdlink.v1.PrefillServiceRegisterRegionRequest
+	2,  // 13: pdlink.v1.PrefillService.UnregisterRegion:input_type -> pdlink.v1.PrefillServiceUnregisterRegionRequest
+	4,  // 14: pdlink.v1.PrefillService.OpenSender:input_type -> pdlink.v1.OpenSenderRequest
+	6,  // 15: pdlink.v1.PrefillService.Send:input_type -> pdlink.v1.SendRequest
+	8,  // 16: pdlink.v1.PrefillService.Poll:input_type -> pdlink.v1.PrefillServicePollRequest
+	10, // 17: pdlink.v1.PrefillService.Watch:input_type -> pdlink.v1.PrefillServiceWatchRequest
+	12, // 18: pdlink.v1.PrefillService.Abort:input_type -> pdlink.v1.PrefillServiceAbortRequest
+	14, // 19: pdlink.v1.PrefillService.Clear:input_type -> pdlink.v1.PrefillServiceClearRequest
+	1,  // 20: pdlink.v1.PrefillService.RegisterRegion:output_type -> pdlink.v1.PrefillServiceRegisterRegionResponse
+	3,  // 21: pdlink.v1.PrefillService.UnregisterRegion:output_type -> pdlink.v1.PrefillServiceUnregisterRegionResponse
+	5,  // 22: pdlink.v1.PrefillService.OpenSender:output_type -> pdlink.v1.OpenSenderResponse
+	7,  // 23: pdlink.v1.PrefillService.Send:output_type -> pdlink.v1.SendResponse
+	9,  // 24: pdlink.v1.PrefillService.Poll:output_type -> pdlink.v1.PrefillServicePollResponse
+	11, // 25: pdlink.v1.PrefillService.Watch:output_type -> pdlink.v1.PrefillServiceWatchResponse
+	13, // 26: pdlink.v1.PrefillService.Abort:output_type -> pdlink.v1.PrefillServiceAbortResponse
+	15, // 27: pdlink.v1.PrefillService.Clear:output_type -> pdlink.v1.PrefillServiceClearResponse
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_pdlink_v1_prefill_proto_init() }
