@@ -109,7 +109,7 @@ func (j *job) pairs() int64 {
 // source pages), so the wire carries exactly the bytes the destination takes.
 func (s *Sender) planSlicedChunks(w *piece) ([]chunkPlan, bool) {
 	cfg := &s.cfg
-	layout := s.region.Layout()
+	layout := w.j.region.Layout()
 	if len(w.segs) > len(layout.Buffers) {
 		return nil, false
 	}
@@ -139,7 +139,7 @@ func (s *Sender) planSlicedChunks(w *piece) ([]chunkPlan, bool) {
 					}
 					n = 1 // a chunk holds at least one page
 				}
-				src := s.region.Pages(b, Run{Start: seg.Src + off, Count: int32(n)})
+				src := w.j.region.Pages(b, Run{Start: seg.Src + off, Count: int32(n)})
 				if src == nil {
 					return nil, false
 				}
@@ -319,7 +319,7 @@ func (c *rxConn) slicedChunk(h *Header) error {
 	if h.Flags&FlagPayloadCRC == 0 && r.cfg.Checksum == ChecksumCRC32C {
 		err = fmt.Errorf("%w: chunk without checksum", ErrRejected)
 	} else {
-		err = room.claimSlices(h, runs, r.region.Layout())
+		err = room.claimSlices(h, runs, room.region.Layout())
 	}
 	room.mu.Unlock()
 	if err != nil {
@@ -330,7 +330,7 @@ func (c *rxConn) slicedChunk(h *Header) error {
 	for _, run := range runs {
 		b := &room.bufs[run.Buffer] // slices are read-only once expected
 		cp := b.slices[matchSlice(b.slices, run)]
-		dst := r.region.Pages(int(run.Buffer), run.Run)
+		dst := room.region.Pages(int(run.Buffer), run.Run)
 		if dst == nil || int64(len(dst)) != int64(run.Count)*int64(cp.DstItemLen()) {
 			// Claimed against a mapping the region no longer serves: the
 			// room was fenced before the region was replaced.
@@ -378,8 +378,8 @@ func (c *rxConn) scatter(room *rxRoom, rows [][]byte, crc uint32) (uint32, int, 
 		}
 		var err error
 		taken := 0
-		fault := touchRegion(c.r.region, c.r.log, c.r.beforeTouch, func() {
-			if taken, err = c.readPages(c.stage[:k]); err != nil {
+		fault := touchRegion(room.region, c.r.log, c.r.beforeTouch, func() {
+			if taken, err = c.readPages(room.region, c.stage[:k]); err != nil {
 				return
 			}
 			crc = crc32.Update(crc, castagnoli, c.stage[:k])
