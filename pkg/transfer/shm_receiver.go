@@ -27,6 +27,25 @@ type ShmStats struct {
 	CopiedBytes uint64
 }
 
+// shmTotals are every Sender's (prefill) and Receiver's (decode) counters in the process,
+// what the daemons export (one data plane per daemon; tests read their instance's).
+var shmTotals = struct{ prefill, decode shmCounters }{}
+
+// ShmTotals returns the process's same-host counters of one side: every Sender's
+// (decode false) or every Receiver's (decode true).
+func ShmTotals(decode bool) ShmStats {
+	if decode {
+		return shmTotals.decode.stats()
+	}
+	return shmTotals.prefill.stats()
+}
+
+// add applies count to this instance's counters and to the process's total.
+func (s *shmCounters) add(total *shmCounters, count func(*shmCounters)) {
+	count(s)
+	count(total)
+}
+
 func (s *shmCounters) stats() ShmStats {
 	out := ShmStats{Accepted: s.accepted.Load(), Fallbacks: map[string]uint64{}, ShmConns: s.conns.Load(), CopiedBytes: s.copied.Load()}
 	for _, f := range AllShmFallbacks() {
@@ -88,15 +107,15 @@ func (c *rxConn) shmOffer(h *Header) error {
 		}
 	}
 	if code == ShmAccepted {
-		r.shm.accepted.Add(1)
+		r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.accepted.Add(1) })
 		if !c.shm.counted {
 			c.shm.counted = true
-			r.shm.conns.Add(1)
+			r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.conns.Add(1) })
 		}
 		r.log.Info("same-host pages accepted", zap.Stringer("remote", c.raw.RemoteAddr()), zap.Uint16("rank", h.Rank.TP),
 			zap.String("region", o.ID.Path), zap.Uint64("generation", o.ID.Generation))
 	} else {
-		r.shm.fallbacks[code].Add(1)
+		r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.fallbacks[code].Add(1) })
 		r.log.Warn("same-host pages refused, tcp for this rank", zap.Stringer("remote", c.raw.RemoteAddr()),
 			zap.Uint16("rank", h.Rank.TP), zap.String("region", o.ID.Path), zap.String("reason", code.String()), zap.Error(err))
 	}
@@ -111,7 +130,7 @@ func (c *rxConn) closeShm() {
 	}
 	if c.shm.counted {
 		c.shm.counted = false
-		c.r.shm.conns.Add(-1)
+		c.r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.conns.Add(-1) })
 	}
 }
 
@@ -230,7 +249,7 @@ func (c *rxConn) shmChunk(h *Header) error {
 	room.mu.Lock()
 	room.verified += int64(h.Pages)
 	room.mu.Unlock()
-	r.shm.copied.Add(claimed.PayloadLen)
+	r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.copied.Add(claimed.PayloadLen) })
 	r.events.Progress(room.key, int64(claimed.PayloadLen))
 	return c.copied(h)
 }

@@ -83,16 +83,16 @@ func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 			code := ShmFallback(a.Status)
 			tc.shm.ranks[src] = shmOfferState{id: id, offer: offer, accepted: code == ShmAccepted}
 			if code == ShmAccepted {
-				s.shm.accepted.Add(1)
+				s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.accepted.Add(1) })
 				if !tc.shm.counted {
 					tc.shm.counted = true
-					s.shm.conns.Add(1)
+					s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.conns.Add(1) })
 				}
 				s.log.Info("same-host pages accepted", zap.String("peer", tc.p.addr), zap.Uint16("rank", src.TP),
 					zap.String("region", id.Path), zap.Uint64("generation", id.Generation))
 				return offer, true, nil
 			}
-			s.shm.fallbacks[code].Add(1)
+			s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.fallbacks[code].Add(1) })
 			s.log.Warn("same-host pages refused by the peer, tcp for this rank", zap.String("peer", tc.p.addr),
 				zap.Uint16("rank", src.TP), zap.String("region", id.Path), zap.String("reason", code.String()),
 				zap.String("transport", string(s.cfg.Transport)))
@@ -198,7 +198,7 @@ func (tc *txConn) shmConnEnded() {
 	}
 	if tc.shm.counted {
 		tc.shm.counted = false
-		tc.p.s.shm.conns.Add(-1)
+		tc.p.s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.conns.Add(-1) })
 	}
 }
 

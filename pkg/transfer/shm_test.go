@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
@@ -157,6 +158,7 @@ func TestShmFenceMidCopyLandsNoLaterByte_R7(t *testing.T) {
 		ReceiverConfig{PieceBytes: piece, OnFenced: func(k Key) { fenced <- k }})
 	hook, held, release := holdFirst()
 	g.rcv.beforeTouch = hook
+	letGo := releaseOnCleanup(t, release)
 	all := SamePages(2, []Run{{0, 64}})
 	k := Key{Room: 1, Nonce: 1}
 	done := g.expectSend(t, k, all, all, nil, -1)
@@ -164,7 +166,7 @@ func TestShmFenceMidCopyLandsNoLaterByte_R7(t *testing.T) {
 	if g.rcv.Fence(k) {
 		t.Fatal("fence done while a piece was being copied")
 	}
-	close(release)
+	letGo()
 	select {
 	case got := <-fenced:
 		if got != k {
@@ -219,6 +221,7 @@ func TestShmBudgetBoundsAnnouncedNotCopied(t *testing.T) {
 		ReceiverConfig{})
 	hook, held, release := holdFirst()
 	g.rcv.beforeTouch = hook
+	letGo := releaseOnCleanup(t, release)
 	all := SamePages(2, []Run{{0, 64}}) // 8 chunks
 	k := Key{Room: 1, Nonce: 1}
 	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
@@ -262,7 +265,7 @@ func TestShmBudgetBoundsAnnouncedNotCopied(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	close(release)
+	letGo()
 	if err := waitDone(t, done); err != nil {
 		t.Fatal(err)
 	}
@@ -285,6 +288,7 @@ func TestShmSourceTruncatedMidCopyFailsRoomDecodeServes(t *testing.T) {
 		ReceiverConfig{Checksum: ChecksumNone})
 	hook, held, release := holdFirst()
 	g.rcv.beforeTouch = hook
+	letGo := releaseOnCleanup(t, release)
 	all := SamePages(2, []Run{{0, 64}})
 	k1 := Key{Room: 1, Nonce: 1}
 	done := g.expectSend(t, k1, all, all, nil, -1)
@@ -292,7 +296,7 @@ func TestShmSourceTruncatedMidCopyFailsRoomDecodeServes(t *testing.T) {
 	if err := os.Truncate(g.src.Path(), 0); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
+	letGo()
 	if r := g.ev.wait(t, k1); r != ReasonTransferError {
 		t.Fatalf("room on a truncated prefill file: receiver outcome %q, want transfer_error", r)
 	}
@@ -331,6 +335,7 @@ func TestShmReplacedPrefillFileFailsRoomThenNewGenerationServes(t *testing.T) {
 	g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 1 << 20}, ReceiverConfig{PieceBytes: 1 << 20})
 	hook, held, release := holdFirst()
 	g.rcv.beforeTouch = hook
+	letGo := releaseOnCleanup(t, release)
 	all := SamePages(2, []Run{{0, 64}})
 	k1 := Key{Room: 1, Nonce: 1}
 	done := g.expectSend(t, k1, all, all, nil, -1)
@@ -343,7 +348,7 @@ func TestShmReplacedPrefillFileFailsRoomThenNewGenerationServes(t *testing.T) {
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
+	letGo()
 	if r := g.ev.wait(t, k1); r != ReasonTransferError {
 		t.Fatalf("room on a replaced prefill file: receiver outcome %q, want transfer_error", r)
 	}
@@ -373,4 +378,13 @@ func TestShmReplacedPrefillFileFailsRoomThenNewGenerationServes(t *testing.T) {
 		t.Fatalf("%d offers accepted, want 2 (one per generation)", rs.Accepted)
 	}
 	g.rcv.Fence(k2)
+}
+
+// releaseOnCleanup returns the way to close release once, and closes it at the test's end
+// if the test did not (a failed test must not leave the receiver held: Close waits for it).
+func releaseOnCleanup(t *testing.T, release chan struct{}) func() {
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
+	return letGo
 }
