@@ -137,7 +137,7 @@ func benchReceiverChild() int {
 	var rcv *Receiver
 	ev := &childEvents{fence: func(k Key) { rcv.Fence(k) }}
 	piece, _ := strconv.Atoi(os.Getenv("PDLINK_BENCH_PIECE")) // tuning knob, 0 = default
-	kind := Kind(os.Getenv("PDLINK_BENCH_TRANSPORT")) // "" = tcp
+	kind := Kind(os.Getenv("PDLINK_BENCH_TRANSPORT"))         // "" = tcp
 	if rcv, err = NewReceiver(region, ReceiverConfig{Checksum: cs, PieceBytes: piece, Transport: kind}, ev); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
