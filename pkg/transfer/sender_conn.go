@@ -230,12 +230,6 @@ func (p *peer) releaseLocked(w *piece, n int64) {
 	p.admitLocked()
 }
 
-func (p *peer) release(w *piece, n int64) {
-	p.mu.Lock()
-	p.releaseLocked(w, n)
-	p.unlock()
-}
-
 func signal(wake chan struct{}) {
 	select {
 	case wake <- struct{}{}:
