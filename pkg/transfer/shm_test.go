@@ -235,29 +235,7 @@ func TestShmBudgetBoundsAnnouncedNotCopied(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitClosed(t, held, "first piece copied from the prefill mapping")
-	tc := func() *txConn {
-		p := g.snd.peers[g.addr]
-		for {
-			p.mu.Lock()
-			for c := range p.conns {
-				p.mu.Unlock()
-				return c
-			}
-			p.mu.Unlock()
-		}
-	}()
-	announced := func() int {
-		tc.mu.Lock()
-		defer tc.mu.Unlock()
-		return len(tc.shm.acks)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for announced() < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d chunks announced, want 2 within the budget", announced())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	announced := waitAnnounced(t, g, 2)
 	// The hold lasts; over it, nothing beyond the budget may be announced.
 	for range 100 {
 		if n := announced(); n > 2 {
@@ -387,4 +365,85 @@ func releaseOnCleanup(t *testing.T, release chan struct{}) func() {
 	letGo := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(letGo)
 	return letGo
+}
+
+// TestShmPrefillFenceWaitsForDecodesCopy_I9: on the same-host path decode reads prefill's
+// pages, so prefill's Fence of a room whose chunk decode is copying is not done (the
+// engine may not reuse the pages yet) until that copy ended and COPIED came back; OnFenced
+// then follows once and the room's Done never runs.
+func TestShmPrefillFenceWaitsForDecodesCopy_I9(t *testing.T) {
+	l := faultLayout()
+	fenced := make(chan Key, 1)
+	g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, OnFenced: func(k Key) { fenced <- k }}, ReceiverConfig{})
+	hook, held, release := holdFirst()
+	g.rcv.beforeTouch = hook
+	letGo := releaseOnCleanup(t, release)
+	all := SamePages(2, []Run{{0, 64}})
+	k := Key{Room: 1, Nonce: 1}
+	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	if err := g.snd.Open(Stream{Peer: g.addr, Key: k, Dst: all, Done: func(err error) { done <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.snd.Append(k, Piece{Src: all, Last: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, held, "decode copying the first chunk from prefill's pages")
+	waitAnnounced(t, g, 8) // every chunk written: prefill itself reads none of the pages now
+	if g.snd.Fence(k) {
+		t.Fatal("prefill fence done while decode copies the room's pages")
+	}
+	select {
+	case <-fenced:
+		t.Fatal("OnFenced before decode's copy ended")
+	default:
+	}
+	letGo()
+	select {
+	case got := <-fenced:
+		if got != k {
+			t.Fatalf("OnFenced(%v), want %v", got, k)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no OnFenced within 10s of the copy's end")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Done(%v) ran for a fenced room", err)
+	default:
+	}
+	g.rcv.Fence(k)
+}
+
+// waitAnnounced waits until the sender's only connection has n shm chunks written and not
+// yet COPIED, and returns how to count them again.
+func waitAnnounced(t *testing.T, g *rig, n int) func() int {
+	t.Helper()
+	p := g.snd.peers[g.addr]
+	var tc *txConn
+	announced := func() int {
+		if tc == nil {
+			p.mu.Lock()
+			for c := range p.conns {
+				tc = c
+			}
+			p.mu.Unlock()
+			if tc == nil {
+				return 0
+			}
+		}
+		tc.mu.Lock()
+		defer tc.mu.Unlock()
+		return len(tc.shm.acks)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for announced() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d chunks announced, want %d", announced(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return announced
 }
