@@ -232,14 +232,16 @@ func (p *tpPair) reregister(t *testing.T, decode bool, rank int) (region, uint32
 	return r, res.RoomsFailed
 }
 
-// One rank's engine restarts mid-room (a new generation of its region): a
-// room spans every rank, so each room holding data-plane state on that
-// rank (decode: its metadata; prefill: its binding) fails region_replaced
-// on both sides; a room with no state on that rank yet is untouched and
-// then succeeds on the new file, every byte verified.
+// One rank's engine restarts mid-room (a new generation of its region, or
+// UnregisterRegion then a new file): a room spans every rank, so each room
+// holding data-plane state on that rank (decode: its metadata; prefill:
+// its binding) fails region_replaced on both sides; a room with no state
+// on that rank yet is untouched and then succeeds on the new file, every
+// byte verified.
 func TestOneRanksNewGenerationFailsOnlyTheRoomsOnIt(t *testing.T) {
-	for _, side := range []string{"decode", "prefill"} {
-		t.Run(side, func(t *testing.T) {
+	for _, tc := range []struct{ side, how string }{{"decode", "register"}, {"prefill", "register"}, {"decode", "unregister"}, {"prefill", "unregister"}} {
+		side := tc.side
+		t.Run(side+"/"+tc.how, func(t *testing.T) {
 			p := startTPPair(t, 2)
 			const held, spared = 11, 12
 			p.openRoom(t, held)
@@ -263,9 +265,28 @@ func TestOneRanksNewGenerationFailsOnlyTheRoomsOnIt(t *testing.T) {
 				ps, _ := pollState(t, p.pair, held)
 				return ps.State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT
 			})
+			if tc.how == "unregister" {
+				var failed uint32
+				if side == "decode" {
+					res, err := p.decode.UnregisterRegion(ctxT(t), &pb.DecodeServiceUnregisterRegionRequest{Rank: tpRank(1, 2)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					failed = res.RoomsFailed
+				} else {
+					res, err := p.prefill.UnregisterRegion(ctxT(t), &pb.PrefillServiceUnregisterRegionRequest{Rank: tpRank(1, 2)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					failed = res.RoomsFailed
+				}
+				if failed != 1 {
+					t.Fatalf("unregistering %s rank 1 failed %d rooms, want 1 (the one with state on it)", side, failed)
+				}
+			}
 			_, failed := p.reregister(t, side == "decode", 1)
-			if failed != 1 {
-				t.Fatalf("re-registering %s rank 1 failed %d rooms, want 1 (the one with state on it)", side, failed)
+			if want := map[string]uint32{"register": 1, "unregister": 0}[tc.how]; failed != want {
+				t.Fatalf("registering %s rank 1 (after %s) failed %d rooms, want %d", side, tc.how, failed, want)
 			}
 			eventually(t, "held Failed on both sides", func() bool {
 				ps, ds := pollState(t, p.pair, held)
