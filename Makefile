@@ -38,6 +38,7 @@ test:
 	$(GO) test $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/ -e /deploy)
 	$(MAKE) python-test
 	$(GO) test $(GOTEST_FLAGS) -p 1 $(SYSTEM_PKGS)
+	PDLINK_CHAOS_TRANSPORT=tcp $(GO) test $(GOTEST_FLAGS) ./test/chaos/
 
 ## python-test: the Python package's tests (python/tests) in the project's
 ## venv (scripts/pyenv.sh), on real daemons built into bin/; the sglang group
@@ -104,6 +105,7 @@ tidy-check:
 chaos:
 	@scripts/deps.sh test
 	PDLINK_CHAOS_LONG=1 $(GO) test -count=1 -v -timeout 60m ./test/chaos/
+	PDLINK_CHAOS_LONG=1 PDLINK_CHAOS_TRANSPORT=tcp $(GO) test -count=1 -v -timeout 60m ./test/chaos/
 
 ## twohost: prefilld and decoded on two network namespaces over a veth
 ## (needs root; make test runs it too, and it skips without root).

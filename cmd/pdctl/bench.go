@@ -17,6 +17,7 @@ import (
 
 	"github.com/pdlink/pdlink/internal/proc"
 	"github.com/pdlink/pdlink/internal/sim"
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // benchResult is what `pdctl bench --json` prints. Times are in
@@ -85,7 +86,7 @@ type benchResult struct {
 const defaultPrefillTokensPerS = 20000
 
 func newBenchCommand() *cobra.Command {
-	var binDir, profileDir string
+	var binDir, profileDir, transport string
 	var asJSON bool
 	cfg := sim.Config{Layout: sim.DemoLayout(), NoVerify: true}
 	cmd := &cobra.Command{
@@ -96,7 +97,7 @@ func newBenchCommand() *cobra.Command {
 			if err := fitHeads(cmd, &cfg.Layout); err != nil {
 				return err
 			}
-			res, err := runBench(cmd, binDir, profileDir, cfg)
+			res, err := runBench(cmd, binDir, profileDir, transport, cfg)
 			if err != nil {
 				return err
 			}
@@ -149,11 +150,13 @@ func newBenchCommand() *cobra.Command {
 	f.BoolVar(&cfg.NoVerify, "no-verify", true, "skip filling and checking page contents (bytes still move)")
 	f.BoolVar(&cfg.LayerWise, "layer-wise", false, "send each chunk one layer at a time (a Send naming the layer's K and V buffers)")
 	f.Float64Var(&cfg.PrefixFraction, "prefix-fraction", 0, "fraction of each request's pages decode already holds (prefix_len, 0..1): they stay untouched and move no bytes")
+	f.StringVar(&transport, "data-transport", string(transfer.KindAuto), "both daemons' --data-transport: "+transfer.KindNames()+
+		" (one host: auto and shm copy pages from prefill's mapping, tcp sends them over loopback)")
 	f.StringVar(&profileDir, "profile", "", "write CPU profiles of both daemons for the run to DIR/prefilld.cpu.pprof and DIR/decoded.cpu.pprof (go tool pprof -top reads them)")
 	return cmd
 }
 
-func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*benchResult, error) {
+func runBench(cmd *cobra.Command, binDir, profileDir, transport string, cfg sim.Config) (*benchResult, error) {
 	if cfg.PrefillTokensPerS < 0 {
 		return nil, fmt.Errorf("--prefill-tokens-per-s %v: must not be negative", cfg.PrefillTokensPerS)
 	}
@@ -192,7 +195,7 @@ func runBench(cmd *cobra.Command, binDir, profileDir string, cfg sim.Config) (*b
 	}
 	quiet := *cmd
 	quiet.SetOut(new(bytes.Buffer))
-	procs, err := startPair(&quiet, binDir, tmp, []string{"--region-dir=" + regions}, profiles, &cfg)
+	procs, err := startPair(&quiet, binDir, tmp, []string{"--region-dir=" + regions, "--data-transport=" + transport}, profiles, &cfg)
 	defer stopAll(procs)
 	if err != nil {
 		return nil, err

@@ -85,7 +85,8 @@ type Config struct {
 	// DataListen is a wildcard or sits behind NAT or a proxy.
 	DataAdvertise string
 	// DataTransport is the data plane that moves KV pages (both daemons):
-	// one of transfer.Kinds, checked at start.
+	// one of transfer.Kinds, checked at start. auto by default: same-host
+	// pages where decode proves the prefill file, TCP elsewhere.
 	DataTransport transfer.Kind
 
 	// RegionDirs are the directories a RegisterRegion path must lie under
@@ -129,7 +130,7 @@ func DefaultConfig(role Role) Config {
 		GRPCKeepaliveMinTime:  5 * time.Second,
 		GRPCMaxConnections:    1024,
 
-		DataTransport: transfer.KindTCP,
+		DataTransport: transfer.KindAuto,
 		RegionDirs:    []string{DefaultRegionDir},
 	}
 	switch role {

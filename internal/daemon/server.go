@@ -103,6 +103,7 @@ func NewServer(cfg Config, log *zap.Logger, version string) (*Server, error) {
 		buildInfo(cfg.Role, version),
 		dataTransportInfo(cfg.Role, cfg.DataTransport),
 	)
+	s.Registry.MustRegister(shmCollectors(cfg.Role)...)
 	s.Registry.MustRegister(s.grpcLimit.collectors(sideOf(cfg.Role))...)
 
 	opts := []grpc.ServerOption{}
@@ -423,6 +424,42 @@ func dataTransportInfo(role Role, kind transfer.Kind) prometheus.Collector {
 	}, []string{"side", "transport"})
 	g.WithLabelValues(sideOf(role), string(kind)).Set(1)
 	return g
+}
+
+// shmCollectors export the same-host data plane's counters (transfer.ShmTotals): offers
+// refused by reason, data connections moving pages by shared memory now, and (decode)
+// the page bytes copied from prefill mappings.
+func shmCollectors(role Role) []prometheus.Collector {
+	side := sideOf(role)
+	decode := role == RoleDecode
+	var cs []prometheus.Collector
+	for _, f := range transfer.AllShmFallbacks() {
+		reason := f.String()
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "pdlink_shm_fallback_total",
+			Help:        "Same-host offers refused, by reason (disabled, open, identity, map): that rank's pages go over TCP, or fail under --data-transport=shm.",
+			ConstLabels: prometheus.Labels{"side": side, "reason": reason},
+		}, func() float64 { return float64(transfer.ShmTotals(decode).Fallbacks[reason]) }))
+	}
+	cs = append(cs,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "pdlink_shm_accepted_total",
+			Help:        "Same-host offers accepted: a data connection and rank whose pages decode copies from the prefill mapping.",
+			ConstLabels: prometheus.Labels{"side": side},
+		}, func() float64 { return float64(transfer.ShmTotals(decode).Accepted) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "pdlink_shm_connections",
+			Help:        "Data connections moving pages by shared memory now (the rest move them over TCP).",
+			ConstLabels: prometheus.Labels{"side": side},
+		}, func() float64 { return float64(transfer.ShmTotals(decode).ShmConns) }))
+	if decode {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "pdlink_shm_copied_bytes_total",
+			Help:        "Page bytes decode copied from prefill mappings (same-host pages).",
+			ConstLabels: prometheus.Labels{"side": side},
+		}, func() float64 { return float64(transfer.ShmTotals(true).CopiedBytes) }))
+	}
+	return cs
 }
 
 // sideOf is the side label of a role's metrics.

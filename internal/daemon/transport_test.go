@@ -54,12 +54,12 @@ func TestUnknownDataTransportIsRefusedNamingTheFlag(t *testing.T) {
 }
 
 // Every accepted kind parses into the Config, from the flag and from the
-// environment, and the default is tcp.
-func TestDataTransportDefaultsToTCPAndTakesEveryKind(t *testing.T) {
+// environment, and the default is auto (same-host pages where proven, TCP elsewhere).
+func TestDataTransportDefaultsToAutoAndTakesEveryKind(t *testing.T) {
 	for _, role := range []Role{RolePrefill, RoleDecode} {
 		cfg, err := parse(t, role, nil, nil)
-		if err != nil || cfg.DataTransport != transfer.KindTCP {
-			t.Fatalf("%s default data transport %q (%v), want tcp", role, cfg.DataTransport, err)
+		if err != nil || cfg.DataTransport != transfer.KindAuto {
+			t.Fatalf("%s default data transport %q (%v), want auto", role, cfg.DataTransport, err)
 		}
 		for _, k := range transfer.Kinds() {
 			if cfg, err := parse(t, role, []string{"--data-transport=" + string(k)}, nil); err != nil || cfg.DataTransport != k {

@@ -42,8 +42,8 @@ func TestScrapeHasEveryMetricWithItsType(t *testing.T) {
 				}
 			}
 		}
-		if got := labelOf(mfs["pdlink_data_transport_info"], "transport"); got != "tcp" {
-			t.Errorf("%s: pdlink_data_transport_info transport=%q, want the default --data-transport tcp", side, got)
+		if got := labelOf(mfs["pdlink_data_transport_info"], "transport"); got != "auto" {
+			t.Errorf("%s: pdlink_data_transport_info transport=%q, want the default --data-transport auto", side, got)
 		}
 		for _, want := range []string{"go_goroutines", "process_resident_memory_bytes"} {
 			if _, ok := mfs[want]; !ok {

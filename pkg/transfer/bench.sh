@@ -22,7 +22,7 @@ fi
 go test -c -o "$out.test" .
 trap 'rm -f "$out" "$out.test"' EXIT
 for ((round = 1; round <= count; round++)); do
-	"$out.test" -test.run '^$' -test.bench 'Iperf3Reference|MemcpyReference|TCP_' \
+	"$out.test" -test.run '^$' -test.bench 'Iperf3Reference|MemcpyReference|TCP_|Shm_' \
 		-test.benchtime="$benchtime" | tee -a "$out"
 done
 

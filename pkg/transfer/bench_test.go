@@ -137,7 +137,8 @@ func benchReceiverChild() int {
 	var rcv *Receiver
 	ev := &childEvents{fence: func(k Key) { rcv.Fence(k) }}
 	piece, _ := strconv.Atoi(os.Getenv("PDLINK_BENCH_PIECE")) // tuning knob, 0 = default
-	if rcv, err = NewReceiver(region, ReceiverConfig{Checksum: cs, PieceBytes: piece}, ev); err != nil {
+	kind := Kind(os.Getenv("PDLINK_BENCH_TRANSPORT"))         // "" = tcp
+	if rcv, err = NewReceiver(region, ReceiverConfig{Checksum: cs, PieceBytes: piece, Transport: kind}, ev); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -186,7 +187,10 @@ func cpuOf(pid int) time.Duration {
 	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
-func benchTransfer(b *testing.B, sh benchShape, cs Checksum) {
+func benchTransfer(b *testing.B, sh benchShape, cs Checksum) { benchTransferOver(b, sh, cs, KindTCP) }
+
+// benchTransferOver is benchTransfer with both sides on --data-transport kind.
+func benchTransferOver(b *testing.B, sh benchShape, cs Checksum, kind Kind) {
 	dir := "/dev/shm"
 	if _, err := os.Stat(dir); err != nil {
 		dir = b.TempDir()
@@ -202,7 +206,7 @@ func benchTransfer(b *testing.B, sh benchShape, cs Checksum) {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), benchChildEnv+"=1", "PDLINK_BENCH_SHAPE="+sh.name,
-		"PDLINK_BENCH_CHECKSUM="+string(cs), "PDLINK_BENCH_REGION="+dstPath)
+		"PDLINK_BENCH_CHECKSUM="+string(cs), "PDLINK_BENCH_REGION="+dstPath, "PDLINK_BENCH_TRANSPORT="+string(kind))
 	cmd.Stderr = os.Stderr
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
@@ -222,7 +226,7 @@ func benchTransfer(b *testing.B, sh benchShape, cs Checksum) {
 		}
 	}
 	chunk, _ := strconv.ParseInt(os.Getenv("PDLINK_BENCH_CHUNK"), 10, 64) // tuning knob, 0 = default
-	snd, err := NewSender(src, SenderConfig{ConnsPerPeer: 1, Checksum: cs, MaxChunkBytes: chunk})
+	snd, err := NewSender(src, SenderConfig{ConnsPerPeer: 1, Checksum: cs, MaxChunkBytes: chunk, Transport: kind})
 	if err != nil {
 		b.Fatal(err)
 	}

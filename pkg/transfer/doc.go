@@ -192,15 +192,82 @@
 //     may be called from any goroutine; Fence, Open and Append never block on I/O. Append
 //     the pieces of one stream from one caller at a time, in position order.
 //
+// # Same-host pages (--data-transport auto or shm)
+//
+// When prefilld and decoded share a host (a shared /dev/shm or a memory-backed volume),
+// decoded copies each chunk's pages itself from the prefill rank's region, mapped
+// read-only: one memory copy instead of two kernel copies through loopback, and decode
+// stays the only writer of its memory, so the fence (R7, I9) is the TCP receiver's,
+// unchanged (join a piece only while the room is live, copy it, leave).
+//
+// Negotiation is per data connection, after the Authenticator ran on it, never assumed.
+// It is in the connection, not in REGISTER, because only the data connection is
+// authenticated end to end and because the identity changes with the region's
+// generation, which a connection can follow in order with the chunks it carries: before
+// the first chunk of a stream whose source rank has no proven mapping on the connection
+// (or a mapping of an older generation), the sender's writer sends a SHM_OFFER frame with
+// the rank region's path, device, inode, generation and size, and waits for SHM_ANSWER.
+// decoded opens the path O_RDONLY, fstats the open file (device and inode must equal the
+// offer's, size at least the layout's), maps it PROT_READ MAP_SHARED, and only then
+// answers "accepted" with the offer's id; any failure answers a fallback reason (disabled,
+// open, identity, map) and the sender sends that rank's chunks with payload on the same
+// connection, logged once per connection and rank and counted
+// (pdlink_shm_fallback_total{side,reason}). With --data-transport=shm a refused offer
+// fails the stream instead (transfer_error, ErrShmRefused): a peer that cannot prove the
+// file never runs over TCP. tcp never offers, and a tcp decoded declines every offer.
+//
+// A shm chunk (FlagShm) keeps the chunk's boundaries, its sequence number, its checksum
+// and the DONE after the last one; its run list pairs each destination run with its
+// source start and the offer id it reads from (ShmRun, 20 bytes) and it has no payload.
+// Decode claims the destination pages exactly as for a TCP chunk, checks the source runs
+// against the offered mapping's layout, stats the prefill file (Mapping.Check: a file
+// deleted, replaced or truncated since the offer fails the room transfer_error before a
+// byte is copied), then copies source -> destination one piece (PieceBytes) at a time,
+// each inside touchRegion (a SIGBUS from a file truncated mid-copy fails that room with
+// transfer_error, the daemon and the connection go on), updating the crc32c over each
+// piece of the destination just written, while it is in cache. That crc is compared with
+// the one prefill computed over its source pages when it announced the chunk (the same
+// checksum goroutine as on TCP): a match proves the bytes now in decode's pages are the
+// bytes prefill announced, so a prefill page reused or rewritten before decode copied it
+// fails the room checksum rather than land as Success.
+//
+// A new generation of a prefill region (RegisterRegion of a replaced file) is a new offer
+// on each connection before its next chunk; decode closes the old offer's mapping when the
+// new one arrives (its connection goroutine is the only reader of it) and a chunk naming a
+// retired offer id is refused (the room fails invalid): no byte is copied from a dead
+// inode after prefill retired it. The per-chunk stat also catches a replacement between
+// two offers.
+//
+// Budget: on TCP a chunk's bytes come back to the peer's in-flight budget when its write
+// returns; a shm chunk's come back only at its COPIED frame, which decode sends for every
+// shm chunk once it copied, refused or discarded it. So MaxInflightBytes still bounds what
+// prefill announced and decode has not copied yet. Until then the chunk also holds its job
+// as a reader of the source pages: prefill's Fence is done only when every announced chunk
+// of the room was copied or refused, or (after FenceGrace) the connection was closed; a
+// broken connection frees them at once, since decode copies at most the chunks whose
+// frames it already read (bounded by the budget) and any of those whose pages changed
+// since fails its checksum.
+//
+// Head-slice streams (Stream.Copies) stay on TCP: their gather and scatter are the wire's.
+//
+// Cost (BenchmarkShm_* beside BenchmarkTCP_* and BenchmarkMemcpyReference, three rounds of
+// the same run on the shared 2-core machine at load 5-6, so +-30%): 64 MiB rooms of 1 MiB
+// pages with crc32c 2.6-4.0 GB/s (TCP 1.1-1.35; memcpy 11.6-14.5, so 0.22-0.28x, short of
+// issue 14's 0.7x goal), without checksum 5.8-6.8 GB/s (0.45-0.5x); 64 KiB scattered pages
+// with crc32c 1.9-2.9 GB/s (TCP 1.0-1.2), without 4.4-4.9. CPU per GB with crc32c: decode
+// 0.19-0.27 s (TCP 0.31-0.62), prefill 0.20-0.27 s (TCP 0.31-0.54): each side's checksum pass
+// is most of it (0.06-0.08 s/GB for prefill without). pdctl bench, 100 requests, no model:
+// shm 2.43 GB/s at 0.45 daemon s/GB, tcp 1.33 GB/s at 0.93 s/GB.
+//
 // # Transports
 //
 // Transport (prefill side) and Sink (decode side) are the interfaces the daemons use. The
 // TCP Sender and Receiver implement them over any stream connection: MemNetwork is the
 // in-memory twin (net.Pipe, one copy from source to destination pages, Disconnect for
 // partitions) used by the logic tests. The daemons build theirs with NewTransport and
-// NewSink from a Kind (--data-transport, KindTCP today) and hold only the interfaces, so a
-// same-host shared-memory copy or an RDMA engine is a new Kind with a case in each
-// constructor: callers only use rooms, runs, Fence, ServeConn and the callbacks. Authenticator is the connection-preface hook (NoAuth by default) where an HMAC
+// NewSink from a Kind (--data-transport: auto by default, tcp or shm; the Sender and
+// Receiver serve all three, see "Same-host pages") and hold only the interfaces, so an RDMA
+// engine is a new Kind with a case in each constructor: callers only use rooms, runs, Fence, ServeConn and the callbacks. Authenticator is the connection-preface hook (NoAuth by default) where an HMAC
 // challenge-response will run before any frame.
 //
 // # Usage

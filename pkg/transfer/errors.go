@@ -90,3 +90,13 @@ var (
 	// ErrAuth means the connection preface (Authenticator) failed.
 	ErrAuth = errors.New("transfer: connection authentication failed")
 )
+
+// Same-host transport (shm*.go).
+var (
+	// ErrShmRefused: decode could not prove the prefill region file (--data-transport=shm refuses TCP).
+	ErrShmRefused = errors.New("transfer: same-host pages refused by the peer")
+	// ErrBadShmOffer: a SHM_OFFER payload that does not parse.
+	ErrBadShmOffer = errors.New("transfer: malformed shm offer")
+	// ErrShmSource: a shm chunk names an offer or source pages the connection has not proven.
+	ErrShmSource = errors.New("transfer: shm chunk source not proven on this connection")
+)

@@ -13,12 +13,18 @@ type Kind string
 
 // Data-plane implementations.
 const (
-	KindTCP Kind = "tcp" // default: pages over stream connections (Sender, Receiver)
+	KindTCP Kind = "tcp" // pages over stream connections (Sender, Receiver)
+	// KindAuto is the daemons' default: same-host pages where the peer proves it can map
+	// the prefill region file (doc.go, "Same-host pages"), TCP for every other peer and rank.
+	KindAuto Kind = "auto"
+	// KindShm is same-host pages or nothing: a stream the peer cannot map fails
+	// (ErrShmRefused), counted, rather than run over TCP.
+	KindShm Kind = "shm"
 )
 
 // Kinds returns every Kind this build accepts, in a stable order, for flag help and for the
 // error that refuses an unknown one.
-func Kinds() []Kind { return []Kind{KindTCP} }
+func Kinds() []Kind { return []Kind{KindAuto, KindTCP, KindShm} }
 
 // KindNames returns Kinds as one human list: "tcp" or "tcp or shm" or "tcp, shm or rdma".
 func KindNames() string {
@@ -47,7 +53,8 @@ func ParseKind(s string) (Kind, error) {
 // (each stream from its key's rank's region).
 func NewTransport(kind Kind, region RegionSet, cfg SenderConfig) (Transport, error) {
 	switch kind {
-	case KindTCP:
+	case KindTCP, KindAuto, KindShm:
+		cfg.Transport = kind
 		s, err := NewSender(region, cfg)
 		if err != nil {
 			return nil, err // not a Transport holding a nil *Sender
@@ -61,7 +68,8 @@ func NewTransport(kind Kind, region RegionSet, cfg SenderConfig) (Transport, err
 // room into its key's rank's region) and reporting to events (which may be nil).
 func NewSink(kind Kind, region RegionSet, cfg ReceiverConfig, events Events) (Sink, error) {
 	switch kind {
-	case KindTCP:
+	case KindTCP, KindAuto, KindShm:
+		cfg.Transport = kind
 		r, err := NewReceiver(region, cfg, events)
 		if err != nil {
 			return nil, err // not a Sink holding a nil *Receiver

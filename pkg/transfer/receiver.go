@@ -40,6 +40,9 @@ type ReceiverConfig struct {
 	Auth Authenticator
 	// Logger defaults to zap.NewNop().
 	Logger *zap.Logger
+	// Transport is --data-transport: KindTCP (default here) declines every same-host
+	// offer; KindAuto and KindShm map a proven prefill file and copy from it.
+	Transport Kind
 }
 
 func (c *ReceiverConfig) setDefaults() error {
@@ -70,6 +73,9 @@ func (c *ReceiverConfig) setDefaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
+	}
+	if c.Transport == "" {
+		c.Transport = KindTCP
 	}
 	return nil
 }
@@ -114,6 +120,7 @@ type Receiver struct {
 	wg     sync.WaitGroup
 
 	discardedChunks, discardedBytes, rejected, interrupts atomic.Uint64
+	shm                                                   shmCounters
 	// beforeTouch, for tests, runs before each piece is read into destination pages.
 	beforeTouch func()
 }

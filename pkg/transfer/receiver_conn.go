@@ -74,6 +74,7 @@ func (r *Receiver) ServeConn(c net.Conn) {
 		delete(r.conns, c)
 		r.mu.Unlock()
 		rc.failPending(err)
+		rc.closeShm()
 	}()
 }
 
@@ -100,6 +101,8 @@ type rxConn struct {
 	// them on its way there (slices.go).
 	sliceRuns []SliceRun
 	stage     []byte
+	// shm is the connection's proven prefill mappings (shm_receiver.go).
+	shm rxShm
 	// pending holds the rooms that received a chunk on this connection; if it breaks, the
 	// live ones fail with transfer_error.
 	pending map[*rxRoom]struct{}
@@ -137,6 +140,8 @@ func (c *rxConn) serve() error {
 			err = c.done(&h)
 		case FramePing:
 			err = c.reply(&Header{Type: FramePong})
+		case FrameShmOffer:
+			err = c.shmOffer(&h)
 		default:
 			r.rejected.Add(1)
 			err = fmt.Errorf("%w: %d from sender", ErrBadFrameType, h.Type)
@@ -224,6 +229,9 @@ func (c *rxConn) reject(room *rxRoom, payload uint64, err error) error {
 func (c *rxConn) chunk(h *Header) error {
 	if h.Flags&FlagSliced != 0 {
 		return c.slicedChunk(h)
+	}
+	if h.Flags&FlagShm != 0 {
+		return c.shmChunk(h)
 	}
 	r := c.r
 	n := int(h.NumRuns) * runSize

@@ -64,6 +64,10 @@ type SenderConfig struct {
 	Auth Authenticator
 	// Logger defaults to zap.NewNop().
 	Logger *zap.Logger
+	// Transport is --data-transport: KindTCP (default here) sends every page as payload;
+	// KindAuto offers each rank's region to the peer and copies nothing itself where the
+	// peer proved it (TCP where it did not); KindShm fails a stream the peer refused.
+	Transport Kind
 }
 
 func (c *SenderConfig) setDefaults() error {
@@ -109,6 +113,9 @@ func (c *SenderConfig) setDefaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
+	}
+	if c.Transport == "" {
+		c.Transport = KindTCP
 	}
 	return nil
 }
@@ -190,6 +197,7 @@ type Sender struct {
 	wg     sync.WaitGroup
 
 	interrupts atomic.Uint64
+	shm        shmCounters
 	// beforeTouch, for tests, runs before each checksum pass over source pages and each write.
 	beforeTouch func()
 }
@@ -581,6 +589,8 @@ type job struct {
 	letGo     chan struct{} // made by a Fence that found readers; closed when they let go
 	grace     *time.Timer   // interrupts the stalled write of a pending fence
 	once      sync.Once
+	// shmUnacked counts its shm chunks written and not yet COPIED: each holds a reader.
+	shmUnacked int
 }
 
 // piece is an appended Piece, paired with its destination pages and planned into chunks,
@@ -613,6 +623,9 @@ type piece struct {
 	// fault is the checksum goroutine's fault on the pages, set before its
 	// channel of sums closes (so the writer reads it after that close).
 	fault error
+	// shmHeld is the part of left held by shm chunks awaiting COPIED (under peer.mu): it
+	// comes back with each COPIED, not when the writer lets the piece go.
+	shmHeld int64
 }
 
 // plan packs the piece into chunks and charges each its bytes; false if the region's
@@ -697,6 +710,11 @@ func (j *job) interrupt() {
 	if stalled { // counted first, so whoever sees the fence end sees the count
 		j.s.interrupts.Add(1)
 		j.tc.conn.SetWriteDeadline(time.Now())
+		if j.shmUnacked > 0 {
+			// Decode still copies (or stalls on) announced pages: only the connection's
+			// end frees them (its COPIED may never come).
+			j.tc.conn.Close()
+		}
 	}
 	j.mu.Unlock()
 	if stalled {

@@ -230,12 +230,6 @@ func (p *peer) releaseLocked(w *piece, n int64) {
 	p.admitLocked()
 }
 
-func (p *peer) release(w *piece, n int64) {
-	p.mu.Lock()
-	p.releaseLocked(w, n)
-	p.unlock()
-}
-
 func signal(wake chan struct{}) {
 	select {
 	case wake <- struct{}{}:
@@ -273,7 +267,7 @@ func (p *peer) dropLocked(j *job) {
 		return w.j == j
 	})
 	for _, w := range mine {
-		p.releaseLocked(w, w.left)
+		p.releaseLocked(w, w.left-w.shmHeld)
 	}
 }
 
@@ -298,7 +292,7 @@ func (p *peer) pop(i int) *piece {
 			return w
 		}
 		w.queued = false
-		p.releaseLocked(w, w.left)
+		p.releaseLocked(w, w.left-w.shmHeld)
 		p.dropLocked(w.j) // its later chunks must not queue it again
 	}
 	return nil
@@ -317,7 +311,7 @@ func (p *peer) abandon(w *piece) {
 		p.wakeWaitersLocked()
 	}
 	w.queued = false
-	p.releaseLocked(w, w.left)
+	p.releaseLocked(w, w.left-w.shmHeld)
 }
 
 // turn is what a slot's writer does next with its piece.
@@ -412,7 +406,7 @@ func (p *peer) runSlot(slot int) {
 			continue
 		}
 		backoff = cfg.RedialMin
-		tc := &txConn{p: p, slot: slot, conn: conn, awaiting: make(map[Key]*job), dead: make(chan struct{})}
+		tc := &txConn{p: p, slot: slot, conn: conn, awaiting: make(map[Key]*job), dead: make(chan struct{}), shm: newTxShm()}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -472,6 +466,8 @@ type txConn struct {
 
 	hdr  [HeaderSize]byte
 	meta []byte
+	// shm is the connection's same-host state (shm_sender.go).
+	shm txShm
 }
 
 func (tc *txConn) run() error {
@@ -490,6 +486,7 @@ func (tc *txConn) run() error {
 	aw := tc.awaiting
 	tc.awaiting = nil
 	tc.mu.Unlock()
+	tc.shmConnEnded()
 	for _, j := range aw {
 		j.finish(fail(ReasonTransferError, fmt.Errorf("%w: %w", ErrConnBroken, err)))
 	}
@@ -570,7 +567,7 @@ func (tc *txConn) sendPiece(w *piece) error {
 	end, err := tc.writePiece(w)
 	switch end {
 	case pieceWritten:
-		tc.p.release(w, w.chargeLeft())
+		tc.p.releaseUnheld(w)
 	case pieceAbandoned:
 		tc.p.abandon(w)
 	}
@@ -583,16 +580,6 @@ func (tc *txConn) sendPiece(w *piece) error {
 	}
 	j.setWriting(false)
 	return err
-}
-
-// chargeLeft bounds what the piece can still hold in the budget (releaseLocked gives back at
-// most what it holds).
-func (w *piece) chargeLeft() int64 {
-	var n int64
-	for _, c := range w.charges {
-		n += c
-	}
-	return n
 }
 
 // pieceEnd is how a writer let go of a piece.
@@ -614,6 +601,8 @@ type chunkPlan struct {
 	// sliced chunks name slices instead of runs (slices.go); pages counts page-slice pairs.
 	sliced bool
 	slices []SliceRun
+	// srcStarts[k] is runs[k]'s first source page (a shm chunk names them, shm_sender.go).
+	srcStarts []int32
 }
 
 // planChunks packs a piece's segments, buffer after buffer, into chunks of at most
@@ -657,6 +646,7 @@ func (s *Sender) planChunks(w *piece) ([]chunkPlan, bool) {
 			}
 			c.runs = append(c.runs, ChunkRun{Buffer: uint32(b), Run: Run{Start: seg.Dst + off, Count: int32(n)}})
 			c.iov = append(c.iov, region.Pages(b, Run{Start: seg.Src + off, Count: int32(n)}))
+			c.srcStarts = append(c.srcStarts, seg.Src+off)
 			c.bytes += n * itemLen
 			c.pages += n
 			if off += int32(n); off == seg.Count {
@@ -751,6 +741,14 @@ func (tc *txConn) writePiece(w *piece) (end pieceEnd, err error) {
 			}
 		}()
 	}
+	offer, useShm, err := tc.shmSourceFor(j, w)
+	if err != nil {
+		return pieceAbandoned, err
+	}
+	if !useShm && tc.p.s.cfg.Transport == KindShm && j.copies == nil && len(w.plans) > 0 {
+		j.finish(fail(ReasonTransferError, fmt.Errorf("%w: %s", ErrShmRefused, tc.p.addr)))
+		return pieceAbandoned, nil
+	}
 	var give int64 // the budget of the chunk just written, given back in turnOf
 	for w.written < len(w.charges) {
 		switch end, err := tc.awaitTurn(w, give); {
@@ -785,6 +783,13 @@ func (tc *txConn) writePiece(w *piece) (end pieceEnd, err error) {
 			if crc, ok = <-crcs; !ok {
 				return pieceAbandoned, w.fault // stopped by Fence, or the pages faulted: the connection breaks
 			}
+		}
+		if useShm {
+			switch end, err := tc.writeShmChunk(w, i, flags, crc, offer); {
+			case err != nil, end != pieceWritten:
+				return end, err
+			}
+			continue
 		}
 		tc.meta = c.appendRunList(append(tc.meta[:0], zeroHeader[:]...))
 		h := Header{Type: FrameChunk, Flags: flags | c.flags(), Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank, From: j.st.Key.From,
@@ -903,6 +908,10 @@ func (tc *txConn) readLoop() error {
 		tc.pingAt.Store(0)
 		switch h.Type {
 		case FramePong:
+		case FrameShmAnswer:
+			tc.shmAnswer(h)
+		case FrameCopied:
+			tc.shmCopied(h)
 		case FrameResult:
 			tc.mu.Lock()
 			j := tc.awaiting[h.Key()]

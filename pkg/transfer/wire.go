@@ -168,13 +168,14 @@ func DecodeHeader(b []byte) (Header, error) {
 		PayloadCRC: le.Uint32(b[52:]),
 		RunsCRC:    le.Uint32(b[56:]),
 	}
-	if h.Flags&^(FlagPayloadCRC|FlagSliced) != 0 || (h.Flags&FlagSliced != 0 && h.Type != FrameChunk) {
+	if h.Flags&^(FlagPayloadCRC|FlagSliced|FlagShm) != 0 || (h.Flags&(FlagSliced|FlagShm) != 0 && h.Type != FrameChunk) ||
+		h.Flags&(FlagSliced|FlagShm) == FlagSliced|FlagShm {
 		return h, fmt.Errorf("%w: flags %#x on a frame of type %d", ErrBadFrameType, h.Flags, h.Type)
 	}
 	if (h.From.Size == 0 && h.From.TP != 0) || (h.From.Size != 0 && h.From.TP >= h.From.Size) {
 		return h, fmt.Errorf("%w: from rank %d of %d", ErrBadFrameType, h.From.TP, h.From.Size)
 	}
-	if h.Type != FrameResult && h.Status != 0 {
+	if h.Type != FrameResult && h.Type != FrameShmAnswer && h.Status != 0 {
 		return h, fmt.Errorf("%w: status on a frame of type %d", ErrBadFrameType, h.Type)
 	}
 	switch h.Type {
@@ -184,6 +185,9 @@ func DecodeHeader(b []byte) (Header, error) {
 		}
 		if h.NumRuns > maxRunsPerFrame || h.Pages > pagelist.MaxPages || h.PayloadLen > maxChunkPayload {
 			return h, fmt.Errorf("%w: %d runs, %d pages, %d bytes", ErrFrameTooLarge, h.NumRuns, h.Pages, h.PayloadLen)
+		}
+		if h.Flags&FlagShm != 0 && h.PayloadLen != 0 {
+			return h, fmt.Errorf("%w: shm chunk with %d payload bytes", ErrBadFrameType, h.PayloadLen)
 		}
 	case FrameDone:
 		if h.NumRuns != 0 {
@@ -195,6 +199,15 @@ func DecodeHeader(b []byte) (Header, error) {
 	case FrameResult:
 		if h.NumRuns != 0 || h.PayloadLen != 0 || h.Status > uint32(maxReasonCode) {
 			return h, fmt.Errorf("%w: malformed result", ErrBadFrameType)
+		}
+	case FrameShmOffer:
+		if h.NumRuns != 0 || h.PayloadLen < shmOfferFixed || h.PayloadLen > maxShmOffer || h.Flags != FlagPayloadCRC {
+			return h, fmt.Errorf("%w: malformed shm offer", ErrBadFrameType)
+		}
+	case FrameShmAnswer, FrameCopied:
+		if h.NumRuns != 0 || h.PayloadLen != 0 || h.Flags != 0 || h.Status > uint32(maxShmFallback) ||
+			(h.Type == FrameCopied && h.Status != 0) {
+			return h, fmt.Errorf("%w: malformed shm answer", ErrBadFrameType)
 		}
 	case FramePing, FramePong:
 		if h.NumRuns != 0 || h.PayloadLen != 0 || h.Rank != (Rank{}) || h.From != (Rank{}) {

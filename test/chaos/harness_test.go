@@ -64,7 +64,7 @@ func newCluster(t *testing.T, o clusterOpts) *cluster {
 	if err := os.Mkdir(regions, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	common := append([]string{"--http-listen=127.0.0.1:0", "--region-dir=" + regions}, o.tm.Args()...)
+	common := append([]string{"--http-listen=127.0.0.1:0", "--region-dir=" + regions, "--data-transport=" + chaosTransport()}, o.tm.Args()...)
 	c.pre = startDaemon(t, "prefilld", append([]string{"--grpc-listen=unix://" + filepath.Join(dir, "prefilld.sock"),
 		"--bootstrap-listen=tcp://127.0.0.1:0"}, common...), c.client)
 	c.bootstrap = c.pre.Proc().LogField("bootstrap socket bound", "addr")
@@ -117,7 +117,23 @@ func newCluster(t *testing.T, o clusterOpts) *cluster {
 	}
 	time.Sleep(300 * time.Millisecond)
 	c.baseline = testbed.Baseline(c.daemons())
+	// The matrix is only one if the pages went the way it says: on shm (and auto, one
+	// host) decoded copied the warm-up's pages from prefill's mapping; on tcp it never did.
+	copied := c.dec.Metric("pdlink_shm_copied_bytes_total", nil)
+	if shm := chaosTransport() != "tcp"; shm != (copied > 0) {
+		t.Fatalf("--data-transport=%s: decoded copied %v bytes from prefill mappings in the warm-up", chaosTransport(), copied)
+	}
 	return c
+}
+
+// chaosTransport is the --data-transport both daemons run (PDLINK_CHAOS_TRANSPORT, auto
+// by default: same-host pages, as the daemons share the host); make test runs the suite
+// on auto and on tcp, so every scenario runs on both data paths.
+func chaosTransport() string {
+	if k := os.Getenv("PDLINK_CHAOS_TRANSPORT"); k != "" {
+		return k
+	}
+	return "auto"
 }
 
 func (c *cluster) startProxy(srv *toxiproxy.ApiServer, name, upstream string) *toxiproxy.Proxy {

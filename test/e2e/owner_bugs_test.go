@@ -45,7 +45,9 @@ import (
 // admission (transfer.ErrFenced), which answers with the room's state.
 func TestBlockedSendReturnsWhenItsRoomFails(t *testing.T) {
 	const linger = 60 * time.Second
-	common := []string{"--heartbeat-interval=200ms", "--heartbeat-misses=3", "--clear-linger=" + linger.String()}
+	// The data port's stall is a TCP one (a same-host offer would wait for an answer
+	// the stalled port never gives), so both daemons move pages over TCP.
+	common := []string{"--heartbeat-interval=200ms", "--heartbeat-misses=3", "--clear-linger=" + linger.String(), "--data-transport=tcp"}
 	stall := newStallListener(t, 1<<20)
 	p := newOwnerPair(t, transfer.UniformLayout(1, 160, 1<<20, 4, 64), common, append([]string{"--data-advertise=" + stall.Addr()}, common...))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -133,7 +135,8 @@ func TestBlockedSendReturnsWhenItsRoomFails(t *testing.T) {
 // 500 ms with it). The bound, half the grace, catches either.
 func TestControlFramesFlowWhileADataWriteStalls(t *testing.T) {
 	stall := newStallListener(t, 1<<20)
-	p := newOwnerPair(t, transfer.UniformLayout(1, 64, 1<<20, 4, 64), nil, []string{"--data-advertise=" + stall.Addr()})
+	tcp := []string{"--data-transport=tcp"} // the data port's stall is a TCP one
+	p := newOwnerPair(t, transfer.UniformLayout(1, 64, 1<<20, 4, 64), tcp, append([]string{"--data-advertise=" + stall.Addr()}, tcp...))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pages := p.allPages()

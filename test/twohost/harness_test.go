@@ -84,6 +84,9 @@ func daemonArgs(tm testbed.Timings, dir, token string) (pre, dec []string) {
 		"--bootstrap-listen=" + bootstrapAddr, "--region-dir=" + dir}, tm.Args()...)
 	dec = append([]string{"--grpc-listen=unix://" + filepath.Join(dir, "decoded.sock"), "--http-listen=" + decodeHTTP,
 		"--data-listen=" + dataListen, "--data-advertise=" + dataAdvertise, "--region-dir=" + dir}, tm.Args()...)
+	// Two hosts share no memory; these two share a filesystem, on which auto would
+	// take the same-host path. Pages go over the veth, as between two machines.
+	pre, dec = append(pre, "--data-transport=tcp"), append(dec, "--data-transport=tcp")
 	if token != "" {
 		pre = append(pre, "--auth-token-file="+token)
 		dec = append(dec, "--auth-token-file="+token)

@@ -1,0 +1,305 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+)
+
+// shmCounters are a side's same-host negotiation counters (pdlink_shm_*).
+type shmCounters struct {
+	accepted  atomic.Uint64
+	fallbacks [maxShmFallback + 1]atomic.Uint64
+	conns     atomic.Int64 // connections with at least one accepted offer now
+	copied    atomic.Uint64
+}
+
+// ShmStats is a side's same-host counters: offers accepted, refusals by reason (the
+// pdlink_shm_fallback_total reason label), data connections moving pages by shared
+// memory now, and (decode) the page bytes copied from prefill mappings.
+type ShmStats struct {
+	Accepted    uint64
+	Fallbacks   map[string]uint64
+	ShmConns    int64
+	CopiedBytes uint64
+}
+
+// shmTotals are every Sender's (prefill) and Receiver's (decode) counters in the process,
+// what the daemons export (one data plane per daemon; tests read their instance's).
+var shmTotals = struct{ prefill, decode shmCounters }{}
+
+// ShmTotals returns the process's same-host counters of one side: every Sender's
+// (decode false) or every Receiver's (decode true).
+func ShmTotals(decode bool) ShmStats {
+	if decode {
+		return shmTotals.decode.stats()
+	}
+	return shmTotals.prefill.stats()
+}
+
+// add applies count to this instance's counters and to the process's total.
+func (s *shmCounters) add(total *shmCounters, count func(*shmCounters)) {
+	count(s)
+	count(total)
+}
+
+func (s *shmCounters) stats() ShmStats {
+	out := ShmStats{Accepted: s.accepted.Load(), Fallbacks: map[string]uint64{}, ShmConns: s.conns.Load(), CopiedBytes: s.copied.Load()}
+	for _, f := range AllShmFallbacks() {
+		out.Fallbacks[f.String()] = s.fallbacks[f].Load()
+	}
+	return out
+}
+
+// ShmStats returns the receiver's same-host counters.
+func (r *Receiver) ShmStats() ShmStats { return r.shm.stats() }
+
+// rxShm is a connection's proven prefill mappings by offer id (owned by its goroutine).
+type rxShm struct {
+	byOffer map[uint32]*shmSource
+	srcs    [][]byte // the source pages of the chunk being copied, parallel to rxConn.dsts
+	runs    []ShmRun
+	counted bool // this connection counts in shmCounters.conns
+}
+
+type shmSource struct {
+	rank Rank
+	m    *Mapping
+}
+
+// shmOffer answers a SHM_OFFER: the mapping proven, or the fallback reason. An offer that
+// does not parse breaks the connection, like any malformed frame.
+func (c *rxConn) shmOffer(h *Header) error {
+	r := c.r
+	buf := make([]byte, h.PayloadLen)
+	if err := c.readFull(buf); err != nil {
+		return err
+	}
+	if crc32.Checksum(buf, castagnoli) != h.PayloadCRC {
+		r.rejected.Add(1)
+		return fmt.Errorf("%w: payload checksum", ErrBadShmOffer)
+	}
+	o, err := DecodeShmOffer(buf)
+	if err != nil {
+		r.rejected.Add(1)
+		return err
+	}
+	if c.shm.byOffer == nil {
+		c.shm.byOffer = map[uint32]*shmSource{}
+	}
+	// A new offer for the rank retires the older ones: this goroutine is the only reader of
+	// them, and no later chunk may copy from a file prefill no longer serves.
+	for id, s := range c.shm.byOffer {
+		if s.rank == h.Rank {
+			s.m.Close()
+			delete(c.shm.byOffer, id)
+		}
+	}
+	code := ShmDisabled
+	if r.cfg.Transport != KindTCP {
+		var m *Mapping
+		m, code, err = openShmSource(o)
+		if code == ShmAccepted {
+			c.shm.byOffer[h.Seq] = &shmSource{rank: h.Rank, m: m}
+		}
+	}
+	if code == ShmAccepted {
+		r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.accepted.Add(1) })
+		if !c.shm.counted {
+			c.shm.counted = true
+			r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.conns.Add(1) })
+		}
+		r.log.Info("same-host pages accepted", zap.Stringer("remote", c.raw.RemoteAddr()), zap.Uint16("rank", h.Rank.TP),
+			zap.String("region", o.ID.Path), zap.Uint64("generation", o.ID.Generation))
+	} else {
+		r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.fallbacks[code].Add(1) })
+		r.log.Warn("same-host pages refused, tcp for this rank", zap.Stringer("remote", c.raw.RemoteAddr()),
+			zap.Uint16("rank", h.Rank.TP), zap.String("region", o.ID.Path), zap.String("reason", code.String()), zap.Error(err))
+	}
+	return c.reply(&Header{Type: FrameShmAnswer, Rank: h.Rank, Seq: h.Seq, Status: uint32(code)})
+}
+
+// closeShm unmaps the connection's prefill mappings once its goroutine ended.
+func (c *rxConn) closeShm() {
+	for id, s := range c.shm.byOffer {
+		s.m.Close()
+		delete(c.shm.byOffer, id)
+	}
+	if c.shm.counted {
+		c.shm.counted = false
+		c.r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.conns.Add(-1) })
+	}
+}
+
+// copied tells the sender the shm chunk's pages are copied, refused or discarded: its
+// bytes go back to the sender's budget.
+func (c *rxConn) copied(h *Header) error {
+	return c.reply(&Header{Type: FrameCopied, Room: h.Room, Nonce: h.Nonce, Rank: h.Rank, Seq: h.Seq})
+}
+
+// shmChunk lands a shm chunk: the same claim as a TCP chunk's, then the copy from the
+// proven source mapping, piece by piece under the fence protocol, its crc32c over the
+// destination bytes as they land. Every shm chunk is answered with COPIED.
+func (c *rxConn) shmChunk(h *Header) error {
+	r := c.r
+	n := int(h.NumRuns) * shmRunSize
+	if cap(c.runBuf) < n {
+		c.runBuf = make([]byte, n)
+	}
+	if err := c.readFull(c.runBuf[:n]); err != nil {
+		return err
+	}
+	runs, err := DecodeShmRuns(c.shm.runs, c.runBuf[:n], h.NumRuns, h.RunsCRC)
+	if err != nil {
+		r.rejected.Add(1)
+		return err
+	}
+	c.shm.runs = runs
+	room := r.lookup(h.Key())
+	if room == nil {
+		r.discardedChunks.Add(1)
+		return c.copied(h)
+	}
+	layout := room.region.Layout()
+	// The claim of a TCP chunk, over the destination runs, for the bytes they will copy.
+	c.runs = c.runs[:0]
+	claimed := *h
+	claimed.PayloadLen = 0
+	for _, run := range runs {
+		c.runs = append(c.runs, run.ChunkRun)
+		if uint64(run.Buffer) < uint64(len(layout.Buffers)) {
+			claimed.PayloadLen += uint64(run.Count) * uint64(layout.Buffers[run.Buffer].ItemLen)
+		}
+	}
+	room.mu.Lock()
+	if room.state != live {
+		room.mu.Unlock()
+		r.discardedChunks.Add(1)
+		return c.copied(h)
+	}
+	switch {
+	case h.Flags&FlagPayloadCRC == 0 && r.cfg.Checksum == ChecksumCRC32C:
+		err = fmt.Errorf("%w: chunk without checksum", ErrRejected)
+	default:
+		err = room.claim(&claimed, c.runs, layout)
+	}
+	room.mu.Unlock()
+	if err != nil {
+		return c.shmRefuse(room, h, ReasonInvalid, err)
+	}
+	c.dsts, c.shm.srcs = c.dsts[:0], c.shm.srcs[:0]
+	for _, run := range runs {
+		src := c.shm.byOffer[run.Offer]
+		if src == nil {
+			clear(c.dsts)
+			return c.shmRefuse(room, h, ReasonInvalid, fmt.Errorf("%w: offer %d", ErrShmSource, run.Offer))
+		}
+		spec := layout.Buffers[run.Buffer] // claim checked the buffer
+		s, err := sourcePages(src.m, run.Buffer, Run{Start: run.SrcStart, Count: run.Count}, spec.ItemLen)
+		if err != nil {
+			clear(c.dsts)
+			return c.shmRefuse(room, h, ReasonInvalid, err)
+		}
+		dst := room.region.Pages(int(run.Buffer), run.Run)
+		if dst == nil { // claimed against a mapping since replaced: the room is fenced
+			clear(c.dsts)
+			r.discardedChunks.Add(1)
+			return c.copied(h)
+		}
+		c.dsts, c.shm.srcs = append(c.dsts, dst), append(c.shm.srcs, s)
+	}
+	// The prefill file must still be the one proven (one stat per source per chunk): a
+	// file deleted, replaced or truncated since is never copied from.
+	for _, run := range runs {
+		src := c.shm.byOffer[run.Offer]
+		if err := src.m.Check(); err != nil {
+			clear(c.dsts)
+			clear(c.shm.srcs)
+			if isRegionGone(err) {
+				src.m.Close()
+				delete(c.shm.byOffer, run.Offer)
+			}
+			return c.shmRefuse(room, h, ReasonTransferError, err)
+		}
+	}
+	c.addPending(room)
+	crc, err := c.copyPages(room)
+	clear(c.dsts)
+	clear(c.shm.srcs)
+	switch {
+	case err == errFenced:
+		r.discardedChunks.Add(1)
+		return c.copied(h)
+	case errors.Is(err, ErrRegionFault):
+		r.fail(room, ReasonTransferError, err)
+		if err := c.copied(h); err != nil {
+			return err
+		}
+		return c.result(room.key, ReasonTransferError)
+	case h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC:
+		r.fail(room, ReasonChecksum, fmt.Errorf("%w: seq %d (shm)", ErrChecksum, h.Seq))
+		if err := c.copied(h); err != nil {
+			return err
+		}
+		return c.result(room.key, ReasonChecksum)
+	}
+	room.mu.Lock()
+	room.verified += int64(h.Pages)
+	room.mu.Unlock()
+	r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.copied.Add(claimed.PayloadLen) })
+	r.events.Progress(room.key, int64(claimed.PayloadLen))
+	return c.copied(h)
+}
+
+// shmRefuse fails room with reason, answers the chunk COPIED (nothing more of it is read)
+// and the room's RESULT.
+func (c *rxConn) shmRefuse(room *rxRoom, h *Header, reason Reason, err error) error {
+	if reason == ReasonInvalid {
+		c.r.rejected.Add(1)
+	}
+	c.r.fail(room, reason, err)
+	if err := c.copied(h); err != nil {
+		return err
+	}
+	return c.result(room.key, reason)
+}
+
+// copyPages copies c.shm.srcs into c.dsts one piece (PieceBytes, across runs) at a time,
+// each only while the room is live and inside touchRegion (a fault on either mapping is an
+// ErrRegionFault), and returns the crc32c of the destination bytes, summed per piece right
+// after its copy while they are in cache. errFenced: the room was fenced between pieces.
+func (c *rxConn) copyPages(room *rxRoom) (uint32, error) {
+	var crc uint32
+	dsts, srcs := c.dsts, c.shm.srcs
+	i, off := 0, 0
+	sum := c.r.cfg.Checksum == ChecksumCRC32C
+	for i < len(dsts) {
+		if !c.join(room) {
+			return crc, errFenced
+		}
+		fault := touchRegion(room.region, c.r.log, c.r.beforeTouch, func() {
+			for left := c.r.cfg.PieceBytes; left > 0 && i < len(dsts); {
+				d := dsts[i][off:]
+				d = d[:min(len(d), left)]
+				copy(d, srcs[i][off:off+len(d)])
+				if sum {
+					crc = crc32.Update(crc, castagnoli, d)
+				}
+				left, off = left-len(d), off+len(d)
+				if off == len(dsts[i]) {
+					i, off = i+1, 0
+				}
+			}
+		})
+		if c.leave(room) {
+			c.r.letGoFence(room)
+		}
+		if fault != nil {
+			return crc, fault
+		}
+	}
+	return crc, nil
+}
