@@ -3,8 +3,8 @@
 #
 # Makes DIR a minimal Debian root of this machine's release holding only what
 # every machine here starts with: git, make, gcc (with libc6-dev, so cgo and
-# the race detector link), and this machine's apt sources, resolver and CA
-# bundle, through which the registries are reached. The Go toolchain is not
+# the race detector link), and this machine's apt sources, pip configuration,
+# resolver and CA bundle, through which the registries are reached. The Go toolchain is not
 # copied: scripts/in-root.sh binds the host's in. PACKAGEs are added to the
 # debootstrap set (systemd for a root that boots, say).
 #
@@ -75,6 +75,16 @@ cp -a /usr/share/keyrings/. "$dir"/usr/share/keyrings/
 cp -L /etc/resolv.conf "$dir"/etc/resolv.conf
 mkdir -p "$dir"/etc/ssl/certs
 cp -L /etc/ssl/certs/ca-certificates.crt "$dir"/etc/ssl/certs/ca-certificates.crt
+# The machine's local CAs too: a package that brings ca-certificates (python3
+# does) rebuilds the bundle above from these and Debian's, and would drop them.
+if [[ -d /usr/local/share/ca-certificates ]]; then
+	mkdir -p "$dir"/usr/local/share/ca-certificates
+	cp -a /usr/local/share/ca-certificates/. "$dir"/usr/local/share/ca-certificates/
+fi
+# The machine's pip configuration, as its apt sources: here it points pip at
+# the CA bundle above (a venv's pip trusts only its own bundle otherwise, and
+# PyPI is reached through a proxy that bundle does not know).
+[[ -f /etc/pip.conf ]] && cp -L /etc/pip.conf "$dir"/etc/pip.conf
 # debootstrap writes no /etc/hosts, which every installed machine has (the
 # installer writes it): without it "localhost" does not resolve, and tests and
 # tools that listen on or dial localhost fail only in the root.
