@@ -771,7 +771,14 @@ func restartMidRun(t *testing.T, topo restartTopo, side string, rooms, concurren
 	oldInode := oldFile.ID().Ino
 	var reg registered
 	var caught []*streamRoom
-	s.run(ctx, rooms, concurrency, restartAfter, func() { reg, caught = s.restartEngine(ctx, side, restarted) })
+	var w *witness
+	s.run(ctx, rooms, concurrency, restartAfter, func() {
+		w = s.openWitness(ctx, side, restarted)
+		reg, caught = s.restartEngine(ctx, side, restarted)
+	})
+	if w != nil {
+		s.finishWitness(ctx, w, side, restarted)
+	}
 	if reg.gen != 2 || reg.inode == oldInode {
 		t.Errorf("re-register of the recreated file: generation %d inode %d (was %d), want generation 2 and a new inode", reg.gen, reg.inode, oldInode)
 	}
@@ -1076,4 +1083,135 @@ func (s *restartStream) openReceiver(room uint64, rank int) *pb.OpenReceiverRequ
 // openSender is prefill rank's scheduler opening room.
 func (s *restartStream) openSender(room uint64, rank int) *pb.OpenSenderRequest {
 	return &pb.OpenSenderRequest{RoomId: room, Rank: s.rank("prefill", rank)}
+}
+
+// witness is a room that has data-plane state on every rank but the
+// restarted one when the engine restarts: the decode ranks in heldBack
+// (the restarted decode rank, or those addressing the restarted prefill
+// rank) have not sent their metadata yet, the others have and prefill
+// bound it. Such a room is not on the restarted rank, so the restart must
+// leave it alone: it goes on over the new file and succeeds.
+type witness struct {
+	rm       *streamRoom
+	heldBack []int
+}
+
+// openWitness opens the witness on every rank and binds every decode rank
+// but the held-back ones; nil when every decode rank is held back (TP 1).
+func (s *restartStream) openWitness(ctx context.Context, side string, restarted int) *witness {
+	t := s.t
+	t.Helper()
+	w := &witness{}
+	for d := range s.topo.decodeTP {
+		if side == "decode" && d == restarted || side == "prefill" && slices.Contains(s.plan.DecodeRanks[d].Targets, restarted) {
+			w.heldBack = append(w.heldBack, d)
+		}
+	}
+	if len(w.heldBack) == s.topo.decodeTP {
+		return nil
+	}
+	preTP, decTP := s.topo.prefillTP, s.topo.decodeTP
+	rm := &streamRoom{id: s.nextID.Add(1), preGen: make([]int, preTP), decGen: make([]int, decTP), chunksSent: make([]int, preTP)}
+	w.rm = rm
+	select {
+	case rm.slot = <-s.slots:
+	case <-time.After(s.bound):
+		t.Fatalf("no free slot for the witness room within %v", s.bound)
+	}
+	pages, aux := slotOf(rm.slot), int64(rm.slot)
+	for rank := range preTP {
+		var src *transfer.Region
+		rm.preGen[rank], src = s.files["prefill"][rank].current()
+		fillRoom(src, rankRoom(rm.id, rank), pages, aux)
+	}
+	for rank := range decTP {
+		var dst *transfer.Region
+		rm.decGen[rank], dst = s.files["decode"][rank].current()
+		fillPagesWith(dst, pages, aux, decodeUnwrote)
+	}
+	for rank := range decTP {
+		if _, err := s.p.decode.OpenReceiver(ctx, s.openReceiver(rm.id, rank)); err != nil {
+			t.Fatalf("witness OpenReceiver rank %d: %v", rank, err)
+		}
+	}
+	for rank := range preTP {
+		if _, err := s.p.prefill.OpenSender(ctx, s.openSender(rm.id, rank)); err != nil {
+			t.Fatalf("witness OpenSender rank %d: %v", rank, err)
+		}
+	}
+	for d := range decTP {
+		if slices.Contains(w.heldBack, d) {
+			continue
+		}
+		if err := s.sendMetadata(ctx, rm, d); err != nil {
+			t.Fatalf("witness room %d: SendMetadata rank %d: %v", rm.id, d, err)
+		}
+	}
+	// Prefill shows decode's nonce once a METADATA is bound: then the
+	// witness holds state on ranks other than the restarted one.
+	var ps *pb.RoomStatus
+	if _, ok := testbed.Eventually(s.bound, func() bool {
+		ps, _, _ = s.poll(ctx, rm.id)
+		return ps.GetNonce() != 0 || terminal(ps)
+	}); !ok || terminal(ps) {
+		t.Fatalf("witness room %d: prefill never bound the first decode ranks' metadata: %v", rm.id, ps)
+	}
+	return w
+}
+
+func (s *restartStream) sendMetadata(ctx context.Context, rm *streamRoom, rank int) error {
+	_, err := s.p.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: rm.id, Rank: s.rank("decode", rank),
+		DstPages: &pb.PageList{Indices: slotOf(rm.slot)}, AuxIndex: uint32(rm.slot)})
+	return err
+}
+
+// finishWitness plays the witness on after the restart: the restarted
+// engine's rank takes the room over in its new file (prefill: its source
+// pages filled there; decode: its pages), the held-back decode ranks send
+// their metadata, every prefill rank sends every page. It must succeed on
+// both sides with every decode rank's bytes as the mapping says.
+func (s *restartStream) finishWitness(ctx context.Context, w *witness, side string, restarted int) {
+	t := s.t
+	t.Helper()
+	rm := w.rm
+	pages, aux := slotOf(rm.slot), int64(rm.slot)
+	gen, r := s.files[side][restarted].current()
+	rm.gens(side)[restarted] = gen
+	if side == "prefill" {
+		fillRoom(r, rankRoom(rm.id, restarted), pages, aux)
+	} else {
+		fillPagesWith(r, pages, aux, decodeUnwrote)
+	}
+	// A refusal is FailedPrecondition when the room failed: its state,
+	// checked below, says why.
+	var refused error
+	for _, d := range w.heldBack {
+		if err := s.sendMetadata(ctx, rm, d); err != nil && refused == nil {
+			refused = err
+		}
+	}
+	s.waitUntil(ctx, rm, func(ps, _ *pb.RoomStatus) bool {
+		return ps.GetState() == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT || terminal(ps)
+	})
+	for rank := 0; refused == nil && rank < s.topo.prefillTP; rank++ {
+		_, refused = s.p.prefill.Send(ctx, &pb.SendRequest{RoomId: rm.id, Rank: s.rank("prefill", rank), Pages: &pb.PageList{Indices: pages},
+			Last: true, AuxIndex: uint32(aux)})
+	}
+	if refused != nil && status.Code(refused) != codes.FailedPrecondition {
+		t.Errorf("witness room %d: %v", rm.id, refused)
+	}
+	s.waitUntil(ctx, rm, func(ps, ds *pb.RoomStatus) bool { return terminal(ps) && terminal(ds) })
+	ps, ds := rm.final[0], rm.final[1]
+	if rm.problem != "" || ps.GetState() != pb.RoomState_ROOM_STATE_SUCCESS || ds.GetState() != pb.RoomState_ROOM_STATE_SUCCESS {
+		t.Errorf("room %d held no state on the restarted %s rank %d at the restart and ended prefill %v, decode %v (%s); want Success",
+			rm.id, side, restarted, ps, ds, rm.problem)
+		return
+	}
+	for d := range s.topo.decodeTP {
+		if !s.rankLanded(rm, d) {
+			t.Errorf("witness room %d: decode rank %d's bytes differ from the sources the mapping names", rm.id, d)
+		}
+	}
+	_, _ = s.p.prefill.Clear(ctx, &pb.PrefillServiceClearRequest{RoomIds: []uint64{rm.id}})
+	_, _ = s.p.decode.Clear(ctx, &pb.DecodeServiceClearRequest{RoomIds: []uint64{rm.id}})
 }
