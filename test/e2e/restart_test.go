@@ -709,6 +709,10 @@ func (s *restartStream) restartEngine(ctx context.Context, side string, rank int
 // succeed with their bytes in the new file and the other ranks' files;
 // decode pages of failed rooms, on every rank, do not change after Failed
 // is visible; the counters move by one replacement and the rooms it failed.
+// At TP 2 and 4 a witness room, bound on every rank but the restarted one
+// when it restarts, succeeds over the new file: the replacement fails only
+// the rooms holding state on the replaced rank (a daemon that retires every
+// rank's rooms fails it).
 func TestEngineRestartMidRunFailsOnlyItsRoomsAndNewRoomsSucceed(t *testing.T) {
 	const rooms, concurrency, restartAfter = 200, 8, 60
 	for _, tp := range []int{1, 2, 4} {
@@ -733,7 +737,8 @@ func TestEngineRestartMidRunFailsOnlyItsRoomsAndNewRoomsSucceed(t *testing.T) {
 // The last prefill rank that feeds some decode rank restarts, or as a
 // separate case the last decode rank: the rooms caught mid-transfer on it
 // fail region_replaced (a room spans every rank), rooms not on it are
-// untouched, rooms opened after succeed over the new file, failed rooms'
+// untouched (the witness room, bound on the other ranks at the restart,
+// succeeds), rooms opened after succeed over the new file, failed rooms'
 // decode pages do not change after Failed is visible.
 func TestEngineRestartMidRunAtEachMappingFailsOnlyItsRooms(t *testing.T) {
 	const rooms, concurrency, restartAfter = 100, 8, 30
