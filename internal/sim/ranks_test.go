@@ -155,3 +155,74 @@ func land(r *run, h *held) {
 		copy(e.region.AuxRow(int64(h.dstAux[e.rank])), r.pre[dr.AuxFrom].region.AuxRow(int64(h.srcAux[dr.AuxFrom])))
 	}
 }
+
+// TestPageLandedTakesEachHeadSliceFromTheRankTheMappingNames checks one MHA 4 -> 2 decode
+// page (two heads, each from its own prefill rank) and one MLA 4 -> 2 page (whole, from
+// AuxFrom's rank) directly: the page built by the plan's copies passes; one head from a
+// sibling rank, one byte off, the whole page from a dummy rank, and a plan missing one
+// copy (its bytes then unchecked) all fail.
+func TestPageLandedTakesEachHeadSliceFromTheRankTheMappingNames(t *testing.T) {
+	for _, mla := range []bool{false, true} {
+		l := TestLayout()
+		l.MLA = mla
+		pre, err := l.RankTransfer(0, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec, err := l.RankTransfer(0, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan, err := transfer.PlanRanks(pre, dec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sources := make([][]byte, 4)
+		for r := range sources {
+			sources[r] = make([]byte, pre.Buffers[1].ItemLen)
+			fillPage(sources[r], rankTag(7, r), 1, 3)
+		}
+		source := func(from int) []byte { return sources[from] }
+		dr := plan.DecodeRanks[1]
+		page := make([]byte, dec.Buffers[1].ItemLen)
+		for _, c := range dr.Copies {
+			if c.Buffer == 1 {
+				c.Apply(page, source(c.From))
+			}
+		}
+		if !PageLanded(dr, 1, page, source) {
+			t.Fatalf("mla %v: the page the plan's copies built was reported wrong", mla)
+		}
+		page[len(page)-1] ^= 1
+		if PageLanded(dr, 1, page, source) {
+			t.Errorf("mla %v: one byte off passed", mla)
+		}
+		page[len(page)-1] ^= 1
+		if mla {
+			if PageLanded(dr, 1, sources[dr.Dummies[0]], source) {
+				t.Errorf("the whole page from dummy rank %d passed", dr.Dummies[0])
+			}
+			continue
+		}
+		// Head 1 of the page (prefill rank 3's) taken from rank 2 instead.
+		wrong := append([]byte(nil), page...)
+		for _, c := range dr.Copies {
+			if c.Buffer == 1 && c.From == 3 {
+				c.Apply(wrong, source(2))
+			}
+		}
+		if PageLanded(dr, 1, wrong, source) {
+			t.Error("a head slice from the sibling prefill rank passed")
+		}
+		missing := dr
+		missing.Copies = nil
+		for _, c := range dr.Copies {
+			if c.Buffer != 1 || c.From != 3 {
+				missing.Copies = append(missing.Copies, c)
+			}
+		}
+		if PageLanded(missing, 1, wrong, source) {
+			t.Error("copies that leave a head unwritten passed a page whose head is wrong")
+		}
+	}
+}

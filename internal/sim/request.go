@@ -669,14 +669,7 @@ func (s *run) verify(h *held, prefix int) (bad []int) {
 
 func (s *run) verifyRank(h *held, e *engine, prefix int) bool {
 	dr := s.plan.DecodeRanks[e.rank]
-	var want []byte // the expected page when it is assembled from slices
 	for b := range e.tl.Buffers {
-		var copies []rankmap.Copy
-		for _, c := range dr.Copies {
-			if c.Buffer == b {
-				copies = append(copies, c)
-			}
-		}
 		for pos, p := range h.dst[e.rank] {
 			page := e.region.Pages(b, runOf(p))
 			if pos < prefix {
@@ -685,20 +678,7 @@ func (s *run) verifyRank(h *held, e *engine, prefix int) bool {
 				}
 				continue
 			}
-			source := func(c rankmap.Copy) []byte {
-				return s.pre[c.From].region.Pages(b, runOf(h.src[c.From][pos]))
-			}
-			if len(copies) == 1 && copies[0].Whole() {
-				if !bytes.Equal(page, source(copies[0])) {
-					return false
-				}
-				continue
-			}
-			want = append(want[:0], page...)
-			for _, c := range copies {
-				c.Apply(want, source(c))
-			}
-			if !bytes.Equal(page, want) || !s.sourcesCover(copies, page) {
+			if !PageLanded(dr, b, page, func(from int) []byte { return s.pre[from].region.Pages(b, runOf(h.src[from][pos])) }) {
 				return false
 			}
 		}
@@ -707,15 +687,30 @@ func (s *run) verifyRank(h *held, e *engine, prefix int) bool {
 	return bytes.Equal(e.region.AuxRow(int64(h.dstAux[e.rank])), src)
 }
 
-// sourcesCover reports whether the copies write every byte of a page: a
-// page assembled from slices is compared after applying them onto itself,
-// so a byte no copy writes would pass unchecked.
-func (s *run) sourcesCover(copies []rankmap.Copy, page []byte) bool {
-	n := 0
-	for _, c := range copies {
-		n += c.Heads * c.HeadBytes * c.PageTokens
+// PageLanded reports whether page, one page of buffer buf on decode rank dr, holds exactly
+// what dr's copies of that buffer take from their prefill ranks' pages at the same position
+// (source(from) is prefill rank from's page): every byte of it written by some copy, each
+// from the right rank's right head slice. Pure, so the e2e suites check real daemons'
+// pages with the same logic the simulated schedulers use.
+func PageLanded(dr rankmap.DecodeRank, buf int, page []byte, source func(from int) []byte) bool {
+	var copies []rankmap.Copy
+	for _, c := range dr.Copies {
+		if c.Buffer == buf {
+			copies = append(copies, c)
+		}
 	}
-	return n == len(page)
+	if len(copies) == 1 && copies[0].Whole() {
+		return bytes.Equal(page, source(copies[0].From))
+	}
+	// A page assembled from slices is compared after applying them onto a copy of itself,
+	// so the copies must also cover it: a byte no copy writes would pass unchecked.
+	want := append([]byte(nil), page...)
+	covered := 0
+	for _, c := range copies {
+		c.Apply(want, source(c.From))
+		covered += c.Heads * c.HeadBytes * c.PageTokens
+	}
+	return covered == len(page) && bytes.Equal(page, want)
 }
 
 // count adds a verified room's bytes to the report: what landed on each

@@ -35,6 +35,13 @@ type ownerPair struct {
 // listeners' flags) and registers a region of layout on each.
 func newOwnerPair(t *testing.T, layout transfer.Layout, preArgs, decArgs []string) *ownerPair {
 	t.Helper()
+	return newOwnerPairOf(t, layout, layout, preArgs, decArgs)
+}
+
+// newOwnerPairOf is newOwnerPair with prefill's region of layout and
+// decode's of decLayout (rank 0 of each side's TP, when the sizes differ).
+func newOwnerPairOf(t *testing.T, layout, decLayout transfer.Layout, preArgs, decArgs []string) *ownerPair {
+	t.Helper()
 	p := &ownerPair{t: t, layout: layout}
 	p.pre = startDaemon(t, "prefilld", append([]string{"--bootstrap-listen=tcp://127.0.0.1:0"}, preArgs...)...)
 	p.bootstrap = p.pre.LogField("bootstrap socket bound", "addr")
@@ -47,11 +54,15 @@ func newOwnerPair(t *testing.T, layout transfer.Layout, preArgs, decArgs []strin
 
 	dir := regionDir(t)
 	for _, side := range []string{"prefill", "decode"} {
-		path, err := transfer.CreateRegionFile(dir, layout)
+		l := layout
+		if side == "decode" {
+			l = decLayout
+		}
+		path, err := transfer.CreateRegionFile(dir, l)
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := transfer.OpenRegion(path, layout)
+		r, err := transfer.OpenRegion(path, l)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +76,7 @@ func newOwnerPair(t *testing.T, layout transfer.Layout, preArgs, decArgs []strin
 	p.registerPrefill()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := p.decode.RegisterRegion(ctx, &pb.DecodeServiceRegisterRegionRequest{RegionPath: p.dstPath, Layout: layoutProtoOf(layout)}); err != nil {
+	if _, err := p.decode.RegisterRegion(ctx, &pb.DecodeServiceRegisterRegionRequest{RegionPath: p.dstPath, Layout: layoutProtoOf(decLayout)}); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -81,10 +92,14 @@ func (p *ownerPair) registerPrefill() {
 	}
 }
 
+// layoutProtoOf is l as RegisterRegion takes it; the head fields and
+// attention are zero in an opaque layout.
 func layoutProtoOf(l transfer.Layout) *pb.RegionLayout {
-	lp := &pb.RegionLayout{Rank: &pb.Rank{TpRank: uint32(l.Rank.TP), TpSize: uint32(max(l.Rank.Size, 1))}, Aux: &pb.AuxSpec{Offset: uint64(l.Aux.Offset), RowLen: uint32(l.Aux.RowLen), Rows: uint32(l.Aux.Rows)}}
+	lp := &pb.RegionLayout{Rank: &pb.Rank{TpRank: uint32(l.Rank.TP), TpSize: uint32(max(l.Rank.Size, 1))}, Aux: &pb.AuxSpec{Offset: uint64(l.Aux.Offset), RowLen: uint32(l.Aux.RowLen), Rows: uint32(l.Aux.Rows)},
+		Attention: pb.Attention(l.Attention)} // rankmap's values are the proto's
 	for _, b := range l.Buffers {
-		lp.Buffers = append(lp.Buffers, &pb.BufferSpec{Offset: uint64(b.Offset), Length: uint64(b.Length), ItemLen: uint32(b.ItemLen)})
+		lp.Buffers = append(lp.Buffers, &pb.BufferSpec{Offset: uint64(b.Offset), Length: uint64(b.Length), ItemLen: uint32(b.ItemLen),
+			PageTokens: uint32(b.PageTokens), TotalHeads: uint32(b.TotalHeads), RankHeads: uint32(b.RankHeads), HeadBytes: uint32(b.HeadBytes)})
 	}
 	return lp
 }

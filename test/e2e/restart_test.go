@@ -16,7 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/internal/sim"
 	"github.com/pdlink/pdlink/internal/testbed"
+	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
@@ -149,32 +151,64 @@ func rankLayout(rank, size int) transfer.Layout {
 	return l
 }
 
+// headStreamLayout is streamLayout's pages and aux rows with a head
+// shape: 4 KV heads of 64 bf16 values per token row, 16-token pages, so
+// MHA ranks hold head slices (2 heads at TP 2, 1 at TP 4) and MLA ranks
+// the whole latent.
+var headStreamLayout = sim.Layout{Layers: 1, PageTokens: 16, BytesPerToken: 1024, Pages: 256, AuxRows: 32, AuxRowLen: 64,
+	HeadDim: 64, DtypeBytes: 2}
+
+// restartTopo is the stream's two engines: their TP sizes and attention
+// ("" for streamLayout's opaque pages at equal TP, "mla" or "mha" for
+// headStreamLayout's heads).
+type restartTopo struct {
+	prefillTP, decodeTP int
+	attention           string
+}
+
+func (c restartTopo) tp(side string) int {
+	if side == "prefill" {
+		return c.prefillTP
+	}
+	return c.decodeTP
+}
+
+// layout is what side's rank maps.
+func (c restartTopo) layout(t *testing.T, side string, rank int) transfer.Layout {
+	t.Helper()
+	if c.attention == "" {
+		return rankLayout(rank, c.tp(side))
+	}
+	l := headStreamLayout
+	l.MLA = c.attention == "mla"
+	tl, err := l.RankTransfer(rank, c.tp(side))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tl
+}
+
 // rankRoom is the pattern seed of rank's share of room: each rank's pages
 // hold their own bytes, so a page landing on the wrong rank never matches.
 func rankRoom(room uint64, rank int) uint64 { return room ^ uint64(rank)<<40 }
 
-// addRank creates and registers rank's region file on each side of p
-// (ranks above 0: newOwnerPair made rank 0's).
-func addRank(t *testing.T, p *ownerPair, rank, size int) (src, dst *rankFile) {
+// addRank creates and registers rank's region file of layout l on side
+// of p (ranks above 0: newOwnerPair made rank 0's).
+func addRank(t *testing.T, p *ownerPair, side string, l transfer.Layout) *rankFile {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l := rankLayout(rank, size)
-	files := map[string]*rankFile{}
-	for _, side := range []string{"prefill", "decode"} {
-		path, err := transfer.CreateRegionFile(regionDir(t), l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := transfer.OpenRegion(path, l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.Close() })
-		files[side] = &rankFile{path: path, gens: []*transfer.Region{r}}
-		registerOn(ctx, t, p.prefill, p.decode, side, path, l)
+	path, err := transfer.CreateRegionFile(regionDir(t), l)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return files["prefill"], files["decode"]
+	r, err := transfer.OpenRegion(path, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	registerOn(ctx, t, p.prefill, p.decode, side, path, l)
+	return &rankFile{path: path, gens: []*transfer.Region{r}}
 }
 
 // registered is RegisterRegion's answer, either side.
@@ -256,8 +290,8 @@ type streamRoom struct {
 	preGen, decGen []int // by rank: the generation the room's pages live in
 	// chunksSent and stopped are written by the room's goroutine under
 	// engines.mu read-locked; the restart reads them write-locked.
-	chunksSent []int  // by rank
-	stopped    []bool // by rank: that rank's engine restarted under it, it sent no more
+	chunksSent []int             // by prefill rank
+	stopped    map[string][]bool // side -> rank: that rank's engine restarted under it, it called no more
 	// midTransferAtRestart: the restarted rank had sent some chunks, not
 	// its last, when its engine restarted. Such a room can only end failed.
 	midTransferAtRestart bool
@@ -269,15 +303,12 @@ type streamRoom struct {
 
 // oldGen reports whether every page of the room lives in a first generation.
 func (rm *streamRoom) oldGen() bool {
-	for r := range rm.preGen {
-		if rm.preGen[r] != 1 || rm.decGen[r] != 1 {
-			return false
-		}
-	}
-	return true
+	return !slices.ContainsFunc(slices.Concat(rm.preGen, rm.decGen), func(gen int) bool { return gen != 1 })
 }
 
-func (rm *streamRoom) anyStopped() bool { return slices.Contains(rm.stopped, true) }
+func (rm *streamRoom) anyStopped() bool {
+	return slices.Contains(rm.stopped["prefill"], true) || slices.Contains(rm.stopped["decode"], true)
+}
 
 // allSent reports whether every rank sent its last chunk.
 func (rm *streamRoom) allSent() bool {
@@ -293,16 +324,22 @@ func (rm *streamRoom) allSent() bool {
 // each scheduler calling into its engine under engines.mu read-locked,
 // so that restart, write-locked, sees no room call half done.
 type restartStream struct {
-	t      *testing.T
-	p      *ownerPair
-	tp     int
-	engMu  sync.RWMutex
-	files  map[string][]*rankFile // side -> rank -> file
-	slots  chan int
-	tick   time.Duration
-	bound  time.Duration
-	nextID atomic.Uint64
-	done   atomic.Int64
+	t    *testing.T
+	p    *ownerPair
+	topo restartTopo
+	// plan is which prefill ranks' head slices land on each decode rank,
+	// as the daemons plan it; expectedSenders is the prefill ranks that
+	// feed some decode rank (OpenReceiverRequest.expected_senders), as the
+	// sim's schedulers name it.
+	plan            rankmap.Mapping
+	expectedSenders uint32
+	engMu           sync.RWMutex
+	files           map[string][]*rankFile // side -> rank -> file
+	slots           chan int
+	tick            time.Duration
+	bound           time.Duration
+	nextID          atomic.Uint64
+	done            atomic.Int64
 	// starved is set once no slot came free within bound.
 	starved atomic.Bool
 
@@ -310,21 +347,35 @@ type restartStream struct {
 	rooms []*streamRoom
 }
 
-// newRestartStream starts the daemons with tp ranks registered on each
-// side (prefill TP tp -> decode TP tp).
-func newRestartStream(t *testing.T, tp int) *restartStream {
-	p := newOwnerPair(t, rankLayout(0, tp), nil, nil)
-	s := &restartStream{t: t, p: p, tp: tp, tick: 2 * time.Millisecond, bound: 30 * time.Second,
+// newRestartStream starts the daemons with every rank of topo registered
+// on each side.
+func newRestartStream(t *testing.T, topo restartTopo) *restartStream {
+	pre0, dec0 := topo.layout(t, "prefill", 0), topo.layout(t, "decode", 0)
+	plan, err := transfer.PlanRanks(pre0, dec0)
+	if err != nil {
+		t.Fatalf("%+v: %v", topo, err)
+	}
+	p := newOwnerPairOf(t, pre0, dec0, nil, nil)
+	s := &restartStream{t: t, p: p, topo: topo, plan: plan, tick: 2 * time.Millisecond, bound: 30 * time.Second,
 		files: map[string][]*rankFile{
 			"prefill": {{path: p.srcPath, gens: []*transfer.Region{p.src}}},
 			"decode":  {{path: p.dstPath, gens: []*transfer.Region{p.dst}}},
 		}}
-	for rank := 1; rank < tp; rank++ {
-		src, dst := addRank(t, p, rank, tp)
-		s.files["prefill"] = append(s.files["prefill"], src)
-		s.files["decode"] = append(s.files["decode"], dst)
+	for _, side := range []string{"prefill", "decode"} {
+		for rank := 1; rank < topo.tp(side); rank++ {
+			s.files[side] = append(s.files[side], addRank(t, p, side, topo.layout(t, side, rank)))
+		}
 	}
-	n := int(streamLayout.Buffers[0].Pages()) / slotPages
+	if topo.prefillTP > 1 || topo.decodeTP > 1 {
+		feeding := map[int]bool{}
+		for _, d := range plan.DecodeRanks {
+			for _, from := range d.From {
+				feeding[from] = true
+			}
+		}
+		s.expectedSenders = uint32(len(feeding))
+	}
+	n := int(pre0.Buffers[0].Pages()) / slotPages
 	s.slots = make(chan int, n)
 	for i := range n {
 		s.slots <- i
@@ -345,20 +396,26 @@ func (s *restartStream) poll(ctx context.Context, room uint64) (ps, ds *pb.RoomS
 	return pr.Statuses[0], dr.Statuses[0], nil
 }
 
-// engineCall runs f, rank's scheduler calling, with the engines
-// read-locked unless an engine of rank the room's pages live in restarted;
-// it reports whether f ran.
-func (s *restartStream) engineCall(rm *streamRoom, rank int, f func()) bool {
+// engineCall runs f, side's rank's scheduler calling, with the engines
+// read-locked unless that engine restarted since the room's pages were
+// filled (it dropped the room); it reports whether f ran.
+func (s *restartStream) engineCall(rm *streamRoom, side string, rank int, f func()) bool {
 	s.engMu.RLock()
 	defer s.engMu.RUnlock()
-	pg, _ := s.files["prefill"][rank].current()
-	dg, _ := s.files["decode"][rank].current()
-	if pg != rm.preGen[rank] || dg != rm.decGen[rank] {
-		rm.stopped[rank] = true
+	gen, _ := s.files[side][rank].current()
+	if gen != rm.gens(side)[rank] {
+		rm.stopped[side][rank] = true
 		return false
 	}
 	f()
 	return true
+}
+
+func (rm *streamRoom) gens(side string) []int {
+	if side == "prefill" {
+		return rm.preGen
+	}
+	return rm.decGen
 }
 
 // serve runs one room on every rank as the ranks' scheduler pairs do:
@@ -367,8 +424,9 @@ func (s *restartStream) engineCall(rm *streamRoom, rank int, f func()) bool {
 // the end, verify every rank, clear. A rank whose engine restarted sends
 // nothing more, and the room is aborted unless the daemon failed it.
 func (s *restartStream) serve(ctx context.Context) {
-	rm := &streamRoom{id: s.nextID.Add(1), preGen: make([]int, s.tp), decGen: make([]int, s.tp),
-		chunksSent: make([]int, s.tp), stopped: make([]bool, s.tp)}
+	preTP, decTP := s.topo.prefillTP, s.topo.decodeTP
+	rm := &streamRoom{id: s.nextID.Add(1), preGen: make([]int, preTP), decGen: make([]int, decTP),
+		chunksSent: make([]int, preTP), stopped: map[string][]bool{"prefill": make([]bool, preTP), "decode": make([]bool, decTP)}}
 	if s.starved.Load() {
 		return
 	}
@@ -387,32 +445,35 @@ func (s *restartStream) serve(ctx context.Context) {
 	s.mu.Unlock()
 	pages, aux := slotOf(rm.slot), int64(rm.slot)
 	s.engMu.RLock()
-	for rank := range s.tp {
-		var src, dst *transfer.Region
+	for rank := range preTP {
+		var src *transfer.Region
 		rm.preGen[rank], src = s.files["prefill"][rank].current()
-		rm.decGen[rank], dst = s.files["decode"][rank].current()
 		fillRoom(src, rankRoom(rm.id, rank), pages, aux)
+	}
+	for rank := range decTP {
+		var dst *transfer.Region
+		rm.decGen[rank], dst = s.files["decode"][rank].current()
 		fillPagesWith(dst, pages, aux, decodeUnwrote)
 	}
 	s.engMu.RUnlock()
 
 	fail := func(format string, args ...any) { rm.problem = fmt.Sprintf(format, args...) }
-	for rank := range s.tp {
+	for rank := range decTP {
 		if _, err := s.p.decode.OpenReceiver(ctx, s.openReceiver(rm.id, rank)); err != nil {
 			fail("OpenReceiver rank %d: %v", rank, err)
 			return
 		}
 	}
-	for rank := range s.tp {
+	for rank := range preTP {
 		if _, err := s.p.prefill.OpenSender(ctx, s.openSender(rm.id, rank)); err != nil {
 			fail("OpenSender rank %d: %v", rank, err)
 			return
 		}
 	}
 	var callErr error
-	for rank := range s.tp {
-		s.engineCall(rm, rank, func() {
-			if _, err := s.p.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: rm.id, Rank: s.rank(rank),
+	for rank := range decTP {
+		s.engineCall(rm, "decode", rank, func() {
+			if _, err := s.p.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: rm.id, Rank: s.rank("decode", rank),
 				DstPages: &pb.PageList{Indices: pages}, AuxIndex: uint32(aux)}); err != nil && callErr == nil {
 				callErr = err
 			}
@@ -425,16 +486,16 @@ func (s *restartStream) serve(ctx context.Context) {
 	}
 	for c := 0; callErr == nil && c*chunkPages < slotPages; c++ {
 		last := (c+1)*chunkPages >= slotPages
-		for rank := range s.tp {
-			if rm.stopped[rank] {
+		for rank := range preTP {
+			if rm.stopped["prefill"][rank] {
 				continue // the other ranks' schedulers go on
 			}
-			req := &pb.SendRequest{RoomId: rm.id, Rank: s.rank(rank), StartPosition: uint32(c * chunkPages),
+			req := &pb.SendRequest{RoomId: rm.id, Rank: s.rank("prefill", rank), StartPosition: uint32(c * chunkPages),
 				Pages: &pb.PageList{Indices: pages[c*chunkPages : (c+1)*chunkPages]}, Last: last}
 			if last {
 				req.AuxIndex = uint32(aux)
 			}
-			s.engineCall(rm, rank, func() {
+			s.engineCall(rm, "prefill", rank, func() {
 				if _, callErr = s.p.prefill.Send(ctx, req); callErr == nil {
 					rm.chunksSent[rank]++
 				}
@@ -469,8 +530,8 @@ func (s *restartStream) serve(ctx context.Context) {
 	if rm.final[1].GetState() == pb.RoomState_ROOM_STATE_SUCCESS {
 		s.engMu.RLock()
 		var wrong []int
-		for rank := range s.tp {
-			if !roomLanded(s.files["decode"][rank].gens[rm.decGen[rank]-1], rankRoom(rm.id, rank), pages, aux) {
+		for rank := range decTP {
+			if !s.rankLanded(rm, rank) {
 				wrong = append(wrong, rank)
 			}
 		}
@@ -487,19 +548,46 @@ func (s *restartStream) serve(ctx context.Context) {
 	_, _ = s.p.decode.Clear(ctx, &pb.DecodeServiceClearRequest{RoomIds: []uint64{rm.id}})
 }
 
-// rank is what a call of rank's scheduler names: nil at TP 1, as before ranks.
-func (s *restartStream) rank(rank int) *pb.Rank {
-	if s.tp == 1 {
+// rank is what a call of side's rank's scheduler names: nil at TP 1, as
+// before ranks.
+func (s *restartStream) rank(side string, rank int) *pb.Rank {
+	if s.topo.tp(side) == 1 {
 		return nil
 	}
-	return rankOf(rank, s.tp)
+	return rankOf(rank, s.topo.tp(side))
+}
+
+// rankLanded reports whether decode rank's pages and aux row of the room,
+// in the generation they live in, hold exactly what the mapping takes from
+// the prefill ranks it names (each prefill rank's pages in its own
+// generation): sim.PageLanded, the check the simulated schedulers make, and
+// the source pages hold the room's pattern. Under engMu read-locked.
+func (s *restartStream) rankLanded(rm *streamRoom, rank int) bool {
+	pages, aux := slotOf(rm.slot), int64(rm.slot)
+	source := func(from int) *transfer.Region { return s.files["prefill"][from].gens[rm.preGen[from]-1] }
+	dst := s.files["decode"][rank].gens[rm.decGen[rank]-1]
+	dr := s.plan.DecodeRanks[rank]
+	for _, from := range dr.From {
+		if !roomLanded(source(from), rankRoom(rm.id, from), pages, aux) {
+			return false // a source overwritten: nothing to compare with
+		}
+	}
+	for b := range dst.Layout().Buffers {
+		for _, pg := range pages {
+			at := transfer.Run{Start: pg, Count: 1}
+			if !sim.PageLanded(dr, b, dst.Pages(b, at), func(from int) []byte { return source(from).Pages(b, at) }) {
+				return false
+			}
+		}
+	}
+	return bytes.Equal(dst.AuxRow(aux), source(dr.AuxFrom).AuxRow(aux))
 }
 
 // snapshotRoom copies the room's decode pages and aux rows on every rank,
 // in the generations they live in. Under engMu read-locked.
 func (s *restartStream) snapshotRoom(rm *streamRoom) []byte {
 	var out []byte
-	for rank := range s.tp {
+	for rank := range s.topo.decodeTP {
 		out = append(out, snapshotPages(s.files["decode"][rank].gens[rm.decGen[rank]-1], slotOf(rm.slot), int64(rm.slot))...)
 	}
 	return out
@@ -560,13 +648,19 @@ func (s *restartStream) run(ctx context.Context, n, concurrency, restartAfter in
 	wg.Wait()
 }
 
-// restartEngine waits (bounded) until some room is mid-transfer on rank
-// with the engines locked, so no room call is half done, then plays the
-// restart of rank's engine on side: recreate its file, register it, and
-// mark the rooms it caught.
+// restartEngine waits (bounded) until some room is mid-transfer on side's
+// rank with the engines locked, so no room call is half done, then plays
+// the restart of that engine: recreate its file, register it, and mark
+// the rooms it caught. Mid-transfer on a prefill rank is its own chunks
+// part sent; on a decode rank, a prefill rank feeding it part sent (its
+// metadata is bound then: prefill waits for every decode rank's).
 func (s *restartStream) restartEngine(ctx context.Context, side string, rank int) (registered, []*streamRoom) {
 	t := s.t
 	t.Helper()
+	feeders := []int{rank}
+	if side == "decode" {
+		feeders = s.plan.DecodeRanks[rank].From
+	}
 	var caught []*streamRoom
 	deadline := time.Now().Add(s.bound)
 	for {
@@ -574,7 +668,10 @@ func (s *restartStream) restartEngine(ctx context.Context, side string, rank int
 		s.mu.Lock()
 		caught = caught[:0]
 		for _, rm := range s.rooms {
-			if n := rm.chunksSent[rank]; n > 0 && n < slotPages/chunkPages {
+			if slices.ContainsFunc(feeders, func(from int) bool {
+				n := rm.chunksSent[from]
+				return n > 0 && n < slotPages/chunkPages
+			}) {
 				caught = append(caught, rm)
 			}
 		}
@@ -595,7 +692,7 @@ func (s *restartStream) restartEngine(ctx context.Context, side string, rank int
 		rm.midTransferAtRestart = true
 	}
 	f := s.files[side][rank]
-	l := rankLayout(rank, s.tp)
+	l := s.topo.layout(t, side, rank)
 	f.gens = append(f.gens, recreateRegionFile(t, f.path, l))
 	return registerOn(ctx, t, s.p.prefill, s.p.decode, side, f.path, l), caught
 }
@@ -612,6 +709,10 @@ func (s *restartStream) restartEngine(ctx context.Context, side string, rank int
 // succeed with their bytes in the new file and the other ranks' files;
 // decode pages of failed rooms, on every rank, do not change after Failed
 // is visible; the counters move by one replacement and the rooms it failed.
+// At TP 2 and 4 a witness room, bound on every rank but the restarted one
+// when it restarts, succeeds over the new file: the replacement fails only
+// the rooms holding state on the replaced rank (a daemon that retires every
+// rank's rooms fails it).
 func TestEngineRestartMidRunFailsOnlyItsRoomsAndNewRoomsSucceed(t *testing.T) {
 	const rooms, concurrency, restartAfter = 200, 8, 60
 	for _, tp := range []int{1, 2, 4} {
@@ -620,14 +721,54 @@ func TestEngineRestartMidRunFailsOnlyItsRoomsAndNewRoomsSucceed(t *testing.T) {
 			if tp > 1 {
 				name = fmt.Sprintf("tp%d/%s", tp, side)
 			}
-			t.Run(name, func(t *testing.T) { restartMidRun(t, tp, side, rooms, concurrency, restartAfter) })
+			t.Run(name, func(t *testing.T) {
+				restartMidRun(t, restartTopo{prefillTP: tp, decodeTP: tp}, side, rooms, concurrency, restartAfter)
+			})
 		}
 	}
 }
 
-func restartMidRun(t *testing.T, tp int, side string, rooms, concurrency, restartAfter int) {
-	restarted := tp - 1
-	s := newRestartStream(t, tp)
+// TestEngineRestartMidRunAtEachMappingFailsOnlyItsRooms is the same
+// stream and the same assertions with head-described layouts between TP
+// sizes: MLA 2 -> 4 and 4 -> 2 (each decode rank fed whole pages by one
+// prefill rank, 4 -> 2 with dummy ranks), MHA 2 -> 4 and 4 -> 2 (head
+// slices split or merged); each decode rank's bytes checked against the
+// prefill ranks' head slices transfer.PlanRanks names (sim.PageLanded).
+// The last prefill rank that feeds some decode rank restarts, or as a
+// separate case the last decode rank: the rooms caught mid-transfer on it
+// fail region_replaced (a room spans every rank), rooms not on it are
+// untouched (the witness room, bound on the other ranks at the restart,
+// succeeds), rooms opened after succeed over the new file, failed rooms'
+// decode pages do not change after Failed is visible.
+func TestEngineRestartMidRunAtEachMappingFailsOnlyItsRooms(t *testing.T) {
+	const rooms, concurrency, restartAfter = 100, 8, 30
+	for _, c := range []restartTopo{{2, 4, "mla"}, {4, 2, "mla"}, {2, 4, "mha"}, {4, 2, "mha"}} {
+		for _, side := range []string{"prefill", "decode"} {
+			t.Run(fmt.Sprintf("%s_%d_to_%d/%s", c.attention, c.prefillTP, c.decodeTP, side), func(t *testing.T) {
+				restartMidRun(t, c, side, rooms, concurrency, restartAfter)
+			})
+		}
+	}
+}
+
+// restartedRank is the rank of side whose engine the stream restarts: the
+// last one that holds data-plane state for a room (a prefill rank that
+// feeds some decode rank; a dummy has no binding to fail).
+func (s *restartStream) restartedRank(side string) int {
+	if side == "decode" {
+		return s.topo.decodeTP - 1
+	}
+	for r := s.topo.prefillTP - 1; r > 0; r-- {
+		if len(s.plan.PrefillRanks[r].To) > 0 {
+			return r
+		}
+	}
+	return 0
+}
+
+func restartMidRun(t *testing.T, topo restartTopo, side string, rooms, concurrency, restartAfter int) {
+	s := newRestartStream(t, topo)
+	restarted := s.restartedRank(side)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	before := replacedCounters(t, s.p)
@@ -635,7 +776,14 @@ func restartMidRun(t *testing.T, tp int, side string, rooms, concurrency, restar
 	oldInode := oldFile.ID().Ino
 	var reg registered
 	var caught []*streamRoom
-	s.run(ctx, rooms, concurrency, restartAfter, func() { reg, caught = s.restartEngine(ctx, side, restarted) })
+	var w *witness
+	s.run(ctx, rooms, concurrency, restartAfter, func() {
+		w = s.openWitness(ctx, side, restarted)
+		reg, caught = s.restartEngine(ctx, side, restarted)
+	})
+	if w != nil {
+		s.finishWitness(ctx, w, side, restarted)
+	}
 	if reg.gen != 2 || reg.inode == oldInode {
 		t.Errorf("re-register of the recreated file: generation %d inode %d (was %d), want generation 2 and a new inode", reg.gen, reg.inode, oldInode)
 	}
@@ -930,17 +1078,145 @@ func TestUnregisterRegionWithRoomsInFlight(t *testing.T) {
 	}
 }
 
-// openReceiver is rank's scheduler opening room on decode, fed by every
-// prefill rank (equal TP).
+// openReceiver is decode rank's scheduler opening room, fed by the
+// prefill ranks the mapping names.
 func (s *restartStream) openReceiver(room uint64, rank int) *pb.OpenReceiverRequest {
-	req := &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: s.p.bootstrap, Rank: s.rank(rank)}
-	if s.tp > 1 {
-		req.ExpectedSenders = uint32(s.tp)
-	}
-	return req
+	return &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: s.p.bootstrap, Rank: s.rank("decode", rank),
+		ExpectedSenders: s.expectedSenders}
 }
 
-// openSender is rank's scheduler opening room on prefill.
+// openSender is prefill rank's scheduler opening room.
 func (s *restartStream) openSender(room uint64, rank int) *pb.OpenSenderRequest {
-	return &pb.OpenSenderRequest{RoomId: room, Rank: s.rank(rank)}
+	return &pb.OpenSenderRequest{RoomId: room, Rank: s.rank("prefill", rank)}
+}
+
+// witness is a room that has data-plane state on every rank but the
+// restarted one when the engine restarts: the decode ranks in heldBack
+// (the restarted decode rank, or those addressing the restarted prefill
+// rank) have not sent their metadata yet, the others have and prefill
+// bound it. Such a room is not on the restarted rank, so the restart must
+// leave it alone: it goes on over the new file and succeeds.
+type witness struct {
+	rm       *streamRoom
+	heldBack []int
+}
+
+// openWitness opens the witness on every rank and binds every decode rank
+// but the held-back ones; nil when every decode rank is held back (TP 1).
+func (s *restartStream) openWitness(ctx context.Context, side string, restarted int) *witness {
+	t := s.t
+	t.Helper()
+	w := &witness{}
+	for d := range s.topo.decodeTP {
+		if side == "decode" && d == restarted || side == "prefill" && slices.Contains(s.plan.DecodeRanks[d].Targets, restarted) {
+			w.heldBack = append(w.heldBack, d)
+		}
+	}
+	if len(w.heldBack) == s.topo.decodeTP {
+		return nil
+	}
+	preTP, decTP := s.topo.prefillTP, s.topo.decodeTP
+	rm := &streamRoom{id: s.nextID.Add(1), preGen: make([]int, preTP), decGen: make([]int, decTP), chunksSent: make([]int, preTP)}
+	w.rm = rm
+	select {
+	case rm.slot = <-s.slots:
+	case <-time.After(s.bound):
+		t.Fatalf("no free slot for the witness room within %v", s.bound)
+	}
+	pages, aux := slotOf(rm.slot), int64(rm.slot)
+	for rank := range preTP {
+		var src *transfer.Region
+		rm.preGen[rank], src = s.files["prefill"][rank].current()
+		fillRoom(src, rankRoom(rm.id, rank), pages, aux)
+	}
+	for rank := range decTP {
+		var dst *transfer.Region
+		rm.decGen[rank], dst = s.files["decode"][rank].current()
+		fillPagesWith(dst, pages, aux, decodeUnwrote)
+	}
+	for rank := range decTP {
+		if _, err := s.p.decode.OpenReceiver(ctx, s.openReceiver(rm.id, rank)); err != nil {
+			t.Fatalf("witness OpenReceiver rank %d: %v", rank, err)
+		}
+	}
+	for rank := range preTP {
+		if _, err := s.p.prefill.OpenSender(ctx, s.openSender(rm.id, rank)); err != nil {
+			t.Fatalf("witness OpenSender rank %d: %v", rank, err)
+		}
+	}
+	for d := range decTP {
+		if slices.Contains(w.heldBack, d) {
+			continue
+		}
+		if err := s.sendMetadata(ctx, rm, d); err != nil {
+			t.Fatalf("witness room %d: SendMetadata rank %d: %v", rm.id, d, err)
+		}
+	}
+	// Prefill shows decode's nonce once a METADATA is bound: then the
+	// witness holds state on ranks other than the restarted one.
+	var ps *pb.RoomStatus
+	if _, ok := testbed.Eventually(s.bound, func() bool {
+		ps, _, _ = s.poll(ctx, rm.id)
+		return ps.GetNonce() != 0 || terminal(ps)
+	}); !ok || terminal(ps) {
+		t.Fatalf("witness room %d: prefill never bound the first decode ranks' metadata: %v", rm.id, ps)
+	}
+	return w
+}
+
+func (s *restartStream) sendMetadata(ctx context.Context, rm *streamRoom, rank int) error {
+	_, err := s.p.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: rm.id, Rank: s.rank("decode", rank),
+		DstPages: &pb.PageList{Indices: slotOf(rm.slot)}, AuxIndex: uint32(rm.slot)})
+	return err
+}
+
+// finishWitness plays the witness on after the restart: the restarted
+// engine's rank takes the room over in its new file (prefill: its source
+// pages filled there; decode: its pages), the held-back decode ranks send
+// their metadata, every prefill rank sends every page. It must succeed on
+// both sides with every decode rank's bytes as the mapping says.
+func (s *restartStream) finishWitness(ctx context.Context, w *witness, side string, restarted int) {
+	t := s.t
+	t.Helper()
+	rm := w.rm
+	pages, aux := slotOf(rm.slot), int64(rm.slot)
+	gen, r := s.files[side][restarted].current()
+	rm.gens(side)[restarted] = gen
+	if side == "prefill" {
+		fillRoom(r, rankRoom(rm.id, restarted), pages, aux)
+	} else {
+		fillPagesWith(r, pages, aux, decodeUnwrote)
+	}
+	// A refusal is FailedPrecondition when the room failed: its state,
+	// checked below, says why.
+	var refused error
+	for _, d := range w.heldBack {
+		if err := s.sendMetadata(ctx, rm, d); err != nil && refused == nil {
+			refused = err
+		}
+	}
+	s.waitUntil(ctx, rm, func(ps, _ *pb.RoomStatus) bool {
+		return ps.GetState() == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT || terminal(ps)
+	})
+	for rank := 0; refused == nil && rank < s.topo.prefillTP; rank++ {
+		_, refused = s.p.prefill.Send(ctx, &pb.SendRequest{RoomId: rm.id, Rank: s.rank("prefill", rank), Pages: &pb.PageList{Indices: pages},
+			Last: true, AuxIndex: uint32(aux)})
+	}
+	if refused != nil && status.Code(refused) != codes.FailedPrecondition {
+		t.Errorf("witness room %d: %v", rm.id, refused)
+	}
+	s.waitUntil(ctx, rm, func(ps, ds *pb.RoomStatus) bool { return terminal(ps) && terminal(ds) })
+	ps, ds := rm.final[0], rm.final[1]
+	if rm.problem != "" || ps.GetState() != pb.RoomState_ROOM_STATE_SUCCESS || ds.GetState() != pb.RoomState_ROOM_STATE_SUCCESS {
+		t.Errorf("room %d held no state on the restarted %s rank %d at the restart and ended prefill %v, decode %v (%s); want Success",
+			rm.id, side, restarted, ps, ds, rm.problem)
+		return
+	}
+	for d := range s.topo.decodeTP {
+		if !s.rankLanded(rm, d) {
+			t.Errorf("witness room %d: decode rank %d's bytes differ from the sources the mapping names", rm.id, d)
+		}
+	}
+	_, _ = s.p.prefill.Clear(ctx, &pb.PrefillServiceClearRequest{RoomIds: []uint64{rm.id}})
+	_, _ = s.p.decode.Clear(ctx, &pb.DecodeServiceClearRequest{RoomIds: []uint64{rm.id}})
 }
