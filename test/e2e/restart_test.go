@@ -355,7 +355,7 @@ func newRestartStream(t *testing.T, topo restartTopo) *restartStream {
 	if err != nil {
 		t.Fatalf("%+v: %v", topo, err)
 	}
-	p := newOwnerPairOf(t, pre0, dec0, nil, nil)
+	p := newOwnerPairOf(t, pre0, dec0, overTCP, overTCP)
 	s := &restartStream{t: t, p: p, topo: topo, plan: plan, tick: 2 * time.Millisecond, bound: 30 * time.Second,
 		files: map[string][]*rankFile{
 			"prefill": {{path: p.srcPath, gens: []*transfer.Region{p.src}}},
@@ -854,8 +854,16 @@ type restartPair struct {
 func newRestartPair(t *testing.T) *restartPair {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	return &restartPair{newOwnerPair(t, streamLayout, nil, nil), ctx}
+	return &restartPair{newOwnerPair(t, streamLayout, overTCP, overTCP), ctx}
 }
+
+// overTCP pins the restart suites to TCP pages. On the same-host path
+// decoded stats the prefill file before each chunk it copies, so a replaced
+// prefill file can fail a room transfer_error there before prefill's
+// RegisterRegion fails it region_replaced (pkg/transfer's
+// TestShmReplacedPrefillFileFailsRoomThenNewGenerationServes pins that path:
+// failed, never a wrong byte); these tests pin the reasons the register gives.
+var overTCP = []string{"--data-transport=tcp"}
 
 // openBound fills room's source in slot, opens it on both sides and binds
 // it to the slot's decode pages.
