@@ -3,6 +3,7 @@ package transfer
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -196,19 +197,11 @@ func TestShmFenceMidCopyLandsNoLaterByte_R7(t *testing.T) {
 func waitBudget(t *testing.T, g *rig, want int64) {
 	t.Helper()
 	p := g.snd.peers[g.addr]
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	until(t, 10*time.Second, fmt.Sprintf("the peer budget to hold %d bytes", want), func() bool {
 		p.mu.Lock()
-		got := p.inflight
-		p.mu.Unlock()
-		if got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("peer budget holds %d bytes, want %d", got, want)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer p.mu.Unlock()
+		return p.inflight == want
+	})
 }
 
 // TestShmBudgetBoundsAnnouncedNotCopied: while decode is held mid-copy, prefill announces
@@ -237,6 +230,9 @@ func TestShmBudgetBoundsAnnouncedNotCopied(t *testing.T) {
 	waitClosed(t, held, "first piece copied from the prefill mapping")
 	announced := waitAnnounced(t, g, 2)
 	// The hold lasts; over it, nothing beyond the budget may be announced.
+	// Sampled every millisecond for 100 ms: what is checked is that a
+	// condition stays false while nothing changes, so there is no event to
+	// wait for instead.
 	for range 100 {
 		if n := announced(); n > 2 {
 			t.Fatalf("%d MiB announced and not copied under a 2 MiB budget", n)
@@ -438,12 +434,6 @@ func waitAnnounced(t *testing.T, g *rig, n int) func() int {
 		defer tc.mu.Unlock()
 		return len(tc.shm.acks)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for announced() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d chunks announced, want %d", announced(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	until(t, 10*time.Second, fmt.Sprintf("%d chunks announced", n), func() bool { return announced() >= n })
 	return announced
 }
