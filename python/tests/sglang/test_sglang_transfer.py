@@ -254,9 +254,6 @@ def test_decode_abort_fails_prefill_with_the_peers_reason(servers):
     req.receiver.clear()
 
 
-# prefilld's drain on SIGTERM would wait its default 30 s on the connection
-# to the killed decoded; the test is about the room, not the drain.
-@pytest.mark.parametrize("pair", [{"prefill": ["--drain-timeout=1s"]}], indirect=True)
 def test_decoded_killed_mid_run_fails_both_sides_with_a_reason_never_a_hang(servers):
     s = servers
     req = open_request(s, 301, [1, 2, 3, 4], [5, 6, 7, 8], 2, 2)
