@@ -207,7 +207,14 @@
 // generation, which a connection can follow in order with the chunks it carries: before
 // the first chunk of a stream whose source rank has no proven mapping on the connection
 // (or a mapping of an older generation), the sender's writer sends a SHM_OFFER frame with
-// the rank region's path, device, inode, generation and size, and waits for SHM_ANSWER.
+// the rank region's path, device, inode, generation and size, and waits for SHM_ANSWER,
+// for SenderConfig.ShmOfferTimeout (1s) plus the file's size at 256 MiB/s: the writer
+// holds every stream pinned to the connection meanwhile, so a decode that accepted the
+// connection and never answers must cost less than a dial's 5s, while decode answers
+// only once it mapped the file with MAP_POPULATE, 0.77s for 1 GiB and 4.4s for 4 GiB of
+// /dev/shm on the shared 2-core machine at load 15, so a fixed wait would refuse large
+// regions. No answer in time breaks the connection (the room being written fails
+// transfer_error) and the slot redials.
 // decoded opens the path O_RDONLY, fstats the open file (device and inode must equal the
 // offer's, size at least the layout's), maps it PROT_READ MAP_SHARED, and only then
 // answers "accepted" with the offer's id; any failure answers a fallback reason (disabled,
