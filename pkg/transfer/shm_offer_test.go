@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -17,52 +16,25 @@ import (
 func silentDecode(t *testing.T, ln net.Listener) (offers chan int) {
 	t.Helper()
 	offers = make(chan int, 64)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for n := 0; ; n++ {
-			c, err := ln.Accept()
-			if err != nil {
+	acceptEach(t, ln, func(n int, c net.Conn) {
+		var hdr [HeaderSize]byte
+		for {
+			if _, err := io.ReadFull(c, hdr[:]); err != nil {
 				return
 			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var hdr [HeaderSize]byte
-				for {
-					if _, err := io.ReadFull(c, hdr[:]); err != nil {
-						return
-					}
-					h, err := DecodeHeader(hdr[:])
-					if err != nil || h.Type != FrameShmOffer {
-						_, _ = io.Copy(io.Discard, c)
-						return
-					}
-					if _, err := io.CopyN(io.Discard, c, int64(h.PayloadLen)); err != nil {
-						return
-					}
-					select {
-					case offers <- n:
-					default:
-					}
-				}
-			}()
+			h, err := DecodeHeader(hdr[:])
+			if err != nil || h.Type != FrameShmOffer {
+				_, _ = io.Copy(io.Discard, c)
+				return
+			}
+			if _, err := io.CopyN(io.Discard, c, int64(h.PayloadLen)); err != nil {
+				return
+			}
+			select {
+			case offers <- n:
+			default:
+			}
 		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
 	})
 	return offers
 }
