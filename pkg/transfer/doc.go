@@ -211,9 +211,10 @@
 // for SenderConfig.ShmOfferTimeout (1s) plus the file's size at 256 MiB/s: the writer
 // holds every stream pinned to the connection meanwhile, so a decode that accepted the
 // connection and never answers must cost less than a dial's 5s, while decode answers
-// only once it mapped the file with MAP_POPULATE, 0.77s for 1 GiB and 4.4s for 4 GiB of
-// /dev/shm on the shared 2-core machine at load 15, so a fixed wait would refuse large
-// regions. No answer in time breaks the connection (the room being written fails
+// only once it mapped the file with MAP_POPULATE (BenchmarkShmOfferMap, 512 MiB of
+// /dev/shm: 1.5-3.4 GB/s beside memcpy's 1.9-7.7 in the same run on the shared 2-core
+// machine at load 9-10; a 40 GiB region takes 12-27 s), so a fixed wait would refuse
+// large regions. No answer in time breaks the connection (the room being written fails
 // transfer_error) and the slot redials.
 // decoded opens the path O_RDONLY, fstats the open file (device and inode must equal the
 // offer's, size at least the layout's), maps it PROT_READ MAP_SHARED, and only then

@@ -118,3 +118,25 @@ func TestShmOfferWaitGrowsWithTheFile(t *testing.T) {
 		t.Errorf("negative ShmOfferTimeout: %v, want ErrBadConfig", err)
 	}
 }
+
+// BenchmarkShmOfferMap is decode's side of an offer of a 512 MiB region whose pages the
+// engine touched: open, fstat and the MAP_POPULATE mapping it does before it answers, in
+// GB/s of region (what shmPopulateRate must stay below). Compare with
+// BenchmarkMemcpyReference of the same run.
+func BenchmarkShmOfferMap(b *testing.B) {
+	l := UniformLayout(1, 512, 1<<20, 0, 0)
+	src := openTestRegion(b, l)
+	memset(src.Buffer(0), 1)
+	o := NewShmOffer(src.Current())
+	b.SetBytes(l.Size())
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		m, code, err := openShmSource(o)
+		if code != ShmAccepted {
+			b.Fatalf("offer refused: %v %v", code, err)
+		}
+		m.Close()
+	}
+	b.ReportMetric(float64(b.N)*float64(l.Size())/1e9/time.Since(start).Seconds(), "GB/s")
+}

@@ -43,9 +43,9 @@ func newTxShm() txShm {
 func (s *Sender) ShmStats() ShmStats { return s.shm.stats() }
 
 // shmPopulateRate is the slowest rate, in bytes per second, at which decode is expected to
-// map an offered file with MAP_POPULATE before it answers: measured 1.0-1.4 GB/s for 1-4
-// GiB of /dev/shm on the shared 2-core machine at load 15 (0.77 s for 1 GiB), so a quarter
-// of the slowest. A fixed wait would refuse same-host pages to every region past a size.
+// map an offered file with MAP_POPULATE before it answers: BenchmarkShmOfferMap measured
+// 1.5-3.4 GB/s on the shared 2-core machine at load 9-10, so this is a sixth of the
+// slowest. A fixed wait would refuse same-host pages to every region past a size.
 const shmPopulateRate = 256 << 20
 
 // shmOfferWait is how long a writer waits for the answer to an offer of size bytes: base,
