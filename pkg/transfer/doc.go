@@ -213,7 +213,7 @@
 // connection and never answers must cost less than a dial's 5s, while decode answers
 // only once it mapped the file with MAP_POPULATE (BenchmarkShmOfferMap, 512 MiB of
 // /dev/shm: 1.5-3.4 GB/s beside memcpy's 1.9-7.7 in the same run on the shared 2-core
-// machine at load 9-10; a 40 GiB region takes 12-27 s), so a fixed wait would refuse
+// machine at load 9-10; a 40 GiB region takes 13-29 s), so a fixed wait would refuse
 // large regions. No answer in time breaks the connection (the room being written fails
 // transfer_error) and the slot redials.
 // decoded opens the path O_RDONLY, fstats the open file (device and inode must equal the
