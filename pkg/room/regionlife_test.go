@@ -81,13 +81,7 @@ func TestUnregisterRegionUnmapsOnlyAfterAWriterMidCopyLetGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	const room = 7
-	h.open(room, 1)
-	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
-		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
-	}
-	if err := h.pre.Send(context.Background(), &pdlinkv1.SendRequest{RoomId: room, Pages: &pdlinkv1.PageList{Indices: []int32{0, 1}}}); err != nil {
-		t.Fatal(err)
-	}
+	h.openAndSendFirstPages(room)
 
 	un := unregisterPastAHeldWriter(t, func() (Unregistered, error) { return h.pre.UnregisterRegion(nil) },
 		tr.fenceAsked, func() poll.State { return h.preState(room) }, func(k transfer.Key) { tr.finishCopy(k) })
@@ -357,35 +351,12 @@ func unregisterPastAHeldWriter(t *testing.T, unregister func() (Unregistered, er
 // 0 rooms; counting the file at the notice and again at the register said
 // 2 files.
 func TestReplacedFileSeenByDecodeCountsInTheRegister(t *testing.T) {
-	reg := newRegion(t)
 	tr := newFakeTransport(true)
-	h := newHarnessWith(t, 1, options{
-		pre: func(c *PrefillConfig) {
-			c.DataPlane, c.RegionDirs = nil, tempRegionDirs()
-			c.newTransport = func(transfer.RegionSet, transfer.SenderConfig) (transfer.Transport, error) { return tr, nil }
-		},
-		dec: func(c *DecodeConfig) { c.Layouts = []*pdlinkv1.RegionLayout{layoutPB(reg.layout)} },
-	})
-	if _, err := h.pre.RegisterRegion(reg.path, layoutPB(reg.layout)); err != nil {
-		t.Fatal(err)
-	}
+	h, reg := newHarnessOverTransportOf(t, tr)
 	const room = 7
-	h.open(room, 1)
-	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
-		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
-	}
-	if err := h.pre.Send(context.Background(), &pdlinkv1.SendRequest{RoomId: room, Pages: &pdlinkv1.PageList{Indices: []int32{0, 1}}}); err != nil {
-		t.Fatal(err)
-	}
-	tr.mu.Lock()
-	var st transfer.Stream
-	for k, s := range tr.streams {
-		if k.Room == room {
-			st = s
-		}
-	}
-	tr.mu.Unlock()
-	if st.Done == nil {
+	h.openAndSendFirstPages(room)
+	st, ok := tr.stream(room)
+	if !ok || st.Done == nil {
 		t.Fatal("the room's stream was not opened")
 	}
 	next := recreateRegionFile(t, reg)
@@ -426,4 +397,17 @@ func recreateRegionFile(t *testing.T, r region) string {
 		t.Fatal(err)
 	}
 	return r.path
+}
+
+// openAndSendFirstPages opens room on both sides, waits until prefill has
+// it bound (WaitingForInput) and sends its first two pages, not the last.
+func (h *harness) openAndSendFirstPages(room poll.RoomID) {
+	h.t.Helper()
+	h.open(room, 1)
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
+		h.t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
+	}
+	if err := h.pre.Send(context.Background(), &pdlinkv1.SendRequest{RoomId: uint64(room), Pages: &pdlinkv1.PageList{Indices: []int32{0, 1}}}); err != nil {
+		h.t.Fatal(err)
+	}
 }
