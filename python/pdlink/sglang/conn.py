@@ -21,10 +21,11 @@ Configuration (environment of each SGLang server):
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from sglang.srt.disaggregation.common.conn import (
 from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType
 
 from pdlink import DecodeClient, PdlinkError, PrefillClient, Region, RoomState, RoomStatus
+from pdlink.client import StatusCache
 from pdlink.region import AuxLayout, BufferLayout, RegionLayout
 from pdlink.sglang import checks
 from pdlink.sglang.plugin import installed_sglang_version
@@ -71,6 +73,9 @@ DECODE_STATE_TO_KVPOLL = {
     RoomState.SUCCESS: KVPoll.Success,
     RoomState.FAILED: KVPoll.Failed,
 }
+
+
+_NOT_POLLED = object()
 
 
 def _env(name: str) -> str:
@@ -137,8 +142,6 @@ class PdlinkKVManager(CommonKVManager):
         self.client.register_region(self.region, rank=self.rank)
         if not self.client.wait_connected(30):
             raise RuntimeError(f"pdlink daemon at {self.daemon_addr} did not answer Watch in 30s")
-        self._lost_since: float | None = None
-        self._lost_lock = threading.Lock()
         logger.info(
             "pdlink kv manager ready: mode=%s daemon=%s rank=%s region=%s slots=%d",
             "prefill" if self.is_prefill else "decode",
@@ -173,17 +176,23 @@ class PdlinkKVManager(CommonKVManager):
 
     def daemon_lost(self) -> str | None:
         """A failure reason once the daemon's Watch stream has been down too long."""
-        if self.client.cache.connected.is_set():
-            self._lost_since = None
+        since = self.client.cache.disconnected_since
+        if since is None:
             return None
-        now = time.monotonic()
-        with self._lost_lock:
-            if self._lost_since is None:
-                self._lost_since = now
-            lost_for = now - self._lost_since
+        lost_for = time.monotonic() - since
         if lost_for < self.lost_timeout:
             return None
         return f"pdlink daemon at {self.daemon_addr} unreachable for {lost_for:.1f}s"
+
+    # The senders' poll reads these on every scheduler tick; as plain
+    # attributes (cached on first use) they cost a dict read, not a call.
+    @functools.cached_property
+    def status_cache(self) -> StatusCache:
+        return self.client.cache
+
+    @functools.cached_property
+    def cached_status(self) -> Callable[[int], RoomStatus | None]:
+        return self.client.cache.get
 
     def copy_aux_in(self, aux_index: int) -> None:
         """The request's row of every SGLang aux buffer, side by side, into the region row."""
@@ -341,13 +350,24 @@ class PdlinkKVSender(_Room, CommonKVSender):
             return
         self._record_transfer_indices(kv_indices, None)
 
+    # The cached status the last poll mapped, and what it mapped to: the
+    # cache replaces a status whole on every change, so while it still holds
+    # the same object the answer is the same, and most polls of a tick end
+    # at that identity check.
+    _polled: object = _NOT_POLLED
+    _polled_state = KVPoll.Bootstrapping
+
     def poll(self) -> int:
         if self.conclude_state is not None:
             return self.conclude_state
-        lost = self.kv_mgr.daemon_lost()
-        if lost is not None:
-            return self._fail(lost)
-        st = self._daemon_status()
+        mgr = self.kv_mgr
+        if mgr.status_cache.disconnected_since is not None:
+            lost = mgr.daemon_lost()
+            if lost is not None:
+                return self._fail(lost)
+        st = mgr.cached_status(self.bootstrap_room)
+        if st is self._polled:
+            return self._polled_state
         if st is None or not st.found:
             return self._fail(_failure_text(st or RoomStatus(self.bootstrap_room)))
         state = PREFILL_STATE_TO_KVPOLL[st.state]
@@ -355,6 +375,7 @@ class PdlinkKVSender(_Room, CommonKVSender):
             return self._fail(_failure_text(st))
         if state == KVPoll.Success:
             self.conclude_state = KVPoll.Success
+        self._polled, self._polled_state = st, state
         return state
 
     def clear(self) -> None:

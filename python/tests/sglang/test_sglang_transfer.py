@@ -275,6 +275,21 @@ def test_decoded_killed_mid_run_fails_both_sides_with_a_reason_never_a_hang(serv
         req.sender.failure_exception()
 
 
+def test_prefilld_killed_fails_a_polled_sender_as_unreachable_never_its_cached_state(servers):
+    """poll() answers a status it already mapped without mapping it again; a
+    daemon gone longer than PDLINK_DAEMON_LOST_TIMEOUT must still fail it."""
+    s = servers
+    req = open_request(s, 501, [1, 2], [3, 4], 0, 0)
+    req.receiver.send_metadata(torch.tensor(req.dst_pages, dtype=torch.int32).numpy(), 0)
+    wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
+    assert req.sender.poll() == KVPoll.WaitingForInput  # the cached answer
+    s.pair.prefill.kill()
+    assert wait_poll(req.sender, {KVPoll.Failed}, "prefill side") == KVPoll.Failed
+    with pytest.raises(KVTransferError, match="unreachable"):
+        req.sender.failure_exception()
+    assert s.prefill_mgr.slots.free == STAGING_SLOTS
+
+
 def test_staging_smaller_than_the_request_fails_the_room_with_a_reason(servers):
     s = servers
     pages = list(range(STAGING_SLOTS + 1))
