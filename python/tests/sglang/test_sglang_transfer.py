@@ -304,13 +304,22 @@ def test_staging_smaller_than_the_request_fails_the_room_with_a_reason(servers):
 
 
 # What the backend adds to one scheduler step: printed for the report (pytest
-# -s), asserted only loosely, so an RPC sneaking into poll() is caught.
+# -s), never asserted (a timed assertion fails on a loaded machine, not on a
+# regression). scripts/bench.sh runs it against main's pdlink and this tree's.
 ROOMS = 256
 
 
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _spread(xs: list[float], unit: float = 1e3) -> str:
+    """p50/p99/max of seconds, in ms (unit 1e3) or us (1e6)."""
+    f = ".2f" if unit == 1e3 else ".0f"
+    return (
+        f"p50 {_pct(xs, 0.5) * unit:{f}} p99 {_pct(xs, 0.99) * unit:{f}} max {max(xs) * unit:{f}}"
+    )
 
 
 def test_sender_poll_reads_the_status_cache_not_the_daemon(servers, monkeypatch):
@@ -347,7 +356,19 @@ def test_sender_poll_reads_the_status_cache_not_the_daemon(servers, monkeypatch)
 
 @pytest.mark.bench
 def test_poll_of_256_rooms_and_send_latency_and_rooms_per_second(servers):
-    """Not a pass/fail test: make bench runs it (pytest -m bench -s) and reads its line."""
+    """Not a pass/fail test: make bench runs it (pytest -m bench -s) and reads its lines.
+
+    Beside each Send, in the same loop: a Poll RPC of the same room (the
+    floor of any unary call from this process to the daemon) and how late a
+    0.2 ms sleep wakes (the machine's scheduling delay), so a Send's tail is
+    read against what the machine does to any round trip at that moment;
+    and what ran in the Send's window besides it: the process's other
+    threads' CPU (the Watch threads) and garbage collections.
+    """
+    import gc
+
+    import pdlink
+
     s = servers
     sender_cls = kv_class(KVClassType.SENDER)
     receiver_cls = kv_class(KVClassType.RECEIVER)
@@ -369,27 +390,55 @@ def test_poll_of_256_rooms_and_send_latency_and_rooms_per_second(servers):
         for snd in senders:
             snd.poll()
         ticks.append(time.perf_counter() - t0)
-    poll_p50 = _pct(ticks, 0.5) * 1e6
+
+    collections = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
 
     # One page per room: send_metadata, then init and a single last Send
     # (staging copy included), then both sides to Success and clear.
-    sends = []
-    t_rooms = time.perf_counter()
-    for i, (snd, r) in enumerate(zip(senders, receivers, strict=True)):
-        r.send_metadata(torch.tensor([i % 32], dtype=torch.int32).numpy(), i % 16)
-        wait_poll(snd, {KVPoll.WaitingForInput}, "bootstrap")
-        snd.init(1, i % 16)
-        t0 = time.perf_counter()
-        snd.send(torch.tensor([i % 32], dtype=torch.int32).numpy())
-        sends.append(time.perf_counter() - t0)
-        wait_poll(snd, {KVPoll.Success}, "prefill")
-        wait_poll(r, {KVPoll.Success}, "decode")
-        snd.clear()
-        r.clear()
-    rooms_per_s = ROOMS / (time.perf_counter() - t_rooms)
-    send_p50, send_p99 = _pct(sends, 0.5) * 1e3, _pct(sends, 0.99) * 1e3
+    client = s.prefill_mgr.client
+    sends, polls, wakes, others = [], [], [], []
+    gc_in_send = 0
+    gc.callbacks.append(on_gc)
+    try:
+        t_rooms = time.perf_counter()
+        for i, (snd, r) in enumerate(zip(senders, receivers, strict=True)):
+            r.send_metadata(torch.tensor([i % 32], dtype=torch.int32).numpy(), i % 16)
+            wait_poll(snd, {KVPoll.WaitingForInput}, "bootstrap")
+            snd.init(1, i % 16)
+            pages = torch.tensor([i % 32], dtype=torch.int32).numpy()
+            n_gc = len(collections)
+            c0, p0 = time.thread_time(), time.process_time()
+            t0 = time.perf_counter()
+            snd.send(pages)
+            sends.append(time.perf_counter() - t0)
+            others.append((time.process_time() - p0) - (time.thread_time() - c0))
+            gc_in_send += len(collections) > n_gc
+            t0 = time.perf_counter()
+            client.poll([snd.bootstrap_room])
+            polls.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            time.sleep(0.0002)
+            wakes.append(time.perf_counter() - t0 - 0.0002)
+            wait_poll(snd, {KVPoll.Success}, "prefill")
+            wait_poll(r, {KVPoll.Success}, "decode")
+            snd.clear()
+            r.clear()
+        rooms_per_s = ROOMS / (time.perf_counter() - t_rooms)
+    finally:
+        gc.callbacks.remove(on_gc)
     print(
-        f"\nsglang backend: poll of {ROOMS} senders p50 {poll_p50:.0f} us; "
-        f"send (1 page, staging copy + Send RPC) p50 {send_p50:.2f} ms p99 {send_p99:.2f} ms; "
-        f"{rooms_per_s:.0f} rooms/s one at a time"
+        f"\nsglang backend ({pdlink.__file__}):\n"
+        f"  poll of {ROOMS} senders (us): {_spread(ticks, 1e6)}  (goal p50 <= 50)\n"
+        f"  send, 1 page, staging copy + last Send RPC (ms): {_spread(sends)}  (goal p99 <= 1)\n"
+        f"  reference, same loop: Poll RPC of the room (ms): {_spread(polls)}; "
+        f"0.2 ms sleep wakes late by (ms): {_spread(wakes)}\n"
+        f"  send / Poll RPC: p50 {_pct(sends, 0.5) / _pct(polls, 0.5):.1f}x "
+        f"p99 {_pct(sends, 0.99) / _pct(polls, 0.99):.1f}x\n"
+        f"  in the Send's window: other threads' CPU (ms) {_spread(others)}; "
+        f"sends with a GC {gc_in_send} of {ROOMS} (collections in the loop {len(collections)})\n"
+        f"  {rooms_per_s:.0f} rooms/s one at a time"
     )
