@@ -24,6 +24,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -207,7 +209,47 @@ class PdlinkKVManager(CommonKVManager):
             self.copy(int(ptr) + aux_index * n, src, n)
             src += n
 
+    # Sends leave the scheduler's thread: a Send answers after a round trip
+    # to the daemon, the last one only after decode admitted its pages:
+    # 1-2 ms, and a loaded machine's scheduling tail on top (bench),
+    # while send() itself only needs its pages copied into staging. One
+    # worker, first in first out, keeps every room's chunks in order (the
+    # daemon takes a room's chunks only in position order); a failed Send
+    # fails its room at the room's next poll, on the scheduler's thread.
+    _sends: queue.SimpleQueue | None = None
+    _send_worker: threading.Thread | None = None
+
+    def submit_send(self, sender: PdlinkKVSender, **send: Any) -> None:
+        """Queue sender's Send (client.send's arguments) for the send worker.
+
+        Called on the scheduler's thread only, which starts the worker."""
+        if self._sends is None:
+            self._sends = queue.SimpleQueue()
+            self._send_worker = threading.Thread(
+                target=self._send_loop, args=(self._sends,), name="pdlink-send", daemon=True
+            )
+            self._send_worker.start()
+        self._sends.put((sender, send))
+
+    def _send_loop(self, sends: queue.SimpleQueue) -> None:
+        while (item := sends.get()) is not None:
+            sender, send = item
+            if sender.conclude_state is not None:
+                continue  # failed (aborted, daemon lost) since: nothing to send for
+            try:
+                self.client.send(**send)
+            except PdlinkError as err:
+                sender.send_failed = f"pdlink Send of room {sender.bootstrap_room} failed: {err}"
+            except Exception as err:
+                # Not the daemon's answer (a bug): the room fails with it, and
+                # the worker stays for the other rooms' Sends.
+                logger.exception("pdlink send worker: room=%d", sender.bootstrap_room)
+                sender.send_failed = f"pdlink Send of room {sender.bootstrap_room} failed: {err!r}"
+
     def close(self) -> None:
+        if self._sends is not None and self._send_worker is not None:
+            self._sends.put(None)  # after the Sends already queued
+            self._send_worker.join(timeout=30)
         self.client.close()
         self.region.close()
 
@@ -336,18 +378,15 @@ class PdlinkKVSender(_Room, CommonKVSender):
         if last and self.aux_index is not None and mgr.region_aux_row_len:
             mgr.copy_aux_in(self.aux_index)
             aux_index = int(self.aux_index)
-        try:
-            mgr.client.send(
-                self.bootstrap_room,
-                slots,
-                rank=mgr.rank,
-                start_position=start,
-                last=last,
-                aux_index=aux_index,
-            )
-        except PdlinkError as err:
-            self._fail(f"pdlink Send of room {self.bootstrap_room} failed: {err}")
-            return
+        mgr.submit_send(
+            self,
+            room_id=self.bootstrap_room,
+            pages=slots,
+            rank=mgr.rank,
+            start_position=start,
+            last=last,
+            aux_index=aux_index,
+        )
         self._record_transfer_indices(kv_indices, None)
 
     # The cached status the last poll mapped, and what it mapped to: the
@@ -356,10 +395,14 @@ class PdlinkKVSender(_Room, CommonKVSender):
     # at that identity check.
     _polled: object = _NOT_POLLED
     _polled_state = KVPoll.Bootstrapping
+    # Set by the send worker when one of this room's Sends failed: the reason.
+    send_failed: str | None = None
 
     def poll(self) -> int:
         if self.conclude_state is not None:
             return self.conclude_state
+        if self.send_failed is not None:
+            return self._fail(self.send_failed)
         mgr = self.kv_mgr
         if mgr.status_cache.disconnected_since is not None:
             lost = mgr.daemon_lost()
