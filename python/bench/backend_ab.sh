@@ -6,6 +6,9 @@
 # bench test are this tree's on both sides: what differs is the Python.
 #
 #   python/bench/backend_ab.sh [base-ref]     (default main; BENCH_ROUNDS=2)
+#
+# Then the Go side's own costs in the same run: the daemon's fixed cost of
+# a Send (BenchmarkPrefillSendRetry) and of polling rooms (-cpu 1).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 base=${1:-main}
@@ -31,3 +34,7 @@ for round in $(seq "$rounds"); do
 	echo "-- after: this tree ($(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- python/pdlink || echo '+changes')), round $round; load$(uptime | sed 's/.*load//')"
 	run "$repo/python"
 done
+
+echo "-- Go, same run (-cpu 1): a Send's fixed cost in prefilld, Poll of 1000 rooms; load$(uptime | sed 's/.*load//')"
+(cd "$repo" && go test -run '^$' -bench 'PrefillSendRetry|OwnerPoll1000' -benchtime 1s -cpu 1 ./pkg/room/ &&
+	go test -run '^$' -bench 'Poll1000' -benchtime 1s -cpu 1 ./pkg/poll/) | grep '^Benchmark'

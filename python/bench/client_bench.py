@@ -39,6 +39,7 @@ def _us(samples: list[float]) -> dict[str, float]:
     return {
         "p50_us": round(statistics.median(s) * 1e6, 2),
         "p99_us": round(s[int(len(s) * 0.99) - 1] * 1e6, 2),
+        "max_us": round(s[-1] * 1e6, 2),
         "n": len(s),
     }
 
