@@ -317,7 +317,8 @@ class _Room:
 
 
 class PdlinkKVSender(_Room, CommonKVSender):
-    """Prefill, one per request: OpenSender at creation, Send per chunk, cached poll."""
+    """Prefill, one per request: OpenSender at creation, Send per chunk (by the
+    manager's send worker, after the staging copy), cached poll."""
 
     def __init__(
         self,
