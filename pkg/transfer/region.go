@@ -125,13 +125,15 @@ func (m *Mapping) ID() RegionID { return m.id }
 func (m *Mapping) Layout() Layout { return m.layout }
 
 // Close unmaps the mapping. Nothing may read or write it any more: the Region no longer
-// serves it, and every room that used it is fenced and its fence done.
+// serves it, and every room that used it is fenced and its fence done. Its slices stay as
+// they were (a receiver that loaded it before the Replace may still be looking up a claimed
+// chunk's pages, without a lock: the fence keeps it from touching them); from now on the
+// lookups answer nil.
 func (m *Mapping) Close() error {
 	if m == nil || !m.closed.CompareAndSwap(false, true) {
 		return ErrRegionClosed
 	}
 	mem := m.mem
-	m.bufs, m.aux = nil, nil
 	untrackMapping(m)
 	if err := unix.Munmap(mem); err != nil {
 		return fmt.Errorf("munmap region: %w", err)
@@ -225,7 +227,7 @@ func (r *Region) ID() RegionID {
 // Buffer returns buffer i's bytes (nil if i is out of range or nothing is mapped).
 func (r *Region) Buffer(i int) []byte {
 	m := r.cur.Load()
-	if m == nil || i < 0 || i >= len(m.bufs) {
+	if m == nil || m.closed.Load() || i < 0 || i >= len(m.bufs) {
 		return nil
 	}
 	return m.bufs[i]
@@ -233,11 +235,11 @@ func (r *Region) Buffer(i int) []byte {
 
 // Pages returns the bytes of run within buffer i of the current mapping. The run must be
 // valid for the buffer (see ValidateRuns); Pages panics otherwise, like a slice expression.
-// With nothing mapped, or a buffer the mapping does not have (a run checked against a
+// With nothing mapped, the mapping closed, or a buffer the mapping does not have (a run checked against a
 // mapping that was replaced since: its room is fenced and writes none of it), it returns nil.
 func (r *Region) Pages(i int, run Run) []byte {
 	m := r.cur.Load()
-	if m == nil || i >= len(m.bufs) {
+	if m == nil || m.closed.Load() || i >= len(m.bufs) {
 		return nil
 	}
 	il := m.layout.Buffers[i].ItemLen
@@ -252,7 +254,7 @@ func (r *Region) Pages(i int, run Run) []byte {
 // AuxRow returns aux row row, or nil if the current mapping has no such row.
 func (r *Region) AuxRow(row int64) []byte {
 	m := r.cur.Load()
-	if m == nil {
+	if m == nil || m.closed.Load() {
 		return nil
 	}
 	a := m.layout.Aux

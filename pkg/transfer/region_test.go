@@ -93,6 +93,62 @@ func TestReplaceServesTheNewMappingAndKeepsTheOldOneMapped(t *testing.T) {
 	next.Close()
 }
 
+// A receiver looks up a claimed chunk's pages without a lock (the fence
+// protocol, not the lookup, keeps a fenced room from writing them), so it
+// can hold the mapping a RegisterRegion is replacing and closing. Found by
+// the race detector in internal/service: Close cleared the mapping's
+// slices while such a lookup read them. Close now leaves them as they
+// were; a closed mapping's lookups answer nil.
+func TestClosingAReplacedMappingWhileLookupsReadItIsNotARace(t *testing.T) {
+	path, l := newRegionFile(t)
+	r, err := OpenRegion(path, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	old := r.Current()
+	looked := make(chan struct{})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			_ = r.Pages(0, Run{Start: 0, Count: 1})
+			_ = r.Buffer(0)
+			_ = r.AuxRow(0)
+			if i == 0 {
+				close(looked)
+			}
+			select {
+			case <-stop:
+				return
+			default:
+			}
+		}
+	}()
+	<-looked
+	path2, _ := newRegionFile(t)
+	next, err := OpenMapping(path2, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Replace(next, 2) != old {
+		t.Fatal("Replace did not hand back the mapping served before")
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	<-done
+	// Through a Region that still serves it (a reader that loaded it before
+	// the Replace sees the same): a closed mapping gives no bytes.
+	stale := &Region{}
+	stale.cur.Store(old)
+	if stale.Pages(0, Run{Start: 0, Count: 1}) != nil || stale.Buffer(0) != nil || stale.AuxRow(0) != nil {
+		t.Fatal("a closed mapping still hands out its (unmapped) bytes")
+	}
+}
+
 // BenchmarkRegionCheck is the cost the replaced-file check adds to every
 // prefill Send and decode SendMetadata: one stat(2) of the region path.
 func BenchmarkRegionCheck(b *testing.B) {
