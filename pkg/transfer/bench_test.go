@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -128,6 +129,20 @@ func (s benchShape) plan(i int) (src, dst []Run) {
 // listens on loopback, prints its address, then registers "expect <i>" rooms from stdin.
 func benchReceiverChild() int {
 	sh := benchShapeByName(os.Getenv("PDLINK_BENCH_SHAPE"))
+	// The receiver's side of a profile: the parent's -test.cpuprofile sees only the sender.
+	if path := os.Getenv("PDLINK_BENCH_RECEIVER_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
 	cs, _ := ParseChecksum(os.Getenv("PDLINK_BENCH_CHECKSUM"))
 	region, err := OpenRegion(os.Getenv("PDLINK_BENCH_REGION"), sh.dstLayout())
 	if err != nil {

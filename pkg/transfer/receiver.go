@@ -3,6 +3,7 @@ package transfer
 import (
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -28,6 +29,9 @@ type ReceiverConfig struct {
 	// PieceBytes is the most bytes read into a room's pages between two fence checks, so
 	// a fence waits for at most one piece. Default 256 KiB.
 	PieceBytes int
+	// CopyWorkers is how many goroutines copy one same-host chunk, each a contiguous part
+	// of at least a piece. Default 2 (1 when GOMAXPROCS is 1).
+	CopyWorkers int
 	// FenceGrace is how long a Fence that returned false lets the piece in progress for the
 	// room land before it interrupts the read (the connection's read deadline is set to
 	// now, so that connection breaks). Default 500ms.
@@ -64,6 +68,12 @@ func (c *ReceiverConfig) setDefaults() error {
 	}
 	if c.FenceGrace == 0 {
 		c.FenceGrace = 500 * time.Millisecond
+	}
+	if c.CopyWorkers == 0 {
+		c.CopyWorkers = min(2, runtime.GOMAXPROCS(0))
+	}
+	if c.CopyWorkers < 1 || c.CopyWorkers > 16 {
+		return fmt.Errorf("%w: copy_workers must be 1 to 16", ErrBadConfig)
 	}
 	if c.IdleTimeout < 0 || c.WriteTimeout < 0 || c.HandshakeTimeout < 0 || c.PieceBytes < 4096 || c.FenceGrace <= 0 {
 		return fmt.Errorf("%w: receiver timeouts and fence_grace must be positive and piece_bytes >= 4096", ErrBadConfig)
