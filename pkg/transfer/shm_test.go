@@ -461,3 +461,44 @@ func waitAnnounced(t *testing.T, g *rig, n int) func() int {
 	until(t, 10*time.Second, fmt.Sprintf("%d chunks announced", n), func() bool { return announced() >= n })
 	return announced
 }
+
+// TestShmCopyWorkersSplitChunksMidRunLandExactBytes: a chunk copied by two or three
+// workers is split at cache-line edges inside runs of pages whose size is no multiple of
+// 64, over scattered runs; every destination page holds its source page, and the room
+// succeeds with crc32c on, so the workers' sums combined equal prefill's sum of the whole
+// chunk.
+func TestShmCopyWorkersSplitChunksMidRunLandExactBytes(t *testing.T) {
+	const pages, itemLen = 48, 4100
+	l := UniformLayout(2, pages, itemLen, 4, 64)
+	srcPages, dstPages := make([]int32, 0, pages), make([]int32, 0, pages)
+	for p := range int32(pages) {
+		srcPages = append(srcPages, (p*7)%pages) // 7 is prime to 48: a permutation
+		dstPages = append(dstPages, (p*11+5)%pages)
+	}
+	for _, workers := range []int{1, 2, 3} {
+		t.Run(fmt.Sprintf("workers%d", workers), func(t *testing.T) {
+			g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 10 * itemLen},
+				ReceiverConfig{PieceBytes: 4096, CopyWorkers: workers})
+			src, dst := SamePages(2, RunsFromPages(srcPages)), SamePages(2, RunsFromPages(dstPages))
+			k := Key{Room: 1, Nonce: 1}
+			if err := waitDone(t, g.expectSend(t, k, src, dst, nil, -1)); err != nil {
+				t.Fatal(err)
+			}
+			if r := g.ev.wait(t, k); r != "" {
+				t.Fatalf("receiver outcome %q", r)
+			}
+			for b := range 2 {
+				for i := range srcPages {
+					s := g.src.Pages(b, Run{Start: srcPages[i], Count: 1})
+					if d := g.dst.Pages(b, Run{Start: dstPages[i], Count: 1}); !bytes.Equal(s, d) {
+						t.Fatalf("buffer %d: destination page %d differs from source page %d", b, dstPages[i], srcPages[i])
+					}
+				}
+			}
+			if rs := g.rcv.ShmStats(); rs.CopiedBytes != 2*pages*itemLen {
+				t.Fatalf("copied %d bytes by shm, want %d", rs.CopiedBytes, 2*pages*itemLen)
+			}
+			g.rcv.Fence(k)
+		})
+	}
+}
