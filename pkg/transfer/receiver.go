@@ -3,7 +3,6 @@ package transfer
 import (
 	"fmt"
 	"net"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -30,7 +29,9 @@ type ReceiverConfig struct {
 	// a fence waits for at most one piece. Default 256 KiB.
 	PieceBytes int
 	// CopyWorkers is how many goroutines copy one same-host chunk, each a contiguous part
-	// of at least a piece. Default 2 (1 when GOMAXPROCS is 1).
+	// of at least a piece. Default 1: on the shared 2-core test machine a second worker did
+	// not raise GB/s (doc.go, "Same-host pages"); a host with a spare core per decode
+	// connection may set 2.
 	CopyWorkers int
 	// FenceGrace is how long a Fence that returned false lets the piece in progress for the
 	// room land before it interrupts the read (the connection's read deadline is set to
@@ -70,7 +71,7 @@ func (c *ReceiverConfig) setDefaults() error {
 		c.FenceGrace = 500 * time.Millisecond
 	}
 	if c.CopyWorkers == 0 {
-		c.CopyWorkers = min(2, runtime.GOMAXPROCS(0))
+		c.CopyWorkers = 1
 	}
 	if c.CopyWorkers < 1 || c.CopyWorkers > 16 {
 		return fmt.Errorf("%w: copy_workers must be 1 to 16", ErrBadConfig)
