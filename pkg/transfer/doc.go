@@ -270,13 +270,14 @@
 // gets and swings 2x; CPU seconds per GB per side are the steadier figure). One thread's
 // memcpy costs 0.06-0.08 s/GB (memcpy 3.5-9 GB/s wall); decode's copy and crc32c cost
 // 0.15-0.22 s/GB, prefill's crc pass over cold source pages 0.13-0.15 s/GB on top of its
-// 0.04-0.06. Go's crc32c runs at ~25 GB/s of CPU from cache (0.04 s/GB) and a blocked
-// copy+crc at 0.10-0.11 s/GB (1.7x the copy alone) in a microbenchmark, so one decode
-// thread that copies and sums is bounded near 0.6x a memory copy before any protocol
-// cost, and both sides together spend 0.3-0.4 CPU-s per GB: on 2 shared cores issue 14's
-// 0.7x with crc32c on is out of reach, with or without the 32 KiB blocks (CPU per GB
-// unchanged within noise) or a second copy worker (no gain here: 1MiB crc32c 1.82 GB/s
-// with two, 2.69 with one, same run). Same run, before -> after (one worker): 1MiB crc32c
+// 0.04-0.06. In a microbenchmark (CPU per GB, 64 MiB rotating over cold memory) Go's
+// crc32c costs 0.04 s/GB from cache, a copy 0.06, a copy then crc of each block 0.10 with
+// 16-64 KiB blocks, 0.12 with 256 KiB (the old piece-sized blocks) and 0.19 with 1 MiB
+// (past the second-level cache): so one decode thread that copies and sums is bounded
+// near 0.6x a memory copy before any protocol cost, and both sides together spend 0.3-0.4
+// CPU-s per GB. On 2 shared cores issue 14's 0.7x with crc32c on is out of reach; the 32
+// KiB blocks' gain is within the transfer benchmark's noise, and a second copy worker
+// gave none here (1MiB crc32c 1.82 GB/s with two, 2.69 with one, same run). Same run, before -> after (one worker): 1MiB crc32c
 // 1.74 -> 2.69 GB/s, decode 0.165 -> 0.179 s/GB, prefill 0.181 -> 0.191; none 4.79 -> 5.90,
 // decode 0.119 -> 0.105; 64KiBScattered crc32c 1.70 -> 2.03, decode 0.224 -> 0.206; none
 // 3.35 -> 4.35: all within the machine's noise. pdctl bench, 100 requests, no model:
