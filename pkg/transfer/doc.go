@@ -275,7 +275,11 @@
 // 16-64 KiB blocks, 0.12 with 256 KiB (the old piece-sized blocks) and 0.19 with 1 MiB
 // (past the second-level cache): so one decode thread that copies and sums is bounded
 // near 0.6x a memory copy before any protocol cost, and both sides together spend 0.3-0.4
-// CPU-s per GB. On 2 shared cores issue 14's 0.7x with crc32c on is out of reach; the 32
+// CPU-s per GB. And here the two daemons get about one core between them: at load 4-7,
+// 1MiB crc32c ran 3.2 GB/s (0.31 s per GB) with decode 0.157 + prefill 0.161 CPU-s/GB,
+// none 7.9 GB/s (0.127 s/GB) with 0.096 + 0.043, memcpy 14 GB/s at 0.055, so the ratio to
+// memcpy is about the ratio of summed CPU per GB (0.2x and 0.5x), not a protocol stall.
+// On 2 shared cores issue 14's 0.7x with crc32c on is out of reach; the 32
 // KiB blocks' gain is within the transfer benchmark's noise, and a second copy worker
 // gave none here (1MiB crc32c 1.82 GB/s with two, 2.69 with one, same run). Same run, before -> after (one worker): 1MiB crc32c
 // 1.74 -> 2.69 GB/s, decode 0.165 -> 0.179 s/GB, prefill 0.181 -> 0.191; none 4.79 -> 5.90,
