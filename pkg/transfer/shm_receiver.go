@@ -270,8 +270,8 @@ func (c *rxConn) shmRefuse(room *rxRoom, h *Header, reason Reason, err error) er
 // copyPages copies c.shm.srcs into c.dsts and returns the crc32c of the destination
 // bytes. A chunk of at least CopyWorkers pieces is split into that many contiguous parts,
 // each copied by its own goroutine (the connection's and helpers that end before this
-// returns, so no read of the source outlives its COPIED): one core copies and sums at about
-// half a memory copy's speed, since crc32c costs as much as the copy. Each part's crc is
+// returns, so no read of the source outlives its COPIED): one core that copies and sums
+// spends about 1.7x a plain copy's CPU, so a host with spare cores can split it. Each part's crc is
 // combined in order into the chunk's. errFenced: the room was fenced between pieces; a
 // fault on either mapping is an ErrRegionFault (either wins over errFenced).
 func (c *rxConn) copyPages(room *rxRoom) (uint32, error) {
