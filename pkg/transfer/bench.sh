@@ -58,5 +58,5 @@ END {
 		s = median(sc, name); r = median(rc, name)
 		printf "%-30s %6.2f [%.2f-%.2f] %9s %9s %14s %14s\n", name, med, l, h, r1, r2, (s == "" ? "-" : sprintf("%.3f", s)), (r == "" ? "-" : sprintf("%.3f", r))
 	}
-	printf "\nratios are of medians over %d runs; iperf3: single stream, loopback, 3 s; memcpy: one thread, 64 MiB between pre-faulted shared mappings\n", n["MemcpyReference"]
+	printf "\nratios are of medians over %d runs; iperf3: single stream, loopback, 3 s; memcpy: one thread, 64 MiB between pre-faulted shared mappings (its CPU in the snd column)\n", n["MemcpyReference"]
 }' "$out"

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -128,6 +129,20 @@ func (s benchShape) plan(i int) (src, dst []Run) {
 // listens on loopback, prints its address, then registers "expect <i>" rooms from stdin.
 func benchReceiverChild() int {
 	sh := benchShapeByName(os.Getenv("PDLINK_BENCH_SHAPE"))
+	// The receiver's side of a profile: the parent's -test.cpuprofile sees only the sender.
+	if path := os.Getenv("PDLINK_BENCH_RECEIVER_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
 	cs, _ := ParseChecksum(os.Getenv("PDLINK_BENCH_CHECKSUM"))
 	region, err := OpenRegion(os.Getenv("PDLINK_BENCH_REGION"), sh.dstLayout())
 	if err != nil {
@@ -136,9 +151,10 @@ func benchReceiverChild() int {
 	}
 	var rcv *Receiver
 	ev := &childEvents{fence: func(k Key) { rcv.Fence(k) }}
-	piece, _ := strconv.Atoi(os.Getenv("PDLINK_BENCH_PIECE")) // tuning knob, 0 = default
-	kind := Kind(os.Getenv("PDLINK_BENCH_TRANSPORT"))         // "" = tcp
-	if rcv, err = NewReceiver(region, ReceiverConfig{Checksum: cs, PieceBytes: piece, Transport: kind}, ev); err != nil {
+	piece, _ := strconv.Atoi(os.Getenv("PDLINK_BENCH_PIECE"))          // tuning knob, 0 = default
+	kind := Kind(os.Getenv("PDLINK_BENCH_TRANSPORT"))                  // "" = tcp
+	workers, _ := strconv.Atoi(os.Getenv("PDLINK_BENCH_COPY_WORKERS")) // tuning knob, 0 = default
+	if rcv, err = NewReceiver(region, ReceiverConfig{Checksum: cs, PieceBytes: piece, CopyWorkers: workers, Transport: kind}, ev); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -225,8 +241,9 @@ func benchTransferOver(b *testing.B, sh benchShape, cs Checksum, kind Kind) {
 			b.Fatalf("receiver child: %q", out.Text())
 		}
 	}
-	chunk, _ := strconv.ParseInt(os.Getenv("PDLINK_BENCH_CHUNK"), 10, 64) // tuning knob, 0 = default
-	snd, err := NewSender(src, SenderConfig{ConnsPerPeer: 1, Checksum: cs, MaxChunkBytes: chunk, Transport: kind})
+	chunk, _ := strconv.ParseInt(os.Getenv("PDLINK_BENCH_CHUNK"), 10, 64)       // tuning knob, 0 = default
+	inflight, _ := strconv.ParseInt(os.Getenv("PDLINK_BENCH_INFLIGHT"), 10, 64) // tuning knob, 0 = default
+	snd, err := NewSender(src, SenderConfig{ConnsPerPeer: 1, Checksum: cs, MaxChunkBytes: chunk, MaxInflightBytes: inflight, Transport: kind})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -300,13 +317,17 @@ func BenchmarkMemcpyReference(b *testing.B) {
 	half := int64(benchRoomBytes / 2)
 	b.SetBytes(benchRoomBytes)
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu := time.Now(), cpuSelf()
 	for i := 0; i < b.N; i++ {
 		off := (int64(i) * half) % int64(len(dst.Buffer(0)))
 		copy(dst.Buffer(0)[off:off+half], src.Buffer(0)[:half])
 		copy(dst.Buffer(1)[off:off+half], src.Buffer(0)[half:2*half])
 	}
-	b.ReportMetric(float64(b.N)*benchRoomBytes/1e9/time.Since(start).Seconds(), "GB/s")
+	gb := float64(b.N) * benchRoomBytes / 1e9
+	b.ReportMetric(gb/time.Since(start).Seconds(), "GB/s")
+	// The copying thread's CPU per GB, in the sender's column: on a loaded machine GB/s
+	// follows the CPU share a process gets, CPU per GB much less so.
+	b.ReportMetric((cpuSelf()-cpu).Seconds()/gb, "snd-cpu-s/GB")
 }
 
 // BenchmarkIperf3Reference runs iperf3 single stream over loopback for 3 s (once per call)

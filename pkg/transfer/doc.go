@@ -233,11 +233,26 @@
 // byte is copied, then copies source -> destination one piece (PieceBytes) at a time,
 // each inside touchRegion (a SIGBUS from a file truncated mid-copy fails that room with
 // transfer_error, the daemon and the connection go on), updating the crc32c over each
-// piece of the destination just written, while it is in cache. That crc is compared with
-// the one prefill computed over its source pages when it announced the chunk (the same
-// checksum goroutine as on TCP): a match proves the bytes now in decode's pages are the
-// bytes prefill announced, so a prefill page reused or rewritten before decode copied it
-// fails the room checksum rather than land as Success.
+// 32 KiB block of the destination right after its copy, while it is in the first-level
+// cache. That crc is compared with the one prefill computed over its source pages when it
+// announced the chunk (the same checksum goroutine as on TCP): a match proves the bytes
+// now in decode's pages are the bytes prefill announced, so a prefill page reused or
+// rewritten before decode copied it fails the room checksum rather than land as Success.
+// With ReceiverConfig.CopyWorkers > 1 a chunk of at least that many pieces is split into
+// contiguous parts on cache-line edges, each copied and summed by its own goroutine (each
+// joins and leaves the room per piece, so a fence waits for all of them, and all end
+// before COPIED); the parts' sums are combined in order (crc32cCombine) into the chunk's.
+//
+// Prefill's checksum pass stays on shm, on purpose. It is the only read of the source
+// independent of decode's copy: decode's crc over the bytes it copied (or over the source
+// as it reads it) compared with nothing but itself proves only that memmove works, while
+// prefill's sum, taken before the chunk is announced, is what catches a page the engine
+// rewrote before decode copied it and a source run mapped to the wrong pages. The
+// identity proof and the fence say the file is the right one and that pdlink no longer
+// reads it after terminal; they say nothing of the bytes. Running the pass after the
+// announce instead (sum sent later) would keep its cost, since both sides are CPU-bound
+// here, and shrink what it proves. Without it a shm room is --checksum none, which stays
+// the operator's choice.
 //
 // A new generation of a prefill region (RegisterRegion of a replaced file) is a new offer
 // on each connection before its next chunk; decode closes the old offer's mapping when the
@@ -265,13 +280,26 @@
 //
 // Head-slice streams (Stream.Copies) stay on TCP: their gather and scatter are the wire's.
 //
-// Cost (BenchmarkShm_* beside BenchmarkTCP_* and BenchmarkMemcpyReference, three rounds of
-// the same run on the shared 2-core machine at load 5-6, so +-30%): 64 MiB rooms of 1 MiB
-// pages with crc32c 2.6-4.0 GB/s (TCP 1.1-1.35; memcpy 11.6-14.5, so 0.22-0.28x, short of
-// issue 14's 0.7x goal), without checksum 5.8-6.8 GB/s (0.45-0.5x); 64 KiB scattered pages
-// with crc32c 1.9-2.9 GB/s (TCP 1.0-1.2), without 4.4-4.9. CPU per GB with crc32c: decode
-// 0.19-0.27 s (TCP 0.31-0.62), prefill 0.20-0.27 s (TCP 0.31-0.54): each side's checksum pass
-// is most of it (0.06-0.08 s/GB for prefill without). pdctl bench, 100 requests, no model:
+// Cost (BenchmarkShm_* beside BenchmarkMemcpyReference; same-run medians of 3 rounds on
+// the shared 2-core machine at load 10-12, so GB/s follows the CPU share each process
+// gets and swings 2x; CPU seconds per GB per side are the steadier figure). One thread's
+// memcpy costs 0.06-0.08 s/GB (memcpy 3.5-9 GB/s wall); decode's copy and crc32c cost
+// 0.15-0.22 s/GB, prefill's crc pass over cold source pages 0.13-0.15 s/GB on top of its
+// 0.04-0.06. In a microbenchmark (CPU per GB, 64 MiB rotating over cold memory) Go's
+// crc32c costs 0.04 s/GB from cache, a copy 0.06, a copy then crc of each block 0.10 with
+// 16-64 KiB blocks, 0.12 with 256 KiB (the old piece-sized blocks) and 0.19 with 1 MiB
+// (past the second-level cache): so one decode thread that copies and sums is bounded
+// near 0.6x a memory copy before any protocol cost, and both sides together spend 0.3-0.4
+// CPU-s per GB. And here the two daemons get about one core between them: at load 4-7,
+// 1MiB crc32c ran 3.2 GB/s (0.31 s per GB) with decode 0.157 + prefill 0.161 CPU-s/GB,
+// none 7.9 GB/s (0.127 s/GB) with 0.096 + 0.043, memcpy 14 GB/s at 0.055, so the ratio to
+// memcpy is about the ratio of summed CPU per GB (0.2x and 0.5x), not a protocol stall.
+// On 2 shared cores issue 14's 0.7x with crc32c on is out of reach; the 32
+// KiB blocks' gain is within the transfer benchmark's noise, and a second copy worker
+// gave none here (1MiB crc32c 1.82 GB/s with two, 2.69 with one, same run). Same run, before -> after (one worker): 1MiB crc32c
+// 1.74 -> 2.69 GB/s, decode 0.165 -> 0.179 s/GB, prefill 0.181 -> 0.191; none 4.79 -> 5.90,
+// decode 0.119 -> 0.105; 64KiBScattered crc32c 1.70 -> 2.03, decode 0.224 -> 0.206; none
+// 3.35 -> 4.35: all within the machine's noise. pdctl bench, 100 requests, no model:
 // shm 2.43 GB/s at 0.45 daemon s/GB, tcp 1.33 GB/s at 0.93 s/GB.
 //
 // # Transports

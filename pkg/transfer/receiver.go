@@ -28,6 +28,11 @@ type ReceiverConfig struct {
 	// PieceBytes is the most bytes read into a room's pages between two fence checks, so
 	// a fence waits for at most one piece. Default 256 KiB.
 	PieceBytes int
+	// CopyWorkers is how many goroutines copy one same-host chunk, each a contiguous part
+	// of at least a piece. Default 1: on the shared 2-core test machine a second worker did
+	// not raise GB/s (doc.go, "Same-host pages"); a host with a spare core per decode
+	// connection may set 2.
+	CopyWorkers int
 	// FenceGrace is how long a Fence that returned false lets the piece in progress for the
 	// room land before it interrupts the read (the connection's read deadline is set to
 	// now, so that connection breaks). Default 500ms.
@@ -64,6 +69,12 @@ func (c *ReceiverConfig) setDefaults() error {
 	}
 	if c.FenceGrace == 0 {
 		c.FenceGrace = 500 * time.Millisecond
+	}
+	if c.CopyWorkers == 0 {
+		c.CopyWorkers = 1
+	}
+	if c.CopyWorkers < 1 || c.CopyWorkers > 16 {
+		return fmt.Errorf("%w: copy_workers must be 1 to 16", ErrBadConfig)
 	}
 	if c.IdleTimeout < 0 || c.WriteTimeout < 0 || c.HandshakeTimeout < 0 || c.PieceBytes < 4096 || c.FenceGrace <= 0 {
 		return fmt.Errorf("%w: receiver timeouts and fence_grace must be positive and piece_bytes >= 4096", ErrBadConfig)

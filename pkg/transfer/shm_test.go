@@ -150,13 +150,20 @@ func TestShmFallsBackToTCPWhenDecodeCannotProveTheFile(t *testing.T) {
 // being copied from the prefill mapping. The fence waits for that piece (I9), OnFenced
 // follows, and no byte past that piece ever lands, though the sender announced more: every
 // later chunk is discarded and answered, so the sender's stream ends and its budget
-// comes back.
+// comes back. With two copy workers each worker's part of the first chunk may have one
+// piece in progress at the fence (the second starts half way into the chunk), no more.
 func TestShmFenceMidCopyLandsNoLaterByte_R7(t *testing.T) {
+	for _, workers := range []int{1, 2} {
+		t.Run(fmt.Sprintf("workers%d", workers), func(t *testing.T) { testShmFenceMidCopy(t, workers) })
+	}
+}
+
+func testShmFenceMidCopy(t *testing.T, workers int) {
 	l := faultLayout()
 	fenced := make(chan Key, 1)
-	const piece = 64 << 10
-	g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 1 << 20},
-		ReceiverConfig{PieceBytes: piece, OnFenced: func(k Key) { fenced <- k }})
+	const piece, chunk = 64 << 10, 1 << 20
+	g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: chunk},
+		ReceiverConfig{PieceBytes: piece, CopyWorkers: workers, OnFenced: func(k Key) { fenced <- k }})
 	hook, held, release := holdFirst()
 	g.rcv.beforeTouch = hook
 	letGo := releaseOnCleanup(t, release)
@@ -184,8 +191,18 @@ func TestShmFenceMidCopyLandsNoLaterByte_R7(t *testing.T) {
 	if !bytes.Equal(g.dst.Buffer(0), snapshot) {
 		t.Fatal("destination changed after the fence was done")
 	}
-	if landed := g.dst.Buffer(0)[piece:]; !bytes.Equal(landed, make([]byte, len(landed))) {
-		t.Fatal("bytes past the piece in progress at the fence landed")
+	inProgress := func(off int) bool { // a byte of a worker's first piece of the first chunk
+		for w := range workers {
+			if start := chunk * w / workers; off >= start && off < start+piece {
+				return true
+			}
+		}
+		return false
+	}
+	for off, b := range g.dst.Buffer(0) {
+		if b != 0 && !inProgress(off) {
+			t.Fatalf("byte %d landed: past the pieces in progress at the fence", off)
+		}
 	}
 	if !bytes.Equal(g.dst.Buffer(1), make([]byte, len(g.dst.Buffer(1)))) {
 		t.Fatal("buffer 1 (after the fence) was written")
@@ -256,10 +273,17 @@ func TestShmBudgetBoundsAnnouncedNotCopied(t *testing.T) {
 // touchRegion: the room fails transfer_error on both sides, the fault is counted, the
 // process lives, and the same connection serves the next room once the file is whole.
 func TestShmSourceTruncatedMidCopyFailsRoomDecodeServes(t *testing.T) {
+	for _, workers := range []int{1, 2} {
+		t.Run(fmt.Sprintf("workers%d", workers), func(t *testing.T) { testShmSourceTruncatedMidCopy(t, workers) })
+	}
+}
+
+// testShmSourceTruncatedMidCopy: each copy worker in the faulting chunk counts its fault.
+func testShmSourceTruncatedMidCopy(t *testing.T, workers int) {
 	l := faultLayout()
 	d := &corruptingDialer{at: -1}
 	g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, Dialer: d, Checksum: ChecksumNone},
-		ReceiverConfig{Checksum: ChecksumNone})
+		ReceiverConfig{Checksum: ChecksumNone, CopyWorkers: workers})
 	hook, held, release := holdFirst()
 	g.rcv.beforeTouch = hook
 	letGo := releaseOnCleanup(t, release)
@@ -277,8 +301,8 @@ func TestShmSourceTruncatedMidCopyFailsRoomDecodeServes(t *testing.T) {
 	if err := waitDone(t, done); ReasonOf(err) != ReasonTransferError {
 		t.Fatalf("room on a truncated prefill file: sender got %v, want transfer_error", err)
 	}
-	if n := g.dst.Faults(); n != 1 {
-		t.Fatalf("faults %d, want 1", n)
+	if n := g.dst.Faults(); n < 1 || n > uint64(workers) {
+		t.Fatalf("faults %d, want 1 to %d", n, workers)
 	}
 	g.rcv.Fence(k1)
 	if err := os.Truncate(g.src.Path(), l.Size()); err != nil {
@@ -444,4 +468,45 @@ func waitAnnounced(t *testing.T, g *rig, n int) func() int {
 	}
 	until(t, 10*time.Second, fmt.Sprintf("%d chunks announced", n), func() bool { return announced() >= n })
 	return announced
+}
+
+// TestShmCopyWorkersSplitChunksMidRunLandExactBytes: a chunk copied by two or three
+// workers is split at cache-line edges inside runs of pages whose size is no multiple of
+// 64, over scattered runs; every destination page holds its source page, and the room
+// succeeds with crc32c on, so the workers' sums combined equal prefill's sum of the whole
+// chunk.
+func TestShmCopyWorkersSplitChunksMidRunLandExactBytes(t *testing.T) {
+	const pages, itemLen = 48, 4100
+	l := UniformLayout(2, pages, itemLen, 4, 64)
+	srcPages, dstPages := make([]int32, 0, pages), make([]int32, 0, pages)
+	for p := range int32(pages) {
+		srcPages = append(srcPages, (p*7)%pages) // 7 is prime to 48: a permutation
+		dstPages = append(dstPages, (p*11+5)%pages)
+	}
+	for _, workers := range []int{1, 2, 3} {
+		t.Run(fmt.Sprintf("workers%d", workers), func(t *testing.T) {
+			g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 10 * itemLen},
+				ReceiverConfig{PieceBytes: 4096, CopyWorkers: workers})
+			src, dst := SamePages(2, RunsFromPages(srcPages)), SamePages(2, RunsFromPages(dstPages))
+			k := Key{Room: 1, Nonce: 1}
+			if err := waitDone(t, g.expectSend(t, k, src, dst, nil, -1)); err != nil {
+				t.Fatal(err)
+			}
+			if r := g.ev.wait(t, k); r != "" {
+				t.Fatalf("receiver outcome %q", r)
+			}
+			for b := range 2 {
+				for i := range srcPages {
+					s := g.src.Pages(b, Run{Start: srcPages[i], Count: 1})
+					if d := g.dst.Pages(b, Run{Start: dstPages[i], Count: 1}); !bytes.Equal(s, d) {
+						t.Fatalf("buffer %d: destination page %d differs from source page %d", b, dstPages[i], srcPages[i])
+					}
+				}
+			}
+			if rs := g.rcv.ShmStats(); rs.CopiedBytes != 2*pages*itemLen {
+				t.Fatalf("copied %d bytes by shm, want %d", rs.CopiedBytes, 2*pages*itemLen)
+			}
+			g.rcv.Fence(k)
+		})
+	}
 }
