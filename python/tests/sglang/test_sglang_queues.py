@@ -709,3 +709,28 @@ def test_decoded_killed_mid_run_surfaces_as_failed_with_a_reason_in_both_queues(
         assert re.search(rf"pdlink .*room {f.room}.* failed: \S+", abort_message(f.prefill))
         assert not f.transferred
     assert sorted(r.rid for r in s.output_streamer.streamed) == sorted(f.prefill.rid for f in flows)
+
+
+def test_decode_abort_before_prefill_bootstraps_fails_the_bootstrap_queue_by_state(cluster):
+    """The prefill room turns Failed in the daemon with no Send to fail
+    first: only the state map tells SGLang's pop_bootstrapped (a state
+    mapped by number would hand it pdlink's FAILED as an unknown KVPoll)."""
+    c = cluster
+    flow = c.new_flow(4003, 10)
+    c.admit(flow)
+    until(lambda: decode_tick(c), lambda: in_transfer_queue(c, flow), "decode metadata sent")
+    c.decode.abort_request_stand_in(flow.decode.rid)
+    until(
+        lambda: decode_tick(c),
+        lambda: not in_transfer_queue(c, flow),
+        "decode transfer queue drops its aborted request",
+    )
+    s = c.prefill
+    until(
+        lambda: s.disagg_prefill_bootstrap_queue.pop_bootstrapped(),
+        lambda: not s.disagg_prefill_bootstrap_queue.queue,
+        "prefill bootstrap queue drops the request decode aborted",
+    )
+    assert "aborted:remote" in abort_message(flow.prefill)
+    assert s.output_streamer.streamed == [flow.prefill]
+    assert_all_returned(c)
