@@ -191,6 +191,7 @@ class Memory:
         )
         self.metadata = MetadataBuffers(METADATA_ROWS, HIDDEN, DTYPE, 16)
         self.metadata_rows = ReqToMetadataIdxAllocator(METADATA_ROWS)
+        self.req_rows = self.req_to_token.available_size()
 
 
 class PrefillSchedulerStandIn(SchedulerDisaggregationPrefillMixin):
@@ -335,8 +336,6 @@ class Flow:
     prompt_len: int
     prefill: Req
     decode: Req
-    chunks_done: int = 0
-    sent_to_inflight: bool = False
     transferred: bool = False
 
 
@@ -571,7 +570,7 @@ def assert_all_returned(c: Cluster) -> None:
     for mem in (c.prefill_mem, c.decode_mem):
         assert mem.metadata_rows.available_size() == METADATA_ROWS
         assert mem.allocator.available_size() == POOL_TOKENS
-        assert mem.req_to_token.available_size() == len(mem.req_to_token.free_slots)
+        assert mem.req_to_token.available_size() == mem.req_rows
     assert c.prefill.disagg_prefill_bootstrap_queue.kv_manager.slots.free == STAGING_SLOTS
     assert c.decode.disagg_decode_prealloc_queue.kv_manager.slots.free == STAGING_SLOTS
 
@@ -709,6 +708,11 @@ def test_decoded_killed_mid_run_surfaces_as_failed_with_a_reason_in_both_queues(
         assert re.search(rf"pdlink .*room {f.room}.* failed: \S+", abort_message(f.prefill))
         assert not f.transferred
     assert sorted(r.rid for r in s.output_streamer.streamed) == sorted(f.prefill.rid for f in flows)
+    assert sorted(r.rid for r in c.decode.output_streamer.streamed) == sorted(
+        f.decode.rid for f in flows
+    )
+    # A lost daemon leaks nothing on the engine side either.
+    assert_all_returned(c)
 
 
 def test_decode_abort_before_prefill_bootstraps_fails_the_bootstrap_queue_by_state(cluster):
