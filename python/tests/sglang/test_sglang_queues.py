@@ -194,7 +194,23 @@ class Memory:
         self.req_rows = self.req_to_token.available_size()
 
 
-class PrefillSchedulerStandIn(SchedulerDisaggregationPrefillMixin):
+class SchedulerStandIn:
+    """What both servers' Scheduler objects hold for the queues: the server
+    args, the model worker and config stand-ins, no metrics, the recording
+    output streamer."""
+
+    def __init__(self, server_args) -> None:
+        self.server_args = server_args
+        self.tp_worker = _tp_worker_stand_in()
+        self.model_config = _model_config_stand_in()
+        self.output_streamer = OutputStreamerStandIn()
+        self.metrics_reporter = SimpleNamespace(enable_metrics=False)
+
+    def retire_unadmitted_request(self, req) -> None:
+        raise AssertionError(f"request {req.rid} was rejected at intake")
+
+
+class PrefillSchedulerStandIn(SchedulerStandIn, SchedulerDisaggregationPrefillMixin):
     """The prefill Scheduler as SGLang's prefill queue and mixin methods see it.
 
     The methods are SGLang's own mixin's; the attributes are what they
@@ -203,9 +219,7 @@ class PrefillSchedulerStandIn(SchedulerDisaggregationPrefillMixin):
     """
 
     def __init__(self, server_args, group, mem: Memory, bootstrap_port: int) -> None:
-        self.server_args = server_args
-        self.tp_worker = _tp_worker_stand_in()
-        self.model_config = _model_config_stand_in()
+        super().__init__(server_args)
         self.kv_shard_widening = 1
         self.rust_server = None
         self.token_to_kv_pool_allocator = mem.allocator
@@ -215,8 +229,6 @@ class PrefillSchedulerStandIn(SchedulerDisaggregationPrefillMixin):
         self.disagg_metadata_buffers = mem.metadata
         self.attn_cp_cpu_group = group.cpu_group
         self.attn_tp_cpu_group = group.cpu_group
-        self.output_streamer = OutputStreamerStandIn()
-        self.metrics_reporter = SimpleNamespace(enable_metrics=False)
         self.scheduler_stage_metrics = None
         self.enable_overlap = False
         self.enable_staging = False
@@ -238,9 +250,6 @@ class PrefillSchedulerStandIn(SchedulerDisaggregationPrefillMixin):
             transfer_backend=TransferBackend("pdlink"),
         )
 
-    def retire_unadmitted_request(self, req) -> None:
-        raise AssertionError(f"request {req.rid} was rejected at intake")
-
     def _release_aborted_request(self, req) -> None:
         # Scheduler._release_aborted_request's body (sglang.srt.managers.
         # scheduler imports setproctitle, which the pinned venv lacks).
@@ -258,15 +267,13 @@ class PrefillSchedulerStandIn(SchedulerDisaggregationPrefillMixin):
                 req.disagg_kv_sender.abort()
 
 
-class DecodeSchedulerStandIn:
+class DecodeSchedulerStandIn(SchedulerStandIn):
     """The decode Scheduler as SGLang's prealloc and transfer queues see it:
     the real pools and queues, an empty running batch, single rank, no LoRA,
     HiCache, HiSparse, priorities, metrics or speculative decoding."""
 
     def __init__(self, server_args, mem: Memory, bootstrap_port: int) -> None:
-        self.server_args = server_args
-        self.tp_worker = _tp_worker_stand_in()
-        self.model_config = _model_config_stand_in()
+        super().__init__(server_args)
         self.random_seed = 0
         self.enable_hisparse = False
         self.enable_lora = False
@@ -276,8 +283,6 @@ class DecodeSchedulerStandIn:
         self.running_batch = RunningBatchStandIn()
         self.last_batch = None
         self.waiting_queue: list = []
-        self.output_streamer = OutputStreamerStandIn()
-        self.metrics_reporter = SimpleNamespace(enable_metrics=False)
         self.spec_algorithm = SpeculativeAlgorithm.NONE
         # BatchResultProcessor's hook for reasoning-token counting: no
         # reasoning parser here, so nothing to count.
@@ -306,9 +311,6 @@ class DecodeSchedulerStandIn:
             num_reserved_decode_tokens=MAX_NEW_TOKENS,
             transfer_backend=TransferBackend("pdlink"),
         )
-
-    def retire_unadmitted_request(self, req) -> None:
-        raise AssertionError(f"request {req.rid} was rejected at intake")
 
     def abort_request_stand_in(self, rid: str) -> None:
         """Scheduler.abort_request's lines for the disaggregated decode queues."""
@@ -575,6 +577,43 @@ def assert_all_returned(c: Cluster) -> None:
     assert c.decode.disagg_decode_prealloc_queue.kv_manager.slots.free == STAGING_SLOTS
 
 
+def admitted_with_metadata_sent(c: Cluster, room: int, prompt_len: int) -> Flow:
+    """A request both servers took, decode's metadata sent (its transfer queue
+    holds it), prefill's still in the bootstrap queue."""
+    flow = c.new_flow(room, prompt_len)
+    c.admit(flow)
+    until(lambda: decode_tick(c), lambda: in_transfer_queue(c, flow), "decode metadata sent")
+    return flow
+
+
+def pop_bootstrapped(c: Cluster, count: int) -> list:
+    popped: list = []
+    until(
+        lambda: popped.extend(c.prefill.disagg_prefill_bootstrap_queue.pop_bootstrapped()),
+        lambda: len(popped) == count,
+        "prefill bootstrapped",
+    )
+    return popped
+
+
+def drain_bootstrap_queue(c: Cluster, what: str) -> None:
+    queue = c.prefill.disagg_prefill_bootstrap_queue
+    until(lambda: queue.pop_bootstrapped(), lambda: not queue.queue, what)
+
+
+def drain_inflight_queue(c: Cluster, what: str) -> None:
+    s = c.prefill
+    until(
+        lambda: s.process_disagg_prefill_inflight_queue(),
+        lambda: not s.disagg_prefill_inflight_queue,
+        what,
+    )
+
+
+def drain_transfer_queue(c: Cluster, what: str) -> None:
+    until(lambda: decode_tick(c), lambda: not c.decode.disagg_decode_transfer_queue.queue, what)
+
+
 def test_sglang_queues_move_many_chunked_requests_with_verified_kv_and_aux(cluster):
     c = cluster
     # Prompt lengths off the page size (a partial last page) and longer than
@@ -607,26 +646,15 @@ def test_sglang_queues_move_many_chunked_requests_with_verified_kv_and_aux(clust
 
 def test_prefill_abort_in_the_bootstrap_queue_fails_both_queues_with_a_reason(cluster):
     c = cluster
-    flow = c.new_flow(4001, 13)
-    c.admit(flow)
-    # Decode preallocates and sends its metadata; prefill has not popped yet.
-    until(lambda: decode_tick(c), lambda: in_transfer_queue(c, flow), "decode metadata sent")
+    flow = admitted_with_metadata_sent(c, 4001, 13)
     c.prefill.abort_request_stand_in(flow.prefill.rid)
     s = c.prefill
     # SGLang's pop_bootstrapped sees Failed and runs handle_bootstrap_failure.
-    until(
-        lambda: s.disagg_prefill_bootstrap_queue.pop_bootstrapped(),
-        lambda: not s.disagg_prefill_bootstrap_queue.queue,
-        "prefill bootstrap queue drops the aborted request",
-    )
+    drain_bootstrap_queue(c, "prefill bootstrap queue drops the aborted request")
     assert "Aborted by AbortReq" in abort_message(flow.prefill)
     assert s.output_streamer.streamed == [flow.prefill]
     # Decode's transfer queue sees the daemon's Failed, with prefill's reason.
-    until(
-        lambda: decode_tick(c),
-        lambda: not in_transfer_queue(c, flow),
-        "decode transfer queue drops the aborted request",
-    )
+    drain_transfer_queue(c, "decode transfer queue drops the aborted request")
     assert "aborted" in abort_message(flow.decode)
     assert c.decode.output_streamer.streamed == [flow.decode]
     assert not flow.transferred
@@ -635,32 +663,17 @@ def test_prefill_abort_in_the_bootstrap_queue_fails_both_queues_with_a_reason(cl
 
 def test_decode_abort_in_the_transfer_queue_fails_prefill_with_the_peers_reason(cluster):
     c = cluster
-    flow = c.new_flow(4002, 21)
-    c.admit(flow)
-    until(lambda: decode_tick(c), lambda: in_transfer_queue(c, flow), "decode metadata sent")
+    flow = admitted_with_metadata_sent(c, 4002, 21)
     s = c.prefill
-    popped: list = []
-    until(
-        lambda: popped.extend(s.disagg_prefill_bootstrap_queue.pop_bootstrapped()),
-        lambda: popped,
-        "prefill bootstrapped",
-    )
+    assert pop_bootstrapped(c, 1) == [flow.prefill]
     assert not prefill_step(c, flow.prefill, 8)  # one middle chunk sent
     c.decode.abort_request_stand_in(flow.decode.rid)
-    until(
-        lambda: decode_tick(c),
-        lambda: not in_transfer_queue(c, flow),
-        "decode transfer queue drops its aborted request",
-    )
+    drain_transfer_queue(c, "decode transfer queue drops its aborted request")
     assert "Aborted by AbortReq" in abort_message(flow.decode)
     # Prefill finishes its forwards; its inflight queue then sees Failed and
     # SGLang's handle_inflight_transfer_failure carries decode's reason.
     prefill_request(c, flow.prefill, 8)
-    until(
-        lambda: s.process_disagg_prefill_inflight_queue(),
-        lambda: not s.disagg_prefill_inflight_queue,
-        "prefill inflight queue concludes the request",
-    )
+    drain_inflight_queue(c, "prefill inflight queue concludes the request")
     assert "aborted:remote" in abort_message(flow.prefill)
     assert s.output_streamer.streamed == [flow.prefill]
     assert_all_returned(c)
@@ -680,29 +693,16 @@ def test_decoded_killed_mid_run_surfaces_as_failed_with_a_reason_in_both_queues(
         "decode metadata sent",
     )
     s = c.prefill
-    popped: list = []
-    until(
-        lambda: popped.extend(s.disagg_prefill_bootstrap_queue.pop_bootstrapped()),
-        lambda: len(popped) == len(flows),
-        "prefill bootstrapped",
-    )
+    popped = pop_bootstrapped(c, len(flows))
     for req in popped:
         assert not prefill_step(c, req, 8)
     c.pair.decode.kill()
-    until(
-        lambda: decode_tick(c),
-        lambda: not c.decode.disagg_decode_transfer_queue.queue,
-        "decode transfer queue fails its requests",
-    )
+    drain_transfer_queue(c, "decode transfer queue fails its requests")
     for f in flows:
         assert "unreachable" in abort_message(f.decode)
     for req in popped:
         prefill_request(c, req, 8)
-    until(
-        lambda: s.process_disagg_prefill_inflight_queue(),
-        lambda: not s.disagg_prefill_inflight_queue,
-        "prefill inflight queue fails its requests",
-    )
+    drain_inflight_queue(c, "prefill inflight queue fails its requests")
     for f in flows:
         # Whichever of Send or the poll saw it first, the daemon's reason.
         assert re.search(rf"pdlink .*room {f.room}.* failed: \S+", abort_message(f.prefill))
@@ -720,21 +720,11 @@ def test_decode_abort_before_prefill_bootstraps_fails_the_bootstrap_queue_by_sta
     first: only the state map tells SGLang's pop_bootstrapped (a state
     mapped by number would hand it pdlink's FAILED as an unknown KVPoll)."""
     c = cluster
-    flow = c.new_flow(4003, 10)
-    c.admit(flow)
-    until(lambda: decode_tick(c), lambda: in_transfer_queue(c, flow), "decode metadata sent")
+    flow = admitted_with_metadata_sent(c, 4003, 10)
     c.decode.abort_request_stand_in(flow.decode.rid)
-    until(
-        lambda: decode_tick(c),
-        lambda: not in_transfer_queue(c, flow),
-        "decode transfer queue drops its aborted request",
-    )
+    drain_transfer_queue(c, "decode transfer queue drops its aborted request")
     s = c.prefill
-    until(
-        lambda: s.disagg_prefill_bootstrap_queue.pop_bootstrapped(),
-        lambda: not s.disagg_prefill_bootstrap_queue.queue,
-        "prefill bootstrap queue drops the request decode aborted",
-    )
+    drain_bootstrap_queue(c, "prefill bootstrap queue drops the request decode aborted")
     assert "aborted:remote" in abort_message(flow.prefill)
     assert s.output_streamer.streamed == [flow.prefill]
     assert_all_returned(c)
