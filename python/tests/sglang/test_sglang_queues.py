@@ -618,7 +618,9 @@ def test_sglang_queues_move_many_chunked_requests_with_verified_kv_and_aux(clust
     c = cluster
     # Prompt lengths off the page size (a partial last page) and longer than
     # a chunk (several chunked sends each); more requests than req_to_token
-    # rows or metadata rows, so SGLang's own admission holds some back.
+    # rows or metadata rows, so SGLang's own admission holds some back. Six
+    # metadata rows bound the rooms holding staging on each side: any six
+    # consecutive requests here need at most 44 pages, under STAGING_SLOTS.
     flows = [c.new_flow(3000 + i, 9 + (i * 7) % 30) for i in range(16)]
     for f in flows:
         c.admit(f)
