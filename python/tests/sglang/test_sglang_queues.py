@@ -115,6 +115,14 @@ def pattern(room: int, layer: int, which: int, positions: torch.Tensor) -> torch
     return rows.to(DTYPE).reshape(len(positions), HEAD_NUM, HEAD_DIM)
 
 
+CACHED_TOKEN_FIELDS = (
+    "cached_tokens",
+    "cached_tokens_device",
+    "cached_tokens_host",
+    "cached_tokens_storage",
+)
+
+
 def first_token(room: int) -> int:
     return 1000 + room % 5000
 
@@ -364,6 +372,10 @@ class Cluster:
             )
 
         flow = Flow(room, prompt_len, make(), make())
+        # Prefill's prefix-cache counts ride in another metadata buffer than
+        # the first token: distinct per room, so decode's copies can be told.
+        for k, name in enumerate(CACHED_TOKEN_FIELDS):
+            setattr(flow.prefill, name, room % 13 + k)
         self.flows[room] = flow
         return flow
 
@@ -506,7 +518,8 @@ def prefill_request(c: Cluster, req: Req, chunk_tokens: int) -> None:
 
 def verify_decode_kv(c: Cluster, flow: Flow) -> None:
     """Every token's K and V of every layer at the slots decode's allocator
-    gave the request, and the first token committed from the aux row."""
+    gave the request, and what _commit_transfer_to_req took from the aux
+    rows: the first token and the prefix-cache counts."""
     mem = c.decode_mem
     req = flow.decode
     locs = mem.req_to_token.req_to_token[req.kv.req_pool_idx, : flow.prompt_len].to(torch.int64)
@@ -520,6 +533,8 @@ def verify_decode_kv(c: Cluster, flow: Flow) -> None:
     # _commit_transfer_to_req read it from the metadata row pdlink carried,
     # after its gate matched the row's bootstrap room to the request's.
     assert list(req.output_ids) == [first_token(flow.room)]
+    for k, name in enumerate(CACHED_TOKEN_FIELDS):
+        assert getattr(req, name) == flow.room % 13 + k, (flow.room, name)
     assert req.finished_reason is None
 
 
