@@ -48,6 +48,9 @@ from types import SimpleNamespace
 import pytest
 from sglang_harness import free_port, require_sglang, sglang_process
 
+from pdlink import RoomState
+from pdlink.client import wait_for
+
 require_sglang()
 
 import torch  # noqa: E402
@@ -741,7 +744,15 @@ def test_decode_abort_before_prefill_bootstraps_fails_the_bootstrap_queue_by_sta
     c.decode.abort_request_stand_in(flow.decode.rid)
     drain_transfer_queue(c, "decode transfer queue drops its aborted request")
     s = c.prefill
-    drain_bootstrap_queue(c, "prefill bootstrap queue drops the request decode aborted")
+    # The abort reaches prefilld on its own time: until it has, the room is
+    # WaitingForInput and pop_bootstrapped would rightly pop the request.
+    client = s.disagg_prefill_bootstrap_queue.kv_manager.client
+    wait_for(
+        lambda: getattr(client.status(flow.room), "state", None) == RoomState.FAILED,
+        WAIT,
+        what="prefill's daemon reports the room Failed",
+    )
+    assert s.disagg_prefill_bootstrap_queue.pop_bootstrapped() == []
     assert "aborted:remote" in abort_message(flow.prefill)
     assert s.output_streamer.streamed == [flow.prefill]
     assert_all_returned(c)
