@@ -19,6 +19,7 @@ bin/pdctl bench --requests "${BENCH_REQUESTS:-100}"
 echo "== Python client: cache poll, Send, rooms/s, beside the Go Poll benchmarks (same run)"
 scripts/pyenv.sh test
 .venv/bin/python python/bench/client_bench.py
-echo "== SGLang backend: poll of 256 senders, Send with its staging copy, rooms/s (through SGLang's classes)"
+echo "== SGLang backend: poll of 256 senders, Send with its staging copy, rooms/s (through SGLang's classes),"
+echo "   main's pdlink (before) and this tree's (after) alternating in this run, beside a Poll RPC and a sleep's wake-up"
 scripts/pyenv.sh test sglang
-(cd python && PDLINK_BIN_DIR="$PWD/../bin" ../.venv/bin/python -m pytest -q -s -p no:warnings -m bench tests/sglang)
+python/bench/backend_ab.sh "${BENCH_BASE:-main}"

@@ -176,15 +176,22 @@ func pages(from, n int32) []int32 {
 // for an old room. It used to answer OK (idempotent by path) and every
 // room reached Success with the bytes in the dead inode.
 //
-// Over TCP: on the same-host path decoded stats the prefill file before
-// each chunk it copies and can fail a room transfer_error before prefill's
-// RegisterRegion retires it (TestShmReplacedPrefillFileFailsRoomThenNewGenerationServes
-// in pkg/transfer pins that path); this test pins what the register does.
+// On both data transports, with the same reasons and counts: on the
+// same-host path decoded stats the prefill file before each chunk it
+// copies and may find it replaced before prefill's RegisterRegion does;
+// prefill then fails the room region_replaced on decode's RESULT, and the
+// register's rooms_failed counts it among the generation's rooms.
 func TestReplacedRegionFileFailsItsRoomsAndNewRoomsUseTheNewFile(t *testing.T) {
+	for _, kind := range []transfer.Kind{transfer.KindTCP, transfer.KindShm} {
+		t.Run(string(kind), func(t *testing.T) { replacedRegionFileFailsItsRooms(t, kind) })
+	}
+}
+
+func replacedRegionFileFailsItsRooms(t *testing.T, kind transfer.Kind) {
 	for _, side := range []string{"prefill", "decode"} {
 		t.Run(side, func(t *testing.T) {
 			p := startPairWith(t, func(pre, dec *daemon.Config) {
-				pre.DataTransport, dec.DataTransport = transfer.KindTCP, transfer.KindTCP
+				pre.DataTransport, dec.DataTransport = kind, kind
 			})
 			pre, dec := registerRegions(t, p)
 			old := []uint64{1, 2, 3}

@@ -35,6 +35,9 @@ type linkHooks interface {
 	// farewell: the peer behind dest acknowledged our GOODBYE; no more
 	// heartbeats to it, and it is not declared lost.
 	farewell(dest Target)
+	// peerLost reports whether id was declared lost (or forgotten): it
+	// acknowledges nothing until it is heard again.
+	peerLost(id poll.PeerID) bool
 }
 
 // core is the link machinery both links share: config, clock, codec,
@@ -173,6 +176,11 @@ func (l Link) Rebound(key poll.Key) { l.out.awaitRegister(key) }
 // UnackedRoomFrames counts the frames about rooms not acknowledged yet.
 func (l Link) UnackedRoomFrames() int { return l.out.roomFrames() }
 
+// UnackedRoomFramesToLivePeers counts the frames about rooms not
+// acknowledged yet, leaving out those to peers declared lost: what a
+// drain can still hope to see acknowledged.
+func (l Link) UnackedRoomFramesToLivePeers() int { return l.out.roomFramesExcept(l.hooks.peerLost) }
+
 // UnackedFrames counts the reliable frames not acknowledged yet.
 func (l Link) UnackedFrames() int { return l.out.len() }
 
@@ -185,7 +193,8 @@ func (l Link) SetJitterSource(src rand.Source) {
 	l.out.rng = rand.New(src)
 }
 
-// FrameAcked is closed the next time a frame leaves the outbox.
+// FrameAcked is closed the next time a frame leaves the outbox or a peer is
+// declared lost.
 func (l Link) FrameAcked() <-chan struct{} {
 	l.out.mu.Lock()
 	defer l.out.mu.Unlock()

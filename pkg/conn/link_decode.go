@@ -329,6 +329,9 @@ func (l *DecodeLink) maintain(now int64) {
 		l.log.Warn("peer lost", zap.Uint32("peer", uint32(id)))
 		l.room.PeerLost(id)
 	}
+	if len(lost) > 0 {
+		l.out.wake()
+	}
 	if len(hb) > 0 {
 		live := l.room.LiveRooms()
 		for _, t := range hb {
@@ -439,6 +442,13 @@ func (l *DecodeLink) goodbyeTargets() []Target {
 		}
 	}
 	return out
+}
+
+func (l *DecodeLink) peerLost(id poll.PeerID) bool {
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	s := l.byID[id]
+	return s == nil || !s.up
 }
 
 func (l *DecodeLink) farewell(t Target) {

@@ -249,6 +249,9 @@ func (l *PrefillLink) maintain(now int64) {
 		l.log.Warn("peer lost", zap.Uint32("peer", uint32(id)))
 		l.room.PeerLost(id)
 	}
+	if len(lost) > 0 {
+		l.out.wake()
+	}
 	if len(hb) > 0 {
 		live := l.room.LiveRooms()
 		for _, p := range hb {
@@ -446,6 +449,13 @@ func (l *PrefillLink) goodbyeTargets() []Target {
 		}
 	}
 	return out
+}
+
+func (l *PrefillLink) peerLost(id poll.PeerID) bool {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	p := l.byID[id]
+	return p == nil || !p.up
 }
 
 func (l *PrefillLink) farewell(t Target) {

@@ -96,7 +96,10 @@ type outbox struct {
 	// after every transition, so a count, not a scan of 100k items
 	// under the lock the senders need.
 	rooms int
-	rng   *rand.Rand
+	// roomsTo splits rooms by the peer each frame goes to, so a drain can
+	// leave out the frames to peers declared lost (they ack nothing).
+	roomsTo map[poll.PeerID]int
+	rng     *rand.Rand
 	// removed is closed (and replaced) whenever a frame leaves the outbox,
 	// so Shutdown waits for the acks it needs instead of polling on a
 	// clock a test may be driving.
@@ -104,13 +107,14 @@ type outbox struct {
 }
 
 func newOutbox(base, maxBackoff time.Duration, seed uint64) *outbox {
-	return &outbox{base: base, max: maxBackoff, items: make(map[uint64]*pending), rng: rand.New(rand.NewPCG(seed, seed+1)), removed: make(chan struct{})}
+	return &outbox{base: base, max: maxBackoff, items: make(map[uint64]*pending), roomsTo: make(map[poll.PeerID]int), rng: rand.New(rand.NewPCG(seed, seed+1)), removed: make(chan struct{})}
 }
 
 // putLocked stores p under its seq.
 func (o *outbox) putLocked(p *pending) {
 	if _, had := o.items[p.seq]; !had && p.key.Room != 0 {
 		o.rooms++
+		o.roomsTo[p.dest.PeerID()]++
 	}
 	o.items[p.seq] = p
 }
@@ -119,10 +123,27 @@ func (o *outbox) putLocked(p *pending) {
 func (o *outbox) deleteLocked(seq uint64) {
 	if p, ok := o.items[seq]; ok && p.key.Room != 0 {
 		o.rooms--
+		id := p.dest.PeerID()
+		if o.roomsTo[id]--; o.roomsTo[id] == 0 {
+			delete(o.roomsTo, id)
+		}
 	}
 	delete(o.items, seq)
+	o.wakeLocked()
+}
+
+// wakeLocked wakes the waiters of waitUntil and FrameAcked.
+func (o *outbox) wakeLocked() {
 	close(o.removed)
 	o.removed = make(chan struct{})
+}
+
+// wake is wakeLocked for a change outside the outbox that waiters count
+// by (a peer declared lost).
+func (o *outbox) wake() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.wakeLocked()
 }
 
 // waitUntil returns true once done holds, re-checking it each time a frame
@@ -289,6 +310,20 @@ func (o *outbox) roomFrames() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.rooms
+}
+
+// roomFramesExcept returns the number of frames about a room whose peer is
+// not skipped.
+func (o *outbox) roomFramesExcept(skip func(poll.PeerID) bool) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for id, c := range o.roomsTo {
+		if !skip(id) {
+			n += c
+		}
+	}
+	return n
 }
 
 // dedupe remembers the final answers given to one peer incarnation's

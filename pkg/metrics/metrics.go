@@ -128,7 +128,7 @@ func NewCollector(side string, src Sources) *Collector {
 		peerDepartures:    d("peer_departures_total", "Peers that went away, by reason: goodbye (a planned stop), lost (heartbeats missed), restarted (a new instance behind the same address).", "reason"),
 		restarts:          d("worker_restarts_total", "Supervised goroutines restarted after a failure, by worker.", "worker"),
 		transferBytes:     d("transfer_bytes_total", "KV bytes moved (sent on prefill, written and verified on decode)."),
-		regionReplaced:    d("region_replaced_total", "Region files found replaced: a new file registered for a rank, a rank unregistered, or a file seen replaced at a bind or Send before the engine registered it (once per generation). The rooms it failed count in room_failures_total{reason=\"region_replaced\"}."),
+		regionReplaced:    d("region_replaced_total", "Region files found replaced, each generation once: a new file registered for a rank, a rank unregistered, or a file seen replaced before the engine registered it (at a bind or Send, or on prefill when decoded's same-host stat of the file did). The rooms it failed count in room_failures_total{reason=\"region_replaced\"}."),
 		regionFaults:      d("region_faults_total", "Faults on mapped region memory (the region file truncated while its pages were copied), each recovered into a room failure with reason transfer_error instead of a crash."),
 		insecure:          d("insecure_mode", "1 when the daemon is reachable from other hosts without a shared secret (--insecure)."),
 		authRejected:      d("auth_rejected_total", "Control frames and data connections refused by authentication, by reason.", "reason"),

@@ -84,6 +84,13 @@ func (f *fakeTransport) stream(room poll.RoomID) (transfer.Stream, bool) {
 // over tr, with a region registered and decode advertising its layout.
 func newHarnessOverTransport(t testing.TB, tr transfer.Transport) *harness {
 	t.Helper()
+	h, _ := newHarnessOverTransportOf(t, tr)
+	return h
+}
+
+// newHarnessOverTransportOf is newHarnessOverTransport that also returns prefill's region.
+func newHarnessOverTransportOf(t testing.TB, tr transfer.Transport) (*harness, region) {
+	t.Helper()
 	reg := newRegion(t)
 	h := newHarnessWith(t, 1, options{
 		pre: func(c *PrefillConfig) {
@@ -95,7 +102,7 @@ func newHarnessOverTransport(t testing.TB, tr transfer.Transport) *harness {
 	if _, err := h.pre.RegisterRegion(reg.path, layoutPB(reg.layout)); err != nil {
 		t.Fatal(err)
 	}
-	return h
+	return h, reg
 }
 
 // PLAN section 5: a last Send waiting for admission into the peer's

@@ -388,7 +388,7 @@ func (e decodeEvents) Complete(k transfer.Key) {
 
 func (e decodeEvents) Failed(k transfer.Key, r transfer.Reason, err error) {
 	e.d.log.Warn("room transfer failed", zap.Uint64("room", k.Room), zap.String("reason", string(r)), zap.Error(err))
-	if reason, fails := roomFailure(e.d.log, r); fails {
+	if reason, fails := roomFailure(e.d.log, poll.Decode, r); fails {
 		e.d.node.OnFailed(pkey(k), reason)
 	}
 }
@@ -412,7 +412,7 @@ func (n *DecodeOwner) SubmitMetadata(ctx context.Context, req *pdlinkv1.SendMeta
 		if reason, stale := d.slot.stale(transferRank(req.Rank), m); stale {
 			// The engine recreated (or truncated) its file and has not
 			// registered it: these pages would be written into the dead inode.
-			return n.failStale(ctx, poll.RoomID(req.RoomId), reason)
+			return n.failStale(ctx, poll.RoomID(req.RoomId), transferRank(req.Rank), reason)
 		}
 	}
 	l := region.Layout()
@@ -467,12 +467,9 @@ func (n *DecodeOwner) SubmitMetadata(ctx context.Context, req *pdlinkv1.SendMeta
 
 // failStale fails a room whose region file changed under it with reason
 // (the peer is told) and answers with its state.
-func (n *DecodeOwner) failStale(ctx context.Context, id poll.RoomID, reason poll.Reason) error {
-	if err := n.Abort(ctx, id, reason); err != nil {
+func (n *DecodeOwner) failStale(ctx context.Context, id poll.RoomID, rank transfer.Rank, reason poll.Reason) error {
+	if err := n.abortThen(ctx, id, reason, n.data.slot.countedFailure(rank, reason)); err != nil {
 		return err
-	}
-	if reason == poll.ReasonRegionReplaced {
-		n.data.slot.replacedRooms.Add(1)
 	}
 	in, err := n.Get(id)
 	if err != nil {

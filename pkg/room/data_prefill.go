@@ -444,7 +444,7 @@ func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error
 		if reason, stale := d.slot.stale(rank, m); stale {
 			// The engine recreated (or truncated) its file and has not
 			// registered it: these pages would be read from the dead inode.
-			return d.failStale(ctx, poll.RoomID(req.RoomId), reason)
+			return d.failStale(ctx, poll.RoomID(req.RoomId), rank, reason)
 		}
 	}
 	buffers, err := bufferSet("buffers", req.Buffers, len(region.Layout().Buffers))
@@ -476,11 +476,36 @@ func (d *PrefillData) send(ctx context.Context, req *pdlinkv1.SendRequest) error
 
 // failStale fails a room whose region file changed under it with reason
 // (the peer is told) and answers with its state.
-func (d *PrefillData) failStale(ctx context.Context, id poll.RoomID, reason poll.Reason) error {
-	if err := d.node.Abort(ctx, id, reason); err == nil && reason == poll.ReasonRegionReplaced {
-		d.slot.replacedRooms.Add(1)
-	}
+func (d *PrefillData) failStale(ctx context.Context, id poll.RoomID, rank transfer.Rank, reason poll.Reason) error {
+	_ = d.node.abortThen(ctx, id, reason, d.slot.countedFailure(rank, reason))
 	return d.notSendableNow(id)
+}
+
+// replacedAtPeer fails a room whose pages decode found gone from rank's
+// file (the same-host path's per-chunk stat saw it replaced or removed)
+// with region_replaced, counted as a bind or Send that sees the file
+// replaced is: the file once per generation (one stat here, which also
+// logs it), the room among those its generation's retire reports. Posted,
+// as OnFailed is: the transfer goroutine never waits for the owner.
+func (d *PrefillData) replacedAtPeer(key poll.Key, rank transfer.Rank) {
+	if region := d.slot.rank(rank); region != nil {
+		if m := region.Current(); m != nil {
+			d.slot.stale(rank, m)
+		}
+	}
+	counted := d.slot.countedFailure(rank, poll.ReasonRegionReplaced)
+	n := d.node
+	n.post(func() {
+		n.applyOwned(func() {
+			in, err := n.t.Get(key.Room)
+			if err != nil || in.Key != key || in.State.Terminal() {
+				return // failed already (the register's retire, an abort): counted there
+			}
+			if n.t.Step(n.now(), poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: poll.ReasonRegionReplaced}) == nil {
+				counted()
+			}
+		})
+	})
 }
 
 // sendOf is a Send checked at the edge: its source pages as runs and the
@@ -599,9 +624,9 @@ func (d *PrefillData) takeShare(ctx context.Context, req sendOf, region *transfe
 		for _, b := range region.Layout().Buffers {
 			bytes += (r.dstPages - r.prefix) * b.ItemLen
 		}
-		rank, dst := r.rank.TP, r.dstRank.TP
+		rank, dst, srcRank := r.rank.TP, r.dstRank.TP, r.rank
 		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Source: r.rank, Copies: r.copies, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
-			Done: func(err error) { d.done(key, bytes, err) },
+			Done: func(err error) { d.done(key, srcRank, bytes, err) },
 			// Each chunk written refreshes the room's transfer-idle deadline: a last Send
 			// whose pages wait behind other rooms' or move over a slow link is not idle.
 			Progress: func(int64) { d.node.OnProgress(key) },
@@ -741,7 +766,7 @@ func (d *PrefillData) refused(key poll.Key, err error) sendOutcome {
 		return sendOutcome{ended: true, key: key}
 	}
 	d.log.Warn("transfer refused", zap.Uint64("room", uint64(key.Room)), zap.Error(err))
-	if reason, fails := roomFailure(d.log, transfer.ReasonOf(err)); fails {
+	if reason, fails := roomFailure(d.log, poll.Prefill, transfer.ReasonOf(err)); fails {
 		d.node.applyOwned(func() {
 			_ = d.node.t.Step(d.node.now(), poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
 		})
@@ -774,17 +799,20 @@ func (d *PrefillData) notSendable(id poll.RoomID, err error) error {
 	return errorf(ErrNotSendable, "room %d is %v and not bound to decode: poll until it fails or moves on", id, in.Visible)
 }
 
-func (d *PrefillData) done(key poll.Key, bytes int64, err error) {
+func (d *PrefillData) done(key poll.Key, rank transfer.Rank, bytes int64, err error) {
 	if err != nil {
-		reason, fails := roomFailure(d.log, transfer.ReasonOf(err))
-		if !fails {
+		reason, fails := roomFailure(d.log, poll.Prefill, transfer.ReasonOf(err))
+		switch {
+		case !fails:
 			// Decode ended the room before its bytes were in (fenced); its
 			// control plane tells us why (ABORT, retried until acked), and
 			// the transfer-idle deadline covers a notice that never comes.
 			d.log.Debug("decode fenced the room", zap.Uint64("room", uint64(key.Room)))
-			return
+		case reason == poll.ReasonRegionReplaced:
+			d.replacedAtPeer(key, rank)
+		default:
+			d.node.OnFailed(key, reason)
 		}
-		d.node.OnFailed(key, reason)
 		return
 	}
 	d.bytes.Add(uint64(bytes))

@@ -113,7 +113,13 @@
 // data-plane state on that rank (decode: that rank's metadata; prefill: a
 // binding of that rank) with region_replaced: a room spans every rank, so
 // such a room fails whole. Rooms with no state on that rank yet are
-// untouched and go on over the new file.
+// untouched and go on over the new file. A replaced file seen before the
+// engine registers it fails the room region_replaced too: at its bind or
+// Send (one stat), or on prefill when decoded's same-host stat of the
+// prefill file saw it (the RESULT's region_replaced; decode's room then
+// ends aborted:remote naming it, as on TCP). RegisterRegion's
+// rooms_failed counts those rooms with its own, and the file counts once
+// per generation in pdlink_region_replaced_total, whoever saw it first.
 //
 // # Fences and aborting (I9)
 //

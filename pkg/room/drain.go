@@ -363,8 +363,8 @@ func (w *drainWatch) recheck() {
 }
 
 // settle waits until every awaited room is visible, the latest terminal
-// room has been visible for grace, and the peers acknowledged every room
-// notice, or ctx ends. It reports whether the notices were all
+// room has been visible for grace, and the peers not declared lost
+// acknowledged every room notice, or ctx ends. It reports whether the notices were all
 // acknowledged.
 func (w *drainWatch) settle(ctx context.Context, grace time.Duration) bool {
 	c := w.c
@@ -375,7 +375,9 @@ func (w *drainWatch) settle(ctx context.Context, grace time.Duration) bool {
 	for {
 		w.recheck()
 		removed := c.lk.FrameAcked()
-		acked := c.lk.UnackedRoomFrames() == 0
+		// A peer declared lost acknowledges nothing: its notices are not
+		// waited for (it fails its side of the rooms itself, R10).
+		acked := c.lk.UnackedRoomFramesToLivePeers() == 0
 		waiting := len(w.pending) > 0
 		if !waiting && !w.lastEnd.IsZero() && armed != w.lastEnd {
 			stopGrace()
@@ -395,7 +397,7 @@ func (w *drainWatch) settle(ctx context.Context, grace time.Duration) bool {
 		case <-removed:
 		case <-graceEnd:
 		case <-ctx.Done():
-			return c.lk.UnackedRoomFrames() == 0
+			return c.lk.UnackedRoomFramesToLivePeers() == 0
 		}
 	}
 }

@@ -392,3 +392,63 @@ func BenchmarkDrainDeadlineFailsLiveRooms(b *testing.B) {
 		})
 	}
 }
+
+// Found through SGLang's kill test: prefilld SIGTERMed after its decode peer
+// was SIGKILLed waited the whole --drain-timeout with nothing live. A room
+// aborted just after the kill sent its notice to the dead peer; once the
+// peer was declared lost that notice could never be acknowledged, and the
+// drain waited for the ack until its cap. A lost peer acknowledges nothing:
+// the drain must not wait for it.
+func TestDrainAfterThePeerIsLostDoesNotWaitForItsAcks(t *testing.T) {
+	// lostFirst: the peer is declared lost before the drain starts;
+	// otherwise during it, with nothing else happening (the drain must
+	// wake up for it).
+	for _, lostFirst := range []bool{true, false} {
+		t.Run(map[bool]string{true: "lost-before", false: "lost-during"}[lostFirst], func(t *testing.T) {
+			h := newHarness(t, 52)
+			k1, k2 := h.open(1, 1), h.open(2, 1)
+			h.waitBound(k1, time.Second)
+			h.waitBound(k2, time.Second)
+			h.dec.kill()
+			defer func() { h.dec = nil }() // killed already
+			for _, r := range []poll.RoomID{1, 2} {
+				if err := h.pre.Abort(context.Background(), r, ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, ok := h.until(time.Second, func() bool { return h.preState(1) == poll.Failed && h.preState(2) == poll.Failed }); !ok {
+				t.Fatalf("aborted rooms %v %v", h.preState(1), h.preState(2))
+			}
+			lostBy := h.clk.Now().Add(tHeartbeat*tMisses + 2*tHeartbeat)
+			if lostFirst {
+				if _, ok := h.until(lostBy.Sub(h.clk.Now()), func() bool { return h.pre.Counters().PeersLost == 1 }); !ok {
+					t.Fatal("decode never declared lost")
+				}
+			}
+			unacked := h.pre.lk.UnackedRoomFrames()
+			if unacked == 0 {
+				t.Fatal("the aborts' notices to the killed decode were acknowledged: the test needs them outstanding")
+			}
+			d := h.startDrain()
+			start := h.clk.Now()
+			// Only the peer's loss may need virtual time: once it is lost
+			// (before, or by ticking until it is), the drain must return
+			// with the clock standing still, not at its cap.
+			for h.pre.Counters().PeersLost == 0 && h.clk.Now().Before(lostBy) {
+				h.tickCaughtUp()
+			}
+			if h.pre.Counters().PeersLost != 1 {
+				t.Fatal("decode never declared lost")
+			}
+			lostAt := h.clk.Now()
+			if !h.waitReal(5*time.Second, d.returned) {
+				t.Fatalf("the drain did not return once its only peer was lost (%v after it started; cap at %v): it waits for a lost peer's acks",
+					lostAt.Sub(start), d.plan.Cap.Sub(start))
+			}
+			t.Logf("%d notices to the killed peer; the drain returned %v after it started (report %+v)", unacked, d.returnedAt.Sub(start), d.rep)
+			if d.rep.Capped {
+				t.Errorf("report %+v: capped", d.rep)
+			}
+		})
+	}
+}

@@ -157,12 +157,22 @@ type parkedCall struct {
 // Failed shows once fenced). A call that finds the room already Failed
 // returns at once with poll.ErrTerminal, whatever the scheduler sees.
 func (c *core) abort(ctx context.Context, room poll.RoomID, reason poll.Reason) error {
+	return c.abortThen(ctx, room, reason, nil)
+}
+
+// abortThen is abort that also runs failed (if not nil) in the owner input
+// that failed the room, when this call did: what counts the room then
+// counts it in order with the other inputs (a register's retire).
+func (c *core) abortThen(ctx context.Context, room poll.RoomID, reason poll.Reason, failed func()) error {
 	var err error
 	var p *parkedCall
 	var key poll.Key
 	c.exec(func() {
 		c.applyOwned(func() {
 			err = c.t.Step(c.now(), poll.Event{Kind: poll.EvAbortLocal, Key: poll.Key{Room: room}, Reason: reason})
+			if err == nil && failed != nil {
+				failed()
+			}
 			if err == nil {
 				if in, gerr := c.t.Get(room); gerr == nil && in.State == poll.Failed && !in.Fenced {
 					// Parked before the effects run: the fence may be done

@@ -3,6 +3,7 @@ package room
 import (
 	"context"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -80,13 +81,7 @@ func TestUnregisterRegionUnmapsOnlyAfterAWriterMidCopyLetGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	const room = 7
-	h.open(room, 1)
-	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
-		t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
-	}
-	if err := h.pre.Send(context.Background(), &pdlinkv1.SendRequest{RoomId: room, Pages: &pdlinkv1.PageList{Indices: []int32{0, 1}}}); err != nil {
-		t.Fatal(err)
-	}
+	h.openAndSendFirstPages(room)
 
 	un := unregisterPastAHeldWriter(t, func() (Unregistered, error) { return h.pre.UnregisterRegion(nil) },
 		tr.fenceAsked, func() poll.State { return h.preState(room) }, func(k transfer.Key) { tr.finishCopy(k) })
@@ -345,4 +340,74 @@ func unregisterPastAHeldWriter(t *testing.T, unregister func() (Unregistered, er
 		t.Fatal("UnregisterRegion did not answer once the fence was done")
 	}
 	return Unregistered{}
+}
+
+// Decode's same-host stat saw the prefill file replaced before prefill's
+// engine registered the new one (the RESULT's region_replaced, played here
+// by the stream's Done): prefill fails the room region_replaced, decode's
+// room ends aborted:remote naming it (as when prefill notices itself), and
+// the register of the new file counts that room in rooms_failed and the
+// file once in RegionReplaced. Without the early count the register said
+// 0 rooms; counting the file at the notice and again at the register said
+// 2 files.
+func TestReplacedFileSeenByDecodeCountsInTheRegister(t *testing.T) {
+	tr := newFakeTransport(true)
+	h, reg := newHarnessOverTransportOf(t, tr)
+	const room = 7
+	h.openAndSendFirstPages(room)
+	st, ok := tr.stream(room)
+	if !ok || st.Done == nil {
+		t.Fatal("the room's stream was not opened")
+	}
+	next := recreateRegionFile(t, reg)
+	st.Done(&transfer.Error{Reason: transfer.ReasonRegionReplaced, Err: transfer.ErrRegionReplaced})
+	if !h.waitReal(10*time.Second, func() bool { return h.preState(room) == poll.Failed && h.decState(room) == poll.Failed }) {
+		t.Fatalf("room %d: prefill %v, decode %v, want both Failed", room, h.preState(room), h.decState(room))
+	}
+	if r, _ := h.reason(h.pre, room); r != poll.ReasonRegionReplaced {
+		t.Fatalf("prefill room failed %q, want region_replaced", r)
+	}
+	if r, peer := h.reason(h.dec, room); r != poll.ReasonAbortedRemote || peer != poll.ReasonRegionReplaced {
+		t.Fatalf("decode room failed %q (peer %q), want aborted:remote naming region_replaced", r, peer)
+	}
+	got, err := h.pre.RegisterRegion(next, layoutPB(reg.layout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.File.Generation != 2 || got.RoomsFailed != 1 {
+		t.Errorf("register of the new file: generation %d, rooms_failed %d; want 2 and 1 (the room decode saw)", got.File.Generation, got.RoomsFailed)
+	}
+	if n := h.pre.RegionReplaced(); n != 1 {
+		t.Errorf("RegionReplaced %d, want 1: one file, one generation", n)
+	}
+	if n := h.pre.RegionReplacedRooms(); n != 1 {
+		t.Errorf("RegionReplacedRooms %d, want 1", n)
+	}
+}
+
+// recreateRegionFile replaces r's file at its path with a new one of the
+// same size (a new inode), as a restarting engine does, and returns the path.
+func recreateRegionFile(t *testing.T, r region) string {
+	t.Helper()
+	tmp := r.path + ".next"
+	if err := os.WriteFile(tmp, make([]byte, r.layout.Size()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, r.path); err != nil {
+		t.Fatal(err)
+	}
+	return r.path
+}
+
+// openAndSendFirstPages opens room on both sides, waits until prefill has
+// it bound (WaitingForInput) and sends its first two pages, not the last.
+func (h *harness) openAndSendFirstPages(room poll.RoomID) {
+	h.t.Helper()
+	h.open(room, 1)
+	if _, ok := h.until(tBound, func() bool { return h.preState(room) == poll.WaitingForInput }); !ok {
+		h.t.Fatalf("prefill room %d is %v, want WaitingForInput", room, h.preState(room))
+	}
+	if err := h.pre.Send(context.Background(), &pdlinkv1.SendRequest{RoomId: uint64(room), Pages: &pdlinkv1.PageList{Indices: []int32{0, 1}}}); err != nil {
+		h.t.Fatal(err)
+	}
 }

@@ -94,6 +94,17 @@ type rankRegion struct {
 	gen    uint64
 	// staleSeen is the last generation a changed file was logged for.
 	staleSeen atomic.Uint64
+	// replacedGen is the last generation counted in replacements: a
+	// generation's file is counted once, by whoever finds it replaced
+	// first (a bind or Send, decode's same-host stat, the register or
+	// unregister that retires it).
+	replacedGen atomic.Uint64
+	// failedEarly is how many rooms on the current generation failed
+	// region_replaced before the register or unregister that retires it
+	// (a bind or Send saw the file replaced, or decode's same-host stat
+	// did); that call's rooms_failed counts them too. Changed only in
+	// owner inputs, so a room counts here or in the retire, never both.
+	failedEarly atomic.Int64
 }
 
 // RegionFile is a mapped region file's identity: path, device, inode and
@@ -228,7 +239,7 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (Registered, erro
 		s.announce()
 		return Registered{ID: regionID(layout), File: m.ID()}, nil
 	}
-	failed := s.retireMapping(rank, r, func() {
+	failed := s.retireMapping(e, rank, r, func() {
 		r.Replace(m, gen)
 		s.setVersion(e, l, gen)
 	})
@@ -256,7 +267,7 @@ func (s *regionSlot) unregister(rank *pb.Rank) (Unregistered, error) {
 	}
 	r := e.region
 	gen := r.ID().Generation
-	failed := s.retireMapping(want, r, func() {
+	failed := s.retireMapping(e, want, r, func() {
 		r.Replace(nil, 0)
 		s.vmu.Lock()
 		e.proto = nil
@@ -272,10 +283,13 @@ func (s *regionSlot) unregister(rank *pb.Rank) (Unregistered, error) {
 // retireMapping fails and fences the rooms on rank's current mapping in
 // r, runs swap (which replaces it) in the same owner input, and unmaps the
 // old mapping once every fence is done: here if they finish within
-// retireWait, else on the owner when the last one does.
-func (s *regionSlot) retireMapping(rank transfer.Rank, r *transfer.Region, swap func()) int {
+// retireWait, else on the owner when the last one does. It returns the
+// rooms on that mapping failed region_replaced: by this call, or earlier
+// once the file was seen replaced (e's failedEarly, taken in the swap's
+// input).
+func (s *regionSlot) retireMapping(e *rankRegion, rank transfer.Rank, r *transfer.Region, swap func()) int {
 	old := r.Current()
-	s.replacements.Add(1)
+	s.countReplaced(e, old.ID().Generation)
 	var pending atomic.Int64
 	unmapped := make(chan struct{})
 	release := func() {
@@ -292,11 +306,15 @@ func (s *regionSlot) retireMapping(rank transfer.Rank, r *transfer.Region, swap 
 		return func() { once.Do(release) }
 	}
 	own := hold() // this call's, let go once swap ran
-	failed := 0
-	if s.retire != nil {
-		failed = s.retire(rank, poll.ReasonRegionReplaced, swap, hold)
-	} else {
+	failed, earlier := 0, 0
+	swapCounted := func() {
+		earlier = int(e.failedEarly.Swap(0))
 		swap()
+	}
+	if s.retire != nil {
+		failed = s.retire(rank, poll.ReasonRegionReplaced, swapCounted, hold)
+	} else {
+		swapCounted()
 	}
 	s.replacedRooms.Add(uint64(failed))
 	own()
@@ -305,7 +323,42 @@ func (s *regionSlot) retireMapping(rank transfer.Rank, r *transfer.Region, swap 
 	case <-time.After(retireWait):
 		s.log.Warn("retired region still in use by fenced rooms: unmapped when their fences are done", zap.String("region", old.ID().Path))
 	}
-	return failed
+	return failed + earlier
+}
+
+// countReplaced counts rank's generation gen in replacements unless it was
+// counted already.
+func (s *regionSlot) countReplaced(e *rankRegion, gen uint64) {
+	if e.replacedGen.Swap(gen) != gen {
+		s.replacements.Add(1)
+	}
+}
+
+// countedFailure is what counts a room failed with reason by a bind or
+// Send that saw rank's file changed, or by decode's same-host stat: for
+// region_replaced, the room on the current generation, before the
+// register or unregister that retires it (nil for another reason). Run it
+// on the owner, in the input that failed the room.
+func (s *regionSlot) countedFailure(rank transfer.Rank, reason poll.Reason) func() {
+	if reason != poll.ReasonRegionReplaced {
+		return nil
+	}
+	return func() { s.roomReplacedEarly(rank) }
+}
+
+// roomReplacedEarly counts a room on rank's current generation failed
+// region_replaced before a register or unregister retires it.
+func (s *regionSlot) roomReplacedEarly(rank transfer.Rank) {
+	s.replacedRooms.Add(1)
+	if rank.Size == 0 {
+		rank.Size = 1
+	}
+	s.vmu.RLock()
+	e := s.ranks[rank]
+	s.vmu.RUnlock()
+	if e != nil {
+		e.failedEarly.Add(1)
+	}
 }
 
 // setVersion records rank's registered layout and generation.
@@ -420,10 +473,10 @@ func (s *regionSlot) stale(rank transfer.Rank, m *transfer.Mapping) (poll.Reason
 	s.vmu.RLock()
 	e := s.ranks[rank]
 	s.vmu.RUnlock()
+	if e != nil && reason == poll.ReasonRegionReplaced {
+		s.countReplaced(e, m.ID().Generation)
+	}
 	if gen := m.ID().Generation; e != nil && e.staleSeen.Swap(gen) != gen {
-		if reason == poll.ReasonRegionReplaced {
-			s.replacements.Add(1)
-		}
 		s.log.Warn("region file changed under its mapping: rooms fail until the engine registers it again",
 			zap.String("region", m.ID().Path), zap.Uint64("generation", gen), zap.String("reason", string(reason)), zap.Error(err))
 	}

@@ -123,7 +123,8 @@
 // copied once. Chunks for unknown or ended rooms (a rank not expected included) are
 // drained into a scratch buffer and counted, never written. Events.Complete is reported
 // only when every page of every buffer and the aux row were written and verified and the
-// DONE totals match (I8). Failures carry a Reason: "checksum", "transfer_error" or "invalid".
+// DONE totals match (I8). Failures carry a Reason: "checksum", "transfer_error" or "invalid"
+// ("region_replaced" on the same-host path, below).
 //
 // Fencing (R7): Fence(room) marks the room ended and returns at once; every later byte for
 // the room is drained and discarded. Each room lists, under its mutex, the connection
@@ -206,7 +207,15 @@
 // generation, which a connection can follow in order with the chunks it carries: before
 // the first chunk of a stream whose source rank has no proven mapping on the connection
 // (or a mapping of an older generation), the sender's writer sends a SHM_OFFER frame with
-// the rank region's path, device, inode, generation and size, and waits for SHM_ANSWER.
+// the rank region's path, device, inode, generation and size, and waits for SHM_ANSWER,
+// for SenderConfig.ShmOfferTimeout (1s) plus the file's size at 256 MiB/s: the writer
+// holds every stream pinned to the connection meanwhile, so a decode that accepted the
+// connection and never answers must cost less than a dial's 5s, while decode answers
+// only once it mapped the file with MAP_POPULATE (BenchmarkShmOfferMap, 512 MiB of
+// /dev/shm: 1.5-3.4 GB/s beside memcpy's 1.9-7.7 in the same run on the shared 2-core
+// machine at load 9-10; a 40 GiB region takes 13-29 s), so a fixed wait would refuse
+// large regions. No answer in time breaks the connection (the room being written fails
+// transfer_error) and the slot redials.
 // decoded opens the path O_RDONLY, fstats the open file (device and inode must equal the
 // offer's, size at least the layout's), maps it PROT_READ MAP_SHARED, and only then
 // answers "accepted" with the offer's id; any failure answers a fallback reason (disabled,
@@ -220,9 +229,8 @@
 // and the DONE after the last one; its run list pairs each destination run with its
 // source start and the offer id it reads from (ShmRun, 20 bytes) and it has no payload.
 // Decode claims the destination pages exactly as for a TCP chunk, checks the source runs
-// against the offered mapping's layout, stats the prefill file (Mapping.Check: a file
-// deleted, replaced or truncated since the offer fails the room transfer_error before a
-// byte is copied), then copies source -> destination one piece (PieceBytes) at a time,
+// against the offered mapping's layout, stats the prefill file (Mapping.Check) before a
+// byte is copied, then copies source -> destination one piece (PieceBytes) at a time,
 // each inside touchRegion (a SIGBUS from a file truncated mid-copy fails that room with
 // transfer_error, the daemon and the connection go on), updating the crc32c over each
 // piece of the destination just written, while it is in cache. That crc is compared with
@@ -236,7 +244,14 @@
 // new one arrives (its connection goroutine is the only reader of it) and a chunk naming a
 // retired offer id is refused (the room fails invalid): no byte is copied from a dead
 // inode after prefill retired it. The per-chunk stat also catches a replacement between
-// two offers.
+// two offers: a file replaced at its path or removed fails the room region_replaced
+// (ReasonRegionReplaced, RESULT code 5), the reason prefill gives when it notices the same
+// event itself (RegisterRegion of the new file, its per-Send stat), so a replaced prefill
+// file reads the same on both transports; a file truncated under the layout (the same
+// inode, shorter) fails it transfer_error, as a fault mid-copy does. Either way decode
+// unmaps that offer and keeps its id as gone: every later chunk prefill announced on it
+// before it noticed fails with the same reason (a chunk naming an offer never made, or
+// one retired by a newer offer, stays invalid).
 //
 // Budget: on TCP a chunk's bytes come back to the peer's in-flight budget when its write
 // returns; a shm chunk's come back only at its COPIED frame, which decode sends for every

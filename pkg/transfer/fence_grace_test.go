@@ -83,12 +83,21 @@ func newSilentPeer(t testing.TB) *silentPeer {
 		t.Fatal(err)
 	}
 	p := &silentPeer{ln: ln}
+	acceptEach(t, ln, func(int, net.Conn) { p.accepted.Add(1) })
+	return p
+}
+
+// acceptEach accepts connections on ln until it closes and runs serve on each, numbered
+// from 0, on a goroutine of its own (a serve that returns leaves the connection open and
+// unread). At the test's end it closes ln and every connection and waits for the serves.
+func acceptEach(t testing.TB, ln net.Listener, serve func(n int, c net.Conn)) {
+	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
-	done := make(chan struct{})
+	wg.Add(1)
 	go func() {
-		defer close(done)
-		for {
+		defer wg.Done()
+		for n := 0; ; n++ {
 			c, err := ln.Accept()
 			if err != nil {
 				return
@@ -96,19 +105,22 @@ func newSilentPeer(t testing.TB) *silentPeer {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
-			p.accepted.Add(1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				serve(n, c)
+			}()
 		}
 	}()
 	t.Cleanup(func() {
 		ln.Close()
-		<-done
 		mu.Lock()
 		for _, c := range conns {
 			c.Close()
 		}
 		mu.Unlock()
+		wg.Wait()
 	})
-	return p
 }
 
 // writeWatch wraps a dialer's connections and reports whether a Write is in progress.

@@ -38,6 +38,12 @@ type SenderConfig struct {
 	MaxInflightBytes int64
 	// DialTimeout bounds a dial plus the Authenticator preface. Default 5s.
 	DialTimeout time.Duration
+	// ShmOfferTimeout is the base of the wait for decode's answer to a SHM_OFFER; the wait
+	// grows with the offered file's size (shmOfferWait: decode maps it with MAP_POPULATE
+	// before it answers). The connection's writer waits meanwhile, holding every stream
+	// pinned to it, so a decode that accepted the connection and never answers costs this,
+	// then the connection breaks and is redialed. Default 1s.
+	ShmOfferTimeout time.Duration
 	// IdleTimeout breaks a connection whose receiver does not answer a ping within it.
 	// Default 10s; keep it equal to the receiver's.
 	IdleTimeout time.Duration
@@ -93,6 +99,7 @@ func (c *SenderConfig) setDefaults() error {
 		c.MinWriteRate = 64 << 20
 	}
 	def(&c.DialTimeout, 5*time.Second)
+	def(&c.ShmOfferTimeout, time.Second)
 	def(&c.IdleTimeout, 10*time.Second)
 	def(&c.KeepAlive, c.IdleTimeout/3)
 	def(&c.WriteTimeout, 5*time.Second)
@@ -100,7 +107,7 @@ func (c *SenderConfig) setDefaults() error {
 	def(&c.RedialMax, 5*time.Second)
 	def(&c.FenceGrace, 500*time.Millisecond)
 	if c.ConnsPerPeer < 1 || c.ConnsPerPeer > 64 || c.MaxChunkBytes < 1 || c.MaxChunkBytes > maxChunkPayload ||
-		c.MaxInflightBytes < 1 || c.MinWriteRate < 1 || c.DialTimeout < 0 || c.IdleTimeout < 0 ||
+		c.MaxInflightBytes < 1 || c.MinWriteRate < 1 || c.DialTimeout < 0 || c.ShmOfferTimeout < 0 || c.IdleTimeout < 0 ||
 		c.KeepAlive <= 0 || c.KeepAlive >= c.IdleTimeout || c.WriteTimeout < 0 || c.RedialMin <= 0 || c.RedialMax < c.RedialMin ||
 		c.FenceGrace <= 0 {
 		return fmt.Errorf("%w: sender config out of range", ErrBadConfig)

@@ -936,6 +936,8 @@ func resultError(status uint32) error {
 		return fail(r, fmt.Errorf("%w (reported by receiver)", ErrChecksum))
 	case r == ReasonTransferError:
 		return fail(r, fmt.Errorf("%w (reported by receiver)", ErrConnBroken))
+	case r == ReasonRegionReplaced:
+		return fail(r, fmt.Errorf("%w (reported by receiver)", ErrRegionReplaced))
 	default:
 		return fail(r, ErrRejected)
 	}

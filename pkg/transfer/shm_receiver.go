@@ -68,6 +68,10 @@ type rxShm struct {
 type shmSource struct {
 	rank Rank
 	m    *Mapping
+	// gone is why the file was found deleted, replaced or truncated at a chunk's stat; m is
+	// then unmapped and nil. The offer stays known so that the chunks prefill announced on
+	// it before it noticed fail with that stat's reason, not as chunks naming no offer.
+	gone error
 }
 
 // shmOffer answers a SHM_OFFER: the mapping proven, or the fallback reason. An offer that
@@ -94,7 +98,7 @@ func (c *rxConn) shmOffer(h *Header) error {
 	// them, and no later chunk may copy from a file prefill no longer serves.
 	for id, s := range c.shm.byOffer {
 		if s.rank == h.Rank {
-			s.m.Close()
+			s.close()
 			delete(c.shm.byOffer, id)
 		}
 	}
@@ -125,7 +129,7 @@ func (c *rxConn) shmOffer(h *Header) error {
 // closeShm unmaps the connection's prefill mappings once its goroutine ended.
 func (c *rxConn) closeShm() {
 	for id, s := range c.shm.byOffer {
-		s.m.Close()
+		s.close()
 		delete(c.shm.byOffer, id)
 	}
 	if c.shm.counted {
@@ -197,6 +201,11 @@ func (c *rxConn) shmChunk(h *Header) error {
 			clear(c.dsts)
 			return c.shmRefuse(room, h, ReasonInvalid, fmt.Errorf("%w: offer %d", ErrShmSource, run.Offer))
 		}
+		if src.gone != nil {
+			clear(c.dsts)
+			clear(c.shm.srcs)
+			return c.shmRefuse(room, h, goneReason(src.gone), src.gone)
+		}
 		spec := layout.Buffers[run.Buffer] // claim checked the buffer
 		s, err := sourcePages(src.m, run.Buffer, Run{Start: run.SrcStart, Count: run.Count}, spec.ItemLen)
 		if err != nil {
@@ -219,10 +228,10 @@ func (c *rxConn) shmChunk(h *Header) error {
 			clear(c.dsts)
 			clear(c.shm.srcs)
 			if isRegionGone(err) {
-				src.m.Close()
-				delete(c.shm.byOffer, run.Offer)
+				src.close()
+				src.gone = err
 			}
-			return c.shmRefuse(room, h, ReasonTransferError, err)
+			return c.shmRefuse(room, h, goneReason(err), err)
 		}
 	}
 	c.addPending(room)
@@ -252,6 +261,25 @@ func (c *rxConn) shmChunk(h *Header) error {
 	r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.copied.Add(claimed.PayloadLen) })
 	r.events.Progress(room.key, int64(claimed.PayloadLen))
 	return c.copied(h)
+}
+
+// goneReason is the reason a chunk whose prefill file failed its stat fails with: the file
+// replaced at its path or removed is prefill's region_replaced, as when prefill notices it
+// itself; a truncated file (the same inode, shorter) or a stat that failed otherwise is
+// transfer_error, as a fault mid-copy is.
+func goneReason(err error) Reason {
+	if errors.Is(err, ErrRegionReplaced) {
+		return ReasonRegionReplaced
+	}
+	return ReasonTransferError
+}
+
+// close unmaps the source once (a gone source is unmapped already).
+func (s *shmSource) close() {
+	if s.m != nil {
+		s.m.Close()
+		s.m = nil
+	}
 }
 
 // shmRefuse fails room with reason, answers the chunk COPIED (nothing more of it is read)

@@ -42,6 +42,18 @@ func newTxShm() txShm {
 // ShmStats returns the sender's same-host counters.
 func (s *Sender) ShmStats() ShmStats { return s.shm.stats() }
 
+// shmPopulateRate is the slowest rate, in bytes per second, at which decode is expected to
+// map an offered file with MAP_POPULATE before it answers: BenchmarkShmOfferMap measured
+// 1.5-3.4 GB/s on the shared 2-core machine at load 9-10, so this is a sixth of the
+// slowest. A fixed wait would refuse same-host pages to every region past a size.
+const shmPopulateRate = 256 << 20
+
+// shmOfferWait is how long a writer waits for the answer to an offer of size bytes: base,
+// plus the time to map them at shmPopulateRate.
+func shmOfferWait(base time.Duration, size int64) time.Duration {
+	return base + time.Duration(float64(size)/shmPopulateRate*float64(time.Second))
+}
+
 // shmSourceFor returns the offer id this connection copies w's pages by, negotiating it
 // first when the stream's source rank has no answer on the connection for its region's
 // current file (a first chunk, or a new generation). false: the pages go as payload (tcp,
@@ -65,14 +77,16 @@ func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 	}
 	tc.shm.next++
 	offer := tc.shm.next
-	payload := AppendShmOffer(nil, NewShmOffer(m))
+	o := NewShmOffer(m)
+	payload := AppendShmOffer(nil, o)
 	var hdr [HeaderSize]byte
 	(&Header{Type: FrameShmOffer, Flags: FlagPayloadCRC, Rank: src, Seq: offer, PayloadLen: uint64(len(payload)),
 		PayloadCRC: crc32.Checksum(payload, castagnoli)}).Encode(hdr[:])
 	if err := tc.write([][]byte{hdr[:], payload}, HeaderSize+int64(len(payload))); err != nil {
 		return 0, false, err
 	}
-	t := time.NewTimer(s.cfg.DialTimeout)
+	wait := shmOfferWait(s.cfg.ShmOfferTimeout, o.Size)
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
 		select {
@@ -98,7 +112,7 @@ func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 				zap.String("transport", string(s.cfg.Transport)))
 			return 0, false, nil
 		case <-t.C:
-			return 0, false, fmt.Errorf("%w: no answer to the shm offer within %v", ErrConnBroken, s.cfg.DialTimeout)
+			return 0, false, fmt.Errorf("%w: no answer to the shm offer within %v", ErrConnBroken, wait)
 		case <-tc.dead:
 			return 0, false, tc.readErr
 		case <-tc.p.done:

@@ -299,11 +299,13 @@ func TestShmSourceTruncatedMidCopyFailsRoomDecodeServes(t *testing.T) {
 }
 
 // TestShmReplacedPrefillFileFailsRoomThenNewGenerationServes: the prefill file is replaced
-// at its path (what an engine restart does) while a room is mid-copy. The room fails
-// transfer_error before any page of the next chunk is copied (decode stats the file
-// before each chunk), never Success with bytes of the retired inode; after prefill
-// installs the new file as generation 2 the next room is offered again on the same
-// connection and lands the new file's bytes.
+// at its path (what an engine restart does) while a room is mid-copy and a second room's
+// chunks are announced on the same offer. Both fail region_replaced on both sides, the
+// reason prefill gives when it notices a replaced file itself (decode stats the file
+// before each chunk; the second room's chunks name the offer decode then dropped), never
+// Success with bytes of the retired inode, and neither transfer_error nor invalid; after
+// prefill installs the new file as generation 2 the next room is offered again on the
+// same connection and lands the new file's bytes.
 func TestShmReplacedPrefillFileFailsRoomThenNewGenerationServes(t *testing.T) {
 	l := faultLayout()
 	g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 1 << 20}, ReceiverConfig{PieceBytes: 1 << 20})
@@ -314,6 +316,9 @@ func TestShmReplacedPrefillFileFailsRoomThenNewGenerationServes(t *testing.T) {
 	k1 := Key{Room: 1, Nonce: 1}
 	done := g.expectSend(t, k1, all, all, nil, -1)
 	waitClosed(t, held, "first chunk copied from the prefill mapping")
+	k3 := Key{Room: 3, Nonce: 1}
+	second := SamePages(2, []Run{{0, 4}})
+	done3 := g.expectSend(t, k3, second, second, nil, -1)
 	path := g.src.Path()
 	tmp := filepath.Join(filepath.Dir(path), filepath.Base(path)+".next")
 	if err := os.WriteFile(tmp, make([]byte, l.Size()), 0o600); err != nil {
@@ -323,16 +328,19 @@ func TestShmReplacedPrefillFileFailsRoomThenNewGenerationServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	letGo()
-	if r := g.ev.wait(t, k1); r != ReasonTransferError {
-		t.Fatalf("room on a replaced prefill file: receiver outcome %q, want transfer_error", r)
-	}
-	if err := waitDone(t, done); err == nil {
-		t.Fatal("room on a replaced prefill file: sender reported success")
+	for k, done := range map[Key]chan error{k1: done, k3: done3} {
+		if r := g.ev.wait(t, k); r != ReasonRegionReplaced {
+			t.Errorf("room %v on a replaced prefill file: receiver outcome %q, want region_replaced", k, r)
+		}
+		if err := waitDone(t, done); ReasonOf(err) != ReasonRegionReplaced || !errors.Is(err, ErrRegionReplaced) {
+			t.Errorf("room %v on a replaced prefill file: sender got %v, want region_replaced", k, err)
+		}
 	}
 	if rest := g.dst.Buffer(0)[1<<20:]; !bytes.Equal(rest, make([]byte, len(rest))) {
 		t.Fatal("pages of the retired inode landed after the replacement")
 	}
 	g.rcv.Fence(k1)
+	g.rcv.Fence(k3)
 
 	next, err := OpenMapping(path, l)
 	if err != nil {

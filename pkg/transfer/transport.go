@@ -53,13 +53,18 @@ const (
 	// room: abort, timeout, shutdown). Not a failure cause of its own: the
 	// control plane carries decode's reason.
 	ReasonFenced Reason = "fenced"
+	// ReasonRegionReplaced: on the same-host path, decode found the prefill region file it
+	// proved replaced at its path or removed (Mapping.Check) before copying a chunk. The
+	// file is prefill's, so prefill's room takes this reason, as when prefill notices the
+	// replacement itself (its RegisterRegion of the new file or its per-Send stat).
+	ReasonRegionReplaced Reason = "region_replaced"
 )
 
 // AllReasons returns the closed set of failure reasons, in a stable order, so that every
 // place that turns them into something else (wire codes, room reasons) can be tested over
 // all of them: a reason added here without a mapping there fails that test.
 func AllReasons() []Reason {
-	return []Reason{ReasonChecksum, ReasonTransferError, ReasonInvalid, ReasonFenced}
+	return []Reason{ReasonChecksum, ReasonTransferError, ReasonInvalid, ReasonFenced, ReasonRegionReplaced}
 }
 
 type reasonCode uint32
@@ -70,7 +75,8 @@ const (
 	codeTransferError
 	codeInvalid
 	codeFenced
-	maxReasonCode = codeFenced
+	codeRegionReplaced
+	maxReasonCode = codeRegionReplaced
 )
 
 func (r Reason) code() reasonCode {
@@ -81,6 +87,8 @@ func (r Reason) code() reasonCode {
 		return codeTransferError
 	case ReasonFenced:
 		return codeFenced
+	case ReasonRegionReplaced:
+		return codeRegionReplaced
 	default:
 		return codeInvalid
 	}
@@ -94,6 +102,8 @@ func reasonFromCode(c uint32) Reason {
 		return ReasonTransferError
 	case codeFenced:
 		return ReasonFenced
+	case codeRegionReplaced:
+		return ReasonRegionReplaced
 	default:
 		return ReasonInvalid
 	}

@@ -26,10 +26,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# This tree's pdlink, not whichever one the venv has installed (an editable
+# install may point at another checkout): the bench measures its own code.
+sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from daemons import REPO, Pair  # noqa: E402
 
+import pdlink  # noqa: E402
 from pdlink import DecodeClient, PrefillClient, Region, RegionLayout, RoomState  # noqa: E402
 from pdlink.client import wait_for  # noqa: E402
 
@@ -39,6 +43,7 @@ def _us(samples: list[float]) -> dict[str, float]:
     return {
         "p50_us": round(statistics.median(s) * 1e6, 2),
         "p99_us": round(s[int(len(s) * 0.99) - 1] * 1e6, 2),
+        "max_us": round(s[-1] * 1e6, 2),
         "n": len(s),
     }
 
@@ -171,6 +176,7 @@ def main() -> None:
         print(json.dumps(res, indent=2))
         return
     n = args.rooms
+    print(f"pdlink under test: {pdlink.__file__}")
     print(f"poll of {n} rooms from the cache: {res['cache_poll']}  (goal p50 <= 50 us)")
     print(f"poll of {n} rooms, one Poll RPC:   {res['rpc_poll']}")
     print(f"Send (a chunk, not last):         {res['send_chunk']}  (goal p99 <= 1000 us)")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from concurrent import futures
 
+import grpc
 from conftest import LAYOUT, settle, state_of
 
 from pdlink import DecodeClient, Region, RoomState, RoomStatus
 from pdlink.client import StatusCache
-from pdlink.v1 import common_pb2
+from pdlink.v1 import common_pb2, decode_pb2_grpc
 
 # A receive window this small makes the daemon's send block after a few
 # dozen events instead of megabytes (gRPC's BDP probing would grow it), so
@@ -143,3 +146,51 @@ def test_a_room_lost_in_a_restart_takes_the_transitions_of_its_reopening():
     c.transition(_tr(7, 9, RoomState.BOOTSTRAPPING, RoomState.WAITING_FOR_INPUT))
     c.put(RoomStatus(7, nonce=9, found=True, state=RoomState.BOOTSTRAPPING))
     assert c.get(7).state == RoomState.WAITING_FOR_INPUT
+
+
+def _in_watch_header_wait(client) -> bool:
+    frame = sys._current_frames().get(client._watch_thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "initial_metadata":
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _SilentWatch(decode_pb2_grpc.DecodeServiceServicer):
+    """A daemon stand-in whose Watch never sends its headers until released."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def Watch(self, request, context):
+        self.entered.set()
+        self.release.wait(WAIT_BOUND)
+        return iter(())
+
+
+WAIT_BOUND = 30.0
+
+
+def test_close_returns_while_the_watch_waits_for_headers_that_never_come(tmp_path):
+    """The Watch stream is single-threaded: while it waits for the daemon's
+    headers it holds the call's lock, so close() must not go through it."""
+    servicer = _SilentWatch()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    decode_pb2_grpc.add_DecodeServiceServicer_to_server(servicer, server)
+    address = f"unix://{tmp_path}/silent.sock"
+    server.add_insecure_port(address)
+    server.start()
+    try:
+        dec = DecodeClient(address)
+        assert servicer.entered.wait(WAIT_BOUND)
+        settle(lambda: _in_watch_header_wait(dec), "watch thread waiting for headers")
+        closer = threading.Thread(target=dec.close, name="closer")
+        closer.start()
+        closer.join(timeout=10)
+        assert not closer.is_alive(), "close() waited on the Watch call's headers"
+        assert not dec._watch_thread.is_alive()
+    finally:
+        servicer.release.set()
+        server.stop(grace=None).wait(WAIT_BOUND)

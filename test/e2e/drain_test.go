@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/internal/proc"
 	"github.com/pdlink/pdlink/internal/sim"
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 // pairProcs starts prefilld and decoded as child processes and returns a
@@ -123,5 +125,41 @@ func TestSIGTERMDrainsInflightRoomsAndTellsThePeer(t *testing.T) {
 	}
 	if !strings.Contains(pre.Logs(), `"msg":"draining"`) {
 		t.Errorf("prefilld did not log its drain")
+	}
+}
+
+// Found through SGLang's kill test: prefilld SIGTERMed after its decode
+// peer was SIGKILLed waited its whole --drain-timeout (30 s) with nothing
+// live. A room aborted after the kill had its notice out to the dead peer,
+// and the drain waited for that ack until its cap. A lost peer acknowledges
+// nothing; the drain ends once the peer is declared lost (heartbeats) and
+// its rooms' grace is over.
+func TestSIGTERMAfterThePeerWasKilledDoesNotWaitTheDrainTimeout(t *testing.T) {
+	const drain = 30 * time.Second
+	common := []string{"--heartbeat-interval=200ms", "--heartbeat-misses=3"}
+	p := newOwnerPair(t, transfer.UniformLayout(1, 8, 4096, 4, 64), append([]string{"--drain-timeout=" + drain.String()}, common...), common)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p.open(ctx, 1)
+	p.bind(ctx, 1, p.allPages())
+	if err := p.dec.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.prefill.Abort(ctx, &pb.PrefillServiceAbortRequest{RoomId: 1}); err != nil {
+		t.Fatal(err)
+	}
+	sigterm := time.Now()
+	if err := p.pre.Stop(drain + 10*time.Second); err != nil {
+		t.Fatalf("prefilld after SIGTERM: %v\n%s", err, p.pre.Logs())
+	}
+	took := time.Since(sigterm)
+	t.Logf("prefilld stopped %v after SIGTERM (--drain-timeout %v)", took.Round(time.Millisecond), drain)
+	// The peer is lost 600 ms after its last heartbeat; the rest is slack
+	// for a loaded machine, far below the 30 s the drain used to take.
+	if bound := 10 * time.Second; took > bound {
+		t.Errorf("prefilld took %v to stop with nothing live and its peer killed, want within %v:\n%s", took, bound, p.pre.Logs())
+	}
+	if !strings.Contains(p.pre.Logs(), `"capped":false`) {
+		t.Errorf("the drain ended at its cap:\n%s", p.pre.Logs())
 	}
 }

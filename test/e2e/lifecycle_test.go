@@ -20,12 +20,24 @@ import (
 
 func startDaemon(t *testing.T, name string, extra ...string) *proc.Process {
 	t.Helper()
+	return startDaemonUnder(t, nil, name, extra...)
+}
+
+// startDaemonUnder is startDaemon with the daemon run by wrap (a command
+// that ends by exec'ing its trailing argv, so the process is the daemon's);
+// nil runs it plainly.
+func startDaemonUnder(t *testing.T, wrap []string, name string, extra ...string) *proc.Process {
+	t.Helper()
 	args := append([]string{
 		"--grpc-listen=unix://" + filepath.Join(t.TempDir(), name+".sock"),
 		"--http-listen=127.0.0.1:0",
 		"--region-dir=" + regionRoot,
 	}, extra...)
-	p, err := proc.Start(context.Background(), bin(name), args, 30*time.Second)
+	cmd := bin(name)
+	if len(wrap) > 0 {
+		cmd, args = wrap[0], append(append(wrap[1:len(wrap):len(wrap)], bin(name)), args...)
+	}
+	p, err := proc.Start(context.Background(), cmd, args, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"net"
@@ -42,21 +43,33 @@ func newOwnerPair(t *testing.T, layout transfer.Layout, preArgs, decArgs []strin
 // decode's of decLayout (rank 0 of each side's TP, when the sizes differ).
 func newOwnerPairOf(t *testing.T, layout, decLayout transfer.Layout, preArgs, decArgs []string) *ownerPair {
 	t.Helper()
-	p := &ownerPair{t: t, layout: layout}
-	p.pre = startDaemon(t, "prefilld", append([]string{"--bootstrap-listen=tcp://127.0.0.1:0"}, preArgs...)...)
-	p.bootstrap = p.pre.LogField("bootstrap socket bound", "addr")
-	if p.bootstrap == "" {
-		t.Fatalf("prefilld logged no bootstrap address:\n%s", p.pre.Logs())
-	}
-	p.dec = startDaemon(t, "decoded", append([]string{"--data-listen=127.0.0.1:0"}, decArgs...)...)
-	p.prefill = pb.NewPrefillServiceClient(grpcConn(t, p.pre.GRPCAddr))
-	p.decode = pb.NewDecodeServiceClient(grpcConn(t, p.dec.GRPCAddr))
+	return newOwnerPairPlaced(t, layout, decLayout, preArgs, decArgs, pairPlacement{})
+}
 
-	dir := regionDir(t)
+// pairPlacement is where an ownerPair's region files live and what decoded
+// runs under; the zero value is one region directory for both and plain
+// daemons.
+type pairPlacement struct {
+	srcDir, dstDir string
+	// decWrap, given the prefill region's path, is the command (argv)
+	// decoded runs under, decoded's own argv after it.
+	decWrap func(srcPath string) []string
+}
+
+// newOwnerPairPlaced is newOwnerPairOf with the region files and decoded
+// placed as pl says. The files exist before the daemons start, so a
+// wrapper can see them.
+func newOwnerPairPlaced(t *testing.T, layout, decLayout transfer.Layout, preArgs, decArgs []string, pl pairPlacement) *ownerPair {
+	t.Helper()
+	p := &ownerPair{t: t, layout: layout}
+	if pl.srcDir == "" || pl.dstDir == "" {
+		dir := regionDir(t)
+		pl.srcDir, pl.dstDir = cmp.Or(pl.srcDir, dir), cmp.Or(pl.dstDir, dir)
+	}
 	for _, side := range []string{"prefill", "decode"} {
-		l := layout
+		l, dir := layout, pl.srcDir
 		if side == "decode" {
-			l = decLayout
+			l, dir = decLayout, pl.dstDir
 		}
 		path, err := transfer.CreateRegionFile(dir, l)
 		if err != nil {
@@ -73,6 +86,19 @@ func newOwnerPairOf(t *testing.T, layout, decLayout transfer.Layout, preArgs, de
 			p.dst, p.dstPath = r, path
 		}
 	}
+	p.pre = startDaemon(t, "prefilld", append([]string{"--bootstrap-listen=tcp://127.0.0.1:0"}, preArgs...)...)
+	p.bootstrap = p.pre.LogField("bootstrap socket bound", "addr")
+	if p.bootstrap == "" {
+		t.Fatalf("prefilld logged no bootstrap address:\n%s", p.pre.Logs())
+	}
+	var wrap []string
+	if pl.decWrap != nil {
+		wrap = pl.decWrap(p.srcPath)
+	}
+	p.dec = startDaemonUnder(t, wrap, "decoded", append([]string{"--data-listen=127.0.0.1:0"}, decArgs...)...)
+	p.prefill = pb.NewPrefillServiceClient(grpcConn(t, p.pre.GRPCAddr))
+	p.decode = pb.NewDecodeServiceClient(grpcConn(t, p.dec.GRPCAddr))
+
 	p.registerPrefill()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

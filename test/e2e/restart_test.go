@@ -347,15 +347,15 @@ type restartStream struct {
 	rooms []*streamRoom
 }
 
-// newRestartStream starts the daemons with every rank of topo registered
-// on each side.
-func newRestartStream(t *testing.T, topo restartTopo) *restartStream {
+// newRestartStream starts the daemons on data transport kind with every
+// rank of topo registered on each side.
+func newRestartStream(t *testing.T, topo restartTopo, kind transfer.Kind) *restartStream {
 	pre0, dec0 := topo.layout(t, "prefill", 0), topo.layout(t, "decode", 0)
 	plan, err := transfer.PlanRanks(pre0, dec0)
 	if err != nil {
 		t.Fatalf("%+v: %v", topo, err)
 	}
-	p := newOwnerPairOf(t, pre0, dec0, overTCP, overTCP)
+	p := newOwnerPairOf(t, pre0, dec0, transportArgs(kind), transportArgs(kind))
 	s := &restartStream{t: t, p: p, topo: topo, plan: plan, tick: 2 * time.Millisecond, bound: 30 * time.Second,
 		files: map[string][]*rankFile{
 			"prefill": {{path: p.srcPath, gens: []*transfer.Region{p.src}}},
@@ -715,17 +715,19 @@ func (s *restartStream) restartEngine(ctx context.Context, side string, rank int
 // rank's rooms fails it).
 func TestEngineRestartMidRunFailsOnlyItsRoomsAndNewRoomsSucceed(t *testing.T) {
 	const rooms, concurrency, restartAfter = 200, 8, 60
-	for _, tp := range []int{1, 2, 4} {
-		for _, side := range []string{"prefill", "decode"} {
-			name := side
-			if tp > 1 {
-				name = fmt.Sprintf("tp%d/%s", tp, side)
+	onEachTransport(t, func(t *testing.T, kind transfer.Kind) {
+		for _, tp := range []int{1, 2, 4} {
+			for _, side := range []string{"prefill", "decode"} {
+				name := side
+				if tp > 1 {
+					name = fmt.Sprintf("tp%d/%s", tp, side)
+				}
+				t.Run(name, func(t *testing.T) {
+					restartMidRun(t, restartTopo{prefillTP: tp, decodeTP: tp}, kind, side, rooms, concurrency, restartAfter)
+				})
 			}
-			t.Run(name, func(t *testing.T) {
-				restartMidRun(t, restartTopo{prefillTP: tp, decodeTP: tp}, side, rooms, concurrency, restartAfter)
-			})
 		}
-	}
+	})
 }
 
 // TestEngineRestartMidRunAtEachMappingFailsOnlyItsRooms is the same
@@ -742,13 +744,15 @@ func TestEngineRestartMidRunFailsOnlyItsRoomsAndNewRoomsSucceed(t *testing.T) {
 // decode pages do not change after Failed is visible.
 func TestEngineRestartMidRunAtEachMappingFailsOnlyItsRooms(t *testing.T) {
 	const rooms, concurrency, restartAfter = 100, 8, 30
-	for _, c := range []restartTopo{{2, 4, "mla"}, {4, 2, "mla"}, {2, 4, "mha"}, {4, 2, "mha"}} {
-		for _, side := range []string{"prefill", "decode"} {
-			t.Run(fmt.Sprintf("%s_%d_to_%d/%s", c.attention, c.prefillTP, c.decodeTP, side), func(t *testing.T) {
-				restartMidRun(t, c, side, rooms, concurrency, restartAfter)
-			})
+	onEachTransport(t, func(t *testing.T, kind transfer.Kind) {
+		for _, c := range []restartTopo{{2, 4, "mla"}, {4, 2, "mla"}, {2, 4, "mha"}, {4, 2, "mha"}} {
+			for _, side := range []string{"prefill", "decode"} {
+				t.Run(fmt.Sprintf("%s_%d_to_%d/%s", c.attention, c.prefillTP, c.decodeTP, side), func(t *testing.T) {
+					restartMidRun(t, c, kind, side, rooms, concurrency, restartAfter)
+				})
+			}
 		}
-	}
+	})
 }
 
 // restartedRank is the rank of side whose engine the stream restarts: the
@@ -766,8 +770,8 @@ func (s *restartStream) restartedRank(side string) int {
 	return 0
 }
 
-func restartMidRun(t *testing.T, topo restartTopo, side string, rooms, concurrency, restartAfter int) {
-	s := newRestartStream(t, topo)
+func restartMidRun(t *testing.T, topo restartTopo, kind transfer.Kind, side string, rooms, concurrency, restartAfter int) {
+	s := newRestartStream(t, topo, kind)
 	restarted := s.restartedRank(side)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -851,19 +855,26 @@ type restartPair struct {
 	ctx context.Context
 }
 
-func newRestartPair(t *testing.T) *restartPair {
+func newRestartPair(t *testing.T, kind transfer.Kind) *restartPair {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	return &restartPair{newOwnerPair(t, streamLayout, overTCP, overTCP), ctx}
+	return &restartPair{newOwnerPair(t, streamLayout, transportArgs(kind), transportArgs(kind)), ctx}
 }
 
-// overTCP pins the restart suites to TCP pages. On the same-host path
-// decoded stats the prefill file before each chunk it copies, so a replaced
-// prefill file can fail a room transfer_error there before prefill's
-// RegisterRegion fails it region_replaced (pkg/transfer's
-// TestShmReplacedPrefillFileFailsRoomThenNewGenerationServes pins that path:
-// failed, never a wrong byte); these tests pin the reasons the register gives.
-var overTCP = []string{"--data-transport=tcp"}
+// onEachTransport runs f as a subtest per data transport: TCP pages, and
+// same-host pages only (shm: a room decode cannot map fails rather than
+// fall back, so these runs copy from the prefill files). On the same-host
+// path decoded stats the prefill file before each chunk it copies and may
+// see a replaced file before prefill's RegisterRegion does; the reasons and
+// counts must not tell the two transports apart.
+func onEachTransport(t *testing.T, f func(t *testing.T, kind transfer.Kind)) {
+	for _, kind := range []transfer.Kind{transfer.KindTCP, transfer.KindShm} {
+		t.Run(string(kind), func(t *testing.T) { f(t, kind) })
+	}
+}
+
+// transportArgs is the daemon flag selecting kind's data transport.
+func transportArgs(kind transfer.Kind) []string { return []string{"--data-transport=" + string(kind)} }
 
 // openBound fills room's source in slot, opens it on both sides and binds
 // it to the slot's decode pages.
@@ -952,9 +963,13 @@ func (p *restartPair) setRegion(side string, r *transfer.Region) {
 // aborted:remote. Registering then is generation 2, and rooms succeed with
 // their bytes in the new file.
 func TestEngineRecreatesItsFileWithoutRegisteringFailsTheNextRoom(t *testing.T) {
+	onEachTransport(t, recreatedFileWithoutRegisterFailsTheNextRoom)
+}
+
+func recreatedFileWithoutRegisterFailsTheNextRoom(t *testing.T, kind transfer.Kind) {
 	for _, side := range []string{"prefill", "decode"} {
 		t.Run(side, func(t *testing.T) {
-			p := newRestartPair(t)
+			p := newRestartPair(t, kind)
 			p.moveRoom(1, 0)
 			before := replacedCounters(t, p.ownerPair)
 			path, old := p.regionOf(side)
@@ -1009,9 +1024,13 @@ func TestEngineRecreatesItsFileWithoutRegisteringFailsTheNextRoom(t *testing.T) 
 // again new rooms are refused FailedPrecondition (decode at OpenReceiver,
 // prefill at Send); registering again is generation 2 and rooms succeed.
 func TestUnregisterRegionWithRoomsInFlight(t *testing.T) {
+	onEachTransport(t, unregisterWithRoomsInFlight)
+}
+
+func unregisterWithRoomsInFlight(t *testing.T, kind transfer.Kind) {
 	for _, side := range []string{"prefill", "decode"} {
 		t.Run(side, func(t *testing.T) {
-			p := newRestartPair(t)
+			p := newRestartPair(t, kind)
 			inFlight := map[uint64]int{1: 0, 2: 1} // room -> slot
 			for room, slot := range inFlight {
 				p.openBound(room, slot)

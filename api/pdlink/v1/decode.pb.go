@@ -86,7 +86,9 @@ type DecodeServiceRegisterRegionResponse struct {
 	Device uint64 `protobuf:"varint,3,opt,name=device,proto3" json:"device,omitempty"`
 	Inode  uint64 `protobuf:"varint,4,opt,name=inode,proto3" json:"inode,omitempty"`
 	// rooms_failed is how many rooms on the previous generation failed with
-	// region_replaced because of this call.
+	// region_replaced: because of this call, or before it once the file was
+	// seen replaced (a bind or Send, or decoded's same-host stat of the
+	// prefill file), so a replacement counts the same on every transport.
 	RoomsFailed   uint32 `protobuf:"varint,5,opt,name=rooms_failed,json=roomsFailed,proto3" json:"rooms_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -208,7 +210,8 @@ type DecodeServiceUnregisterRegionResponse struct {
 	Unregistered bool `protobuf:"varint,1,opt,name=unregistered,proto3" json:"unregistered,omitempty"`
 	// generation is the generation that was dropped (0 if none).
 	Generation uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	// rooms_failed is how many rooms failed with region_replaced.
+	// rooms_failed is how many rooms failed with region_replaced (counted
+	// as RegisterRegion counts them).
 	RoomsFailed   uint32 `protobuf:"varint,3,opt,name=rooms_failed,json=roomsFailed,proto3" json:"rooms_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -1,6 +1,7 @@
 package zmtp
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -30,15 +31,25 @@ func TestRoundTripRoutesRepliesToEachDialer(t *testing.T) {
 		}
 	}
 	// Reply to every frame with its own payload: each dialer must get
-	// back exactly its own frames, in order.
-	for range n * rounds {
+	// back exactly its own frames, in order. ping resends until one
+	// arrives, so copies of a ping can still be queued here: they are not
+	// this test's frames (answering them instead of the last real frames
+	// left a dialer waiting for its last rounds under load).
+	skipped := 0
+	defer func() { t.Logf("skipped %d leftover pings", skipped) }()
+	for answered := 0; answered < n*rounds; {
 		route, f, err := l.Recv(ctx)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("after %d of %d frames: %v", answered, n*rounds, err)
+		}
+		if bytes.HasPrefix(f, []byte("ping-")) {
+			skipped++
+			continue
 		}
 		if err := l.Send(ctx, route, f); err != nil {
 			t.Fatal(err)
 		}
+		answered++
 	}
 	for i, c := range conns {
 		for r := range rounds {

@@ -21,10 +21,13 @@ Configuration (environment of each SGLang server):
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,6 +42,7 @@ from sglang.srt.disaggregation.common.conn import (
 from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType
 
 from pdlink import DecodeClient, PdlinkError, PrefillClient, Region, RoomState, RoomStatus
+from pdlink.client import StatusCache
 from pdlink.region import AuxLayout, BufferLayout, RegionLayout
 from pdlink.sglang import checks
 from pdlink.sglang.plugin import installed_sglang_version
@@ -71,6 +75,9 @@ DECODE_STATE_TO_KVPOLL = {
     RoomState.SUCCESS: KVPoll.Success,
     RoomState.FAILED: KVPoll.Failed,
 }
+
+
+_NOT_POLLED = object()
 
 
 def _env(name: str) -> str:
@@ -137,8 +144,6 @@ class PdlinkKVManager(CommonKVManager):
         self.client.register_region(self.region, rank=self.rank)
         if not self.client.wait_connected(30):
             raise RuntimeError(f"pdlink daemon at {self.daemon_addr} did not answer Watch in 30s")
-        self._lost_since: float | None = None
-        self._lost_lock = threading.Lock()
         logger.info(
             "pdlink kv manager ready: mode=%s daemon=%s rank=%s region=%s slots=%d",
             "prefill" if self.is_prefill else "decode",
@@ -173,17 +178,23 @@ class PdlinkKVManager(CommonKVManager):
 
     def daemon_lost(self) -> str | None:
         """A failure reason once the daemon's Watch stream has been down too long."""
-        if self.client.cache.connected.is_set():
-            self._lost_since = None
+        since = self.client.cache.disconnected_since
+        if since is None:
             return None
-        now = time.monotonic()
-        with self._lost_lock:
-            if self._lost_since is None:
-                self._lost_since = now
-            lost_for = now - self._lost_since
+        lost_for = time.monotonic() - since
         if lost_for < self.lost_timeout:
             return None
         return f"pdlink daemon at {self.daemon_addr} unreachable for {lost_for:.1f}s"
+
+    # The senders' poll reads these on every scheduler tick; as plain
+    # attributes (cached on first use) they cost a dict read, not a call.
+    @functools.cached_property
+    def status_cache(self) -> StatusCache:
+        return self.client.cache
+
+    @functools.cached_property
+    def cached_status(self) -> Callable[[int], RoomStatus | None]:
+        return self.client.cache.get
 
     def copy_aux_in(self, aux_index: int) -> None:
         """The request's row of every SGLang aux buffer, side by side, into the region row."""
@@ -198,7 +209,47 @@ class PdlinkKVManager(CommonKVManager):
             self.copy(int(ptr) + aux_index * n, src, n)
             src += n
 
+    # Sends leave the scheduler's thread: a Send answers after a round trip
+    # to the daemon, the last one only after decode admitted its pages:
+    # 1-2 ms, and a loaded machine's scheduling tail on top (bench),
+    # while send() itself only needs its pages copied into staging. One
+    # worker, first in first out, keeps every room's chunks in order (the
+    # daemon takes a room's chunks only in position order); a failed Send
+    # fails its room at the room's next poll, on the scheduler's thread.
+    _sends: queue.SimpleQueue | None = None
+    _send_worker: threading.Thread | None = None
+
+    def submit_send(self, sender: PdlinkKVSender, **send: Any) -> None:
+        """Queue sender's Send (client.send's arguments) for the send worker.
+
+        Called on the scheduler's thread only, which starts the worker."""
+        if self._sends is None:
+            self._sends = queue.SimpleQueue()
+            self._send_worker = threading.Thread(
+                target=self._send_loop, args=(self._sends,), name="pdlink-send", daemon=True
+            )
+            self._send_worker.start()
+        self._sends.put((sender, send))
+
+    def _send_loop(self, sends: queue.SimpleQueue) -> None:
+        while (item := sends.get()) is not None:
+            sender, send = item
+            if sender.conclude_state is not None:
+                continue  # failed (aborted, daemon lost) since: nothing to send for
+            try:
+                self.client.send(**send)
+            except PdlinkError as err:
+                sender.send_failed = f"pdlink Send of room {sender.bootstrap_room} failed: {err}"
+            except Exception as err:
+                # Not the daemon's answer (a bug): the room fails with it, and
+                # the worker stays for the other rooms' Sends.
+                logger.exception("pdlink send worker: room=%d", sender.bootstrap_room)
+                sender.send_failed = f"pdlink Send of room {sender.bootstrap_room} failed: {err!r}"
+
     def close(self) -> None:
+        if self._sends is not None and self._send_worker is not None:
+            self._sends.put(None)  # after the Sends already queued
+            self._send_worker.join(timeout=30)
         self.client.close()
         self.region.close()
 
@@ -266,7 +317,8 @@ class _Room:
 
 
 class PdlinkKVSender(_Room, CommonKVSender):
-    """Prefill, one per request: OpenSender at creation, Send per chunk, cached poll."""
+    """Prefill, one per request: OpenSender at creation, Send per chunk (by the
+    manager's send worker, after the staging copy), cached poll."""
 
     def __init__(
         self,
@@ -327,27 +379,39 @@ class PdlinkKVSender(_Room, CommonKVSender):
         if last and self.aux_index is not None and mgr.region_aux_row_len:
             mgr.copy_aux_in(self.aux_index)
             aux_index = int(self.aux_index)
-        try:
-            mgr.client.send(
-                self.bootstrap_room,
-                slots,
-                rank=mgr.rank,
-                start_position=start,
-                last=last,
-                aux_index=aux_index,
-            )
-        except PdlinkError as err:
-            self._fail(f"pdlink Send of room {self.bootstrap_room} failed: {err}")
-            return
+        mgr.submit_send(
+            self,
+            room_id=self.bootstrap_room,
+            pages=slots,
+            rank=mgr.rank,
+            start_position=start,
+            last=last,
+            aux_index=aux_index,
+        )
         self._record_transfer_indices(kv_indices, None)
+
+    # The cached status the last poll mapped, and what it mapped to: the
+    # cache replaces a status whole on every change, so while it still holds
+    # the same object the answer is the same, and most polls of a tick end
+    # at that identity check.
+    _polled: object = _NOT_POLLED
+    _polled_state = KVPoll.Bootstrapping
+    # Set by the send worker when one of this room's Sends failed: the reason.
+    send_failed: str | None = None
 
     def poll(self) -> int:
         if self.conclude_state is not None:
             return self.conclude_state
-        lost = self.kv_mgr.daemon_lost()
-        if lost is not None:
-            return self._fail(lost)
-        st = self._daemon_status()
+        if self.send_failed is not None:
+            return self._fail(self.send_failed)
+        mgr = self.kv_mgr
+        if mgr.status_cache.disconnected_since is not None:
+            lost = mgr.daemon_lost()
+            if lost is not None:
+                return self._fail(lost)
+        st = mgr.cached_status(self.bootstrap_room)
+        if st is self._polled:
+            return self._polled_state
         if st is None or not st.found:
             return self._fail(_failure_text(st or RoomStatus(self.bootstrap_room)))
         state = PREFILL_STATE_TO_KVPOLL[st.state]
@@ -355,6 +419,7 @@ class PdlinkKVSender(_Room, CommonKVSender):
             return self._fail(_failure_text(st))
         if state == KVPoll.Success:
             self.conclude_state = KVPoll.Success
+        self._polled, self._polled_state = st, state
         return state
 
     def clear(self) -> None:
