@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -85,3 +86,34 @@ class Pool:
         a.prefill_end_layer = None
         a.mla_compression_ratios = None
         return a
+
+
+@contextmanager
+def sglang_process(bootstrap_port: int, attn_tp_group=None, **server_args):
+    """This process configured as one single-GPU SGLang server with the pdlink
+    backend: SGLang's RuntimeContext (override_server_args, as SGLang's unit
+    tests do) and the process's ranks as a scheduler has them once its
+    groups are built. Yields the installed ServerArgs; restores on exit."""
+    from sglang.srt.runtime_context import get_context, get_parallel
+
+    override = get_context().override_server_args(
+        host="127.0.0.1",
+        disaggregation_bootstrap_port=bootstrap_port,
+        disaggregation_transfer_backend="pdlink",
+        **server_args,
+    )
+    installed = override.install()
+    ranks = dict(
+        pp_group=0,
+        attn_dcp_rank=0,
+        attn_tp_rank=0,
+        attn_cp_rank=0,
+        attn_dp_rank=0,
+    )
+    if attn_tp_group is not None:
+        ranks.update(tp_rank=0, pp_rank=0, dp_rank=None, attn_tp_group=attn_tp_group)
+    try:
+        with get_parallel().override(**ranks):
+            yield installed
+    finally:
+        override.restore()
