@@ -15,7 +15,7 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 10m
 
 export GOFLAGS ?= -mod=readonly
 
-.PHONY: python-test python-lint python-venv unit-test
+.PHONY: python-test python-lint
 .PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update chaos twohost fresh-check
 
 all: build
@@ -31,25 +31,14 @@ build:
 # so their timing bounds are not judged on a machine loaded by each other.
 SYSTEM_PKGS := ./test/... ./deploy/...
 
-## test: every package under the race detector, the Python tests, then the
-## real-process suites (e2e, chaos short version, deploy checks) one package
-## at a time.
+## test: every package under the race detector, then the real-process suites
+## (e2e, chaos short version, deploy checks) one package at a time.
 test:
 	@scripts/deps.sh test
-	$(MAKE) --no-print-directory -j2 unit-test python-venv
+	$(GO) test $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/ -e /deploy)
 	$(MAKE) python-test
 	$(GO) test $(GOTEST_FLAGS) -p 1 $(SYSTEM_PKGS)
 	PDLINK_CHAOS_TRANSPORT=tcp $(GO) test $(GOTEST_FLAGS) ./test/chaos/
-
-# The venv is made (on a new machine: SGLang's 6 GB fetched and unpacked by one
-# pip process) beside the unit tests, which are built for and pass under
-# the load of a shared machine; the real-process suites, whose timing bounds
-# are judged, run alone after both.
-unit-test:
-	$(GO) test $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/ -e /deploy)
-
-python-venv:
-	scripts/pyenv.sh test sglang
 
 ## python-test: the Python package's tests (python/tests) in the project's
 ## venv (scripts/pyenv.sh), on real daemons built into bin/; the sglang group
