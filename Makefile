@@ -139,7 +139,8 @@ fresh-check:
 	@scripts/deps.sh fresh-check
 	scripts/fresh-check.sh
 
-ci: lint proto-check tidy-check test systemd-check fresh-check
+## ci: what .ci/run does; make test runs once, inside fresh-check's root.
+ci: lint proto-check tidy-check systemd-check fresh-check
 
 clean:
 	rm -rf $(BIN)

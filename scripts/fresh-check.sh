@@ -9,6 +9,13 @@
 # missing fails instead of skipping). Whatever those targets need beyond that
 # they must install themselves, as on a new machine.
 #
+# Downloads are shared, installs are not: the root's go fetches every module
+# itself, into its own empty module cache and checked against go.sum, but
+# through a file:// GOPROXY on this machine's module download cache first
+# (scripts/in-root.sh, PDLINK_GO_DOWNLOADS), so what this machine's go already
+# fetched (CI's lint step fetches every module the tests build) is not fetched
+# over the network a second time.
+#
 # Prints the time of each step and exits non-zero on the first failure. The
 # root is deleted at the end; FRESH_KEEP=1 keeps it for debugging (then
 # `scripts/in-root.sh DIR bash` enters it). FRESH_TMP (default /var/tmp) is
@@ -71,8 +78,10 @@ clone() {
 }
 # inside runs a make target in the clone as CI runs it (CI=true), the Go
 # caches at their defaults under /root.
+downloads=$(go env GOMODCACHE)/cache/download
+[[ -d $downloads ]] || downloads=
 inside() {
-	scripts/in-root.sh "$root" /bin/sh -c 'cd "$0" && exec env CI=true "$@"' "$src" "$@"
+	PDLINK_GO_DOWNLOADS=$downloads scripts/in-root.sh "$root" /bin/sh -c 'cd "$0" && exec env CI=true "$@"' "$src" "$@"
 }
 packages() { chroot "$root" dpkg-query -W -f='${Package} ${Version}\n' | sort; }
 # demo runs make demo from empty Go module and build caches, as on a new
