@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -24,6 +25,32 @@ def require_sglang() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(msg + " (CI=true: make test installs the sglang group)", pytrace=False)
         pytest.skip(msg, allow_module_level=True)
+
+
+# Bound on any wait for a room's state (a loaded 2-core machine).
+WAIT = 30.0
+
+
+def kv_class(class_type):
+    """SGLang's class of class_type for the pdlink backend (get_kv_class)."""
+    from sglang.srt.disaggregation.utils import TransferBackend, get_kv_class
+
+    return get_kv_class(TransferBackend("pdlink"), class_type)
+
+
+def wait_poll(obj, want: set[int], what: str) -> int:
+    """Poll as a scheduler tick does until the state is in want (bounded)."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    end = time.monotonic() + WAIT
+    while True:
+        state = obj.poll()
+        if state in want:
+            return state
+        assert state != KVPoll.Failed, f"{what}: Failed unexpectedly"
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: still {state} after {WAIT}s")
+        time.sleep(0.002)
 
 
 def free_port() -> int:
@@ -52,9 +79,16 @@ class Pool:
         ]
         return cls(kv, aux)
 
-    def kv_args(self, kv_args_cls, page_size: int):
+    def kv_args(
+        self,
+        kv_args_cls,
+        page_size: int,
+        engine_rank: int = 0,
+        kv_head_num: int = 1,
+        total_kv_head_num: int = 1,
+    ):
         a = kv_args_cls()
-        a.engine_rank = 0
+        a.engine_rank = engine_rank
         a.kv_data_ptrs = [t.data_ptr() for t in self.kv]
         a.kv_data_lens = [t.numel() * t.element_size() for t in self.kv]
         a.kv_item_lens = [t[0].numel() * t.element_size() for t in self.kv]
@@ -75,8 +109,8 @@ class Pool:
         a.swa_kv_cache_layout = None
         a.ib_device = None
         a.gpu_id = 0
-        a.kv_head_num = 1
-        a.total_kv_head_num = 1
+        a.kv_head_num = kv_head_num
+        a.total_kv_head_num = total_kv_head_num
         a.page_size = page_size
         a.system_dp_rank = 0
         a.rust_http_port = None

@@ -20,19 +20,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from sglang_harness import Pool, free_port, require_sglang
+from sglang_harness import Pool, free_port, kv_class, require_sglang, wait_poll
 
 require_sglang()
 
 import torch  # noqa: E402
 from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
 from sglang.srt.disaggregation.common.conn import KVTransferError  # noqa: E402
-from sglang.srt.disaggregation.utils import (  # noqa: E402
-    DisaggregationMode,
-    KVClassType,
-    TransferBackend,
-    get_kv_class,
-)
+from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
 from sglang.srt.runtime_context import get_context, get_parallel  # noqa: E402
 
@@ -52,12 +47,6 @@ SINGLE_RANK = {
     "attn_cp_rank": 0,
     "attn_dp_rank": 0,
 }
-# Bound on any wait for a room's state (a loaded 2-core machine).
-WAIT = 30.0
-
-
-def kv_class(class_type):
-    return get_kv_class(TransferBackend("pdlink"), class_type)
 
 
 @dataclass
@@ -112,19 +101,6 @@ def servers(pair, monkeypatch) -> Iterator[Servers]:
     # The managers' Watch threads end with them (close joins them).
     leaked = [t.name for t in threading.enumerate() if t.name.startswith("pdlink-watch")]
     assert not leaked, leaked
-
-
-def wait_poll(obj, want: set[int], what: str) -> int:
-    """Poll as a scheduler tick does until the state is in want (bounded)."""
-    end = time.monotonic() + WAIT
-    while True:
-        state = obj.poll()
-        if state in want:
-            return state
-        assert state != KVPoll.Failed, f"{what}: Failed unexpectedly"
-        if time.monotonic() > end:
-            raise AssertionError(f"{what}: still {state} after {WAIT}s")
-        time.sleep(0.002)
 
 
 @dataclass

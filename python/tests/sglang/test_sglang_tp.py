@@ -1,0 +1,248 @@
+"""SGLang at TP > 1 through its real classes: one manager per rank per side, one daemon per side.
+
+Each rank's manager is built as that rank's scheduler process builds it:
+its own KVArgs (engine_rank, its pool, its heads) under its own place in
+the parallel groups (get_parallel().override with its tp/attn_tp rank and
+size) and its own ServerArgs tp_size. The managers live in this one
+process and thread, because SGLang's CommonKVManager reads the parallel
+context once, in its constructor (later calls use the captured
+attn_tp_rank/attn_tp_size), so a scoped override per construction gives
+each manager exactly its rank's view without subprocesses.
+
+Every request is driven per rank in the schedulers' order (see
+test_sglang_transfer.py), and every decode rank's pages are checked
+against the heads it holds of the request's whole KV: equal TP, MHA head
+slices between TP sizes, MLA's replicated latent.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+from sglang_harness import Pool, free_port, kv_class, require_sglang, wait_poll
+
+require_sglang()
+
+import msgspec  # noqa: E402
+import torch  # noqa: E402
+from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
+from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType  # noqa: E402
+from sglang.srt.plugins import load_plugins  # noqa: E402
+from sglang.srt.runtime_context import get_context, get_parallel  # noqa: E402
+
+load_plugins()
+
+BUFFERS = 4  # two layers, K then V
+POOL_PAGES = 48
+PAGE_SIZE = 4  # tokens per page
+HEADS = 4  # the model's KV heads (MHA); MLA has one latent head
+HEAD_BYTES = 16
+MLA_HEAD_BYTES = 64
+AUX_ROWS = 16
+STAGING_SLOTS = 40
+OTHER_RANKS = {"pp_group": 0, "attn_dcp_rank": 0, "attn_cp_rank": 0, "attn_dp_rank": 0}
+
+
+@dataclass
+class Side:
+    tp: int
+    mgrs: list
+    pools: list[Pool]
+
+
+@dataclass
+class TPServers:
+    pre: Side
+    dec: Side
+    mla: bool
+    bootstrap_addr: str
+
+    def rank_heads(self, tp: int) -> int:
+        return 1 if self.mla else HEADS // tp
+
+
+@contextmanager
+def rank_view(tp: int, rank: int):
+    """This process as TP rank rank of tp, as that rank's scheduler has it."""
+    with get_parallel().override(
+        **OTHER_RANKS,
+        tp_size=tp,
+        moe_tp_size=tp,
+        attn_tp_size=tp,
+        tp_rank=rank,
+        attn_tp_rank=rank,
+    ):
+        yield
+
+
+def make_side(pair_side, mode, tp, mla, server_args, monkeypatch) -> Side:
+    manager_cls = kv_class(KVClassType.MANAGER)
+    kv_args_cls = kv_class(KVClassType.KVARGS)
+    monkeypatch.setenv("PDLINK_REGION_DIR", str(pair_side.region_dir))
+    rank_heads = 1 if mla else HEADS // tp
+    item_len = PAGE_SIZE * rank_heads * (MLA_HEAD_BYTES if mla else HEAD_BYTES)
+    total = 1 if mla else HEADS
+    rank_args = msgspec.structs.replace(server_args, tp_size=tp)
+    mgrs, pools = [], []
+    for r in range(tp):
+        pool = Pool.make(BUFFERS, POOL_PAGES, item_len, AUX_ROWS)
+        args = pool.kv_args(kv_args_cls, PAGE_SIZE, r, rank_heads, total)
+        if mode == DisaggregationMode.DECODE:
+            # SGLang's decode hands its manager no head counts (decode.py
+            # sets them only for its own staging, after the manager exists).
+            del args.kv_head_num, args.total_kv_head_num
+        with rank_view(tp, r):
+            mgrs.append(manager_cls(args, mode, rank_args, mla))
+        pools.append(pool)
+    return Side(tp, mgrs, pools)
+
+
+@pytest.fixture
+def tp_servers(pair, monkeypatch, request) -> Iterator[TPServers]:
+    pre_tp, dec_tp, mla = request.param
+    monkeypatch.setenv("SGLANG_HOST_IP", "127.0.0.1")
+    monkeypatch.setenv("PDLINK_STAGING_SLOTS", str(STAGING_SLOTS))
+    monkeypatch.setenv("PDLINK_DAEMON_LOST_TIMEOUT", "1")
+    monkeypatch.setenv("PDLINK_TOTAL_KV_HEADS", str(1 if mla else HEADS))
+    port = free_port()
+    override = get_context().override_server_args(
+        host="127.0.0.1",
+        disaggregation_bootstrap_port=port,
+        disaggregation_transfer_backend="pdlink",
+    )
+    server_args = override.install()
+    bootstrap = kv_class(KVClassType.BOOTSTRAP_SERVER)("127.0.0.1", port)
+    monkeypatch.setenv("PDLINK_PREFILLD_ADDR", pair.prefill.address)
+    monkeypatch.setenv("PDLINK_PREFILL_BOOTSTRAP", pair.prefill.bootstrap)
+    pre = make_side(pair.prefill, DisaggregationMode.PREFILL, pre_tp, mla, server_args, monkeypatch)
+    monkeypatch.setenv("PDLINK_DECODED_ADDR", pair.decode.address)
+    dec = make_side(pair.decode, DisaggregationMode.DECODE, dec_tp, mla, server_args, monkeypatch)
+    yield TPServers(pre, dec, mla, f"127.0.0.1:{port}")
+    for m in pre.mgrs + dec.mgrs:
+        m.close()
+    bootstrap.close()
+    override.restore()
+    leaked = [t.name for t in threading.enumerate() if t.name.startswith("pdlink-watch")]
+    assert not leaked, leaked
+
+
+def whole_kv(room: int, buffer: int, position: int, mla: bool) -> torch.Tensor:
+    """The request's KV of one page position, every head: (tokens, heads, head bytes)."""
+    heads, hb = (1, MLA_HEAD_BYTES) if mla else (HEADS, HEAD_BYTES)
+    t = torch.arange(PAGE_SIZE).view(-1, 1, 1) * 5
+    h = torch.arange(heads).view(1, -1, 1) * 17
+    b = torch.arange(hb).view(1, 1, -1)
+    return ((room * 7 + buffer * 31 + position * 13 + t + h + b) % 251).to(torch.uint8)
+
+
+def heads_of(s: TPServers, tp: int, rank: int, kv: torch.Tensor) -> torch.Tensor:
+    """The page rank rank of tp holds of kv: its heads, token-major, as SGLang's pool."""
+    if s.mla:
+        return kv.reshape(-1)
+    n = s.rank_heads(tp)
+    return kv[:, rank * n : (rank + 1) * n, :].reshape(-1)
+
+
+@dataclass
+class Req:
+    room: int
+    npages: int
+    senders: list
+    receivers: list
+    src: list[list[int]]  # per prefill rank, its pool pages
+    dst: list[list[int]]  # per decode rank
+    aux_src: int
+    aux_dst: int
+
+
+def open_req(s: TPServers, room, npages, src, dst, aux_src, aux_dst) -> Req:
+    sender_cls = kv_class(KVClassType.SENDER)
+    receiver_cls = kv_class(KVClassType.RECEIVER)
+    senders = [sender_cls(m, s.bootstrap_addr, room) for m in s.pre.mgrs]
+    receivers = []
+    for m in s.dec.mgrs:
+        r = receiver_cls(m, s.bootstrap_addr, room)
+        assert m.try_ensure_parallel_info(s.bootstrap_addr)
+        r.init(0)
+        receivers.append(r)
+    for d, r in enumerate(receivers):
+        wait_poll(r, {KVPoll.WaitingForInput}, f"decode rank {d} handshake")
+    return Req(room, npages, senders, receivers, src, dst, aux_src, aux_dst)
+
+
+def fill(s: TPServers, req: Req) -> None:
+    for rank, pool in enumerate(s.pre.pools):
+        for b, t in enumerate(pool.kv):
+            for pos, page in enumerate(req.src[rank]):
+                t[page] = heads_of(s, s.pre.tp, rank, whole_kv(req.room, b, pos, s.mla))
+        # Every TP rank holds the same output (SGLang's ranks agree on it).
+        pool.aux[0][req.aux_src] = torch.arange(16, dtype=torch.int32) + req.room
+        pool.aux[1][req.aux_src] = req.room
+
+
+def drive(s: TPServers, req: Req, chunks: int) -> None:
+    for d, r in enumerate(req.receivers):
+        r.send_metadata(torch.tensor(req.dst[d], dtype=torch.int32).numpy(), req.aux_dst)
+    for rank, snd in enumerate(req.senders):
+        wait_poll(snd, {KVPoll.WaitingForInput}, f"prefill rank {rank} bootstrap")
+        snd.init(req.npages, req.aux_src)
+    fill(s, req)
+    step = max(1, -(-req.npages // chunks))
+    # The ranks' schedulers run side by side: their chunks interleave.
+    for i in range(0, req.npages, step):
+        for rank, snd in enumerate(req.senders):
+            snd.send(torch.tensor(req.src[rank][i : i + step], dtype=torch.int32).numpy())
+
+
+def verify(s: TPServers, req: Req) -> None:
+    for d, pool in enumerate(s.dec.pools):
+        for b, t in enumerate(pool.kv):
+            for pos, page in enumerate(req.dst[d]):
+                want = heads_of(s, s.dec.tp, d, whole_kv(req.room, b, pos, s.mla))
+                assert torch.equal(t[page], want), (req.room, "decode rank", d, b, pos)
+        assert torch.equal(pool.aux[0][req.aux_dst], torch.arange(16, dtype=torch.int32) + req.room)
+        assert int(pool.aux[1][req.aux_dst][0]) == req.room
+
+
+CASES = [(2, 2, False), (2, 4, False), (4, 2, False), (2, 4, True), (4, 2, True)]
+
+
+@pytest.mark.parametrize(
+    "tp_servers",
+    CASES,
+    ids=[f"{'mla' if m else 'mha'}-{p}to{d}" for p, d, m in CASES],
+    indirect=True,
+)
+def test_tp_ranks_move_every_ranks_verified_kv_and_aux_in_scheduler_order(tp_servers):
+    s = tp_servers
+    rooms = 0
+    for wave in range(4):
+        gen = torch.Generator().manual_seed(wave)
+        free_src = [torch.randperm(POOL_PAGES, generator=gen).tolist() for _ in s.pre.pools]
+        free_dst = [torch.randperm(POOL_PAGES, generator=gen).tolist() for _ in s.dec.pools]
+        reqs = []
+        for k in range(4):
+            room = 2000 + wave * 4 + k
+            n = 3 + room % 6  # 3..8 pages
+            src = [f[k * 8 : k * 8 + n] for f in free_src]
+            dst = [f[k * 8 : k * 8 + n] for f in free_dst]
+            reqs.append(open_req(s, room, n, src, dst, k, (k + 5) % AUX_ROWS))
+        for req in reqs:
+            drive(s, req, chunks=3)
+        for req in reqs:
+            for rank, snd in enumerate(req.senders):
+                assert wait_poll(snd, {KVPoll.Success}, f"prefill rank {rank}") == KVPoll.Success
+                snd.clear()
+            for d, r in enumerate(req.receivers):
+                assert wait_poll(r, {KVPoll.Success}, f"decode rank {d}") == KVPoll.Success
+            verify(s, req)
+            for r in req.receivers:
+                r.clear()
+            rooms += 1
+    assert rooms == 16
+    for m in s.pre.mgrs + s.dec.mgrs:
+        assert m.slots.free == STAGING_SLOTS
