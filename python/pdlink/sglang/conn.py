@@ -402,6 +402,16 @@ class PdlinkKVSender(_Room, CommonKVSender):
         self.kv_mgr.request_status.pop(self.bootstrap_room, None)
 
 
+def _prefix_names(region_pages: int, held: np.ndarray, count: int) -> np.ndarray | None:
+    """count distinct region pages, none of held, to stand at a room's prefix positions.
+
+    decoded never writes a position below prefix_len, so these pages are
+    named, not held: another room's slots may be among them.
+    """
+    free = np.setdiff1d(np.arange(region_pages, dtype=np.int64), held, assume_unique=True)
+    return free[:count] if len(free) >= count else None
+
+
 def _prefilld_addr(info: dict) -> str:
     """The prefilld bootstrap endpoint a prefill rank advertised on /route."""
     host = str(info["rank_ip"])
@@ -471,24 +481,48 @@ class PdlinkKVReceiver(_Room, CommonKVReceiver):
             self._abort_daemon_room("state_unsupported")
             self._fail("pdlink carries no state components (state_indices given)")
             return
-        if decode_prefix_len:
-            self._abort_daemon_room("prefix_unsupported")
-            self._fail("pdlink v1 sends no decode prefix (decode_prefix_len > 0)")
+        # SGLang's decode_prefix_len counts tokens decode already holds (its
+        # radix cache); kv_indices are the pages after them only.
+        page_size = int(self.kv_mgr.kv_args.page_size)
+        prefix_tokens = int(decode_prefix_len or 0)
+        if prefix_tokens % page_size:
+            self._abort_daemon_room("prefix_unaligned")
+            self._fail(
+                f"pdlink room {self.bootstrap_room}: decode_prefix_len {prefix_tokens} is not "
+                f"a whole number of pages of {page_size} tokens"
+            )
             return
+        prefix_pages = prefix_tokens // page_size
         try:
             slots = self.kv_mgr.slots.take(self.bootstrap_room, len(kv_indices))
         except StagingFull as err:
             self._abort_daemon_room("staging_full")
             self._fail(str(err))
             return
+        dst = slots
+        if prefix_pages:
+            names = _prefix_names(self.kv_mgr.slots.slots, slots, prefix_pages)
+            if names is None:
+                self._abort_daemon_room("staging_full")
+                self._fail(
+                    f"pdlink room {self.bootstrap_room}: {prefix_pages} prefix and "
+                    f"{len(slots)} new pages exceed the {self.kv_mgr.slots.slots} staging "
+                    "pages that name them (raise PDLINK_STAGING_SLOTS)"
+                )
+                return
+            dst = np.concatenate([names, slots])
         self.dst_pages = np.asarray(kv_indices, dtype=np.int64)
         self.dst_aux_index = aux_index
         try:
+            # Prefill sends every page from position 0 (SGLang's prefill learns
+            # no prefix from this backend): decoded takes the prefix
+            # positions' pages and moves no byte of them.
             self.kv_mgr.client.send_metadata(
                 self.bootstrap_room,
-                slots,
+                dst,
                 rank=self.kv_mgr.rank,
                 aux_index=int(aux_index or 0),
+                prefix_len=prefix_pages,
             )
         except PdlinkError as err:
             self._fail(f"pdlink SendMetadata of room {self.bootstrap_room} failed: {err}")

@@ -77,10 +77,6 @@ def test_version_gate_refuses_other_sglang_naming_the_tested_one(monkeypatch):
         (["--dcp-size", "2"], "--dcp-size"),
         (["--attn-dp-size", "2"], "--attn-dp-size"),
         (
-            ["--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache"],
-            "--disaggregation-decode-enable-radix-cache",
-        ),
-        (
             ["--disaggregation-decode-allocation-policy", "prefill_complete"],
             "--disaggregation-decode-allocation-policy",
         ),
@@ -95,6 +91,15 @@ def test_refuses_at_start_what_v1_does_not_carry_naming_the_option(argv, option)
 def test_plain_tp1_server_args_pass_the_checks():
     checks.check_server_args(_args("--disaggregation-mode", "prefill"))
     checks.check_server_args(_args("--disaggregation-mode", "decode"))
+
+
+def test_decode_radix_cache_and_tp_pass_the_checks():
+    # decode_prefix_len goes to decoded as SendMetadata's prefix_len, and
+    # ranks as each scheduler's rank: neither is refused any more.
+    checks.check_server_args(
+        _args("--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache")
+    )
+    checks.check_server_args(_args("--disaggregation-mode", "prefill", "--tp-size", "2"))
 
 
 def test_check_server_args_hook_refuses_through_sglang():

@@ -17,8 +17,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import pytest
 from sglang_harness import Pool, free_port, kv_class, require_sglang, wait_poll
 
@@ -198,6 +199,69 @@ def test_decode_reports_success_only_after_the_copy_out_of_staging(servers):
     verify(s, req)
     req.sender.clear()
     req.receiver.clear()
+
+
+def test_decode_prefix_pages_keep_their_own_bytes_and_the_rest_is_verified(servers):
+    """decode_prefix_len (tokens decode's radix cache holds): kv_indices are the pages after it.
+
+    SGLang's prefill learns no prefix from this backend (pop_decode_prefix_len
+    is 0), so it sends every page; decoded moves none of the prefix's.
+    """
+    s = servers
+    # (pages, prefix pages): partial prefixes, and the whole request cached.
+    for k, (n, p) in enumerate([(6, 2), (5, 1), (8, 5), (4, 4)]):
+        room = 500 + k
+        src = list(range(k * 8, k * 8 + n))
+        dst = list(range(32 + k * 8, 32 + k * 8 + n))
+        req = open_request(s, room, src, dst, k, k + 4)
+        # Decode's own prefix bytes: a ramp, which no constant source page equals.
+        for b, t in enumerate(s.dst.kv):
+            for pg in dst[:p]:
+                t[pg] = (torch.arange(ITEM_LEN) * (b + 3) + pg) % 256
+        own = [[t[pg].clone() for pg in dst[:p]] for t in s.dst.kv]
+        region = s.decode_mgr.region
+        staged = [region.pages(b).copy() for b in range(BUFFERS)]
+        req.receiver.send_metadata(
+            torch.tensor(dst[p:], dtype=torch.int32).numpy(),
+            req.aux_dst,
+            decode_prefix_len=p * PAGE_SIZE,
+        )
+        wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
+        assert req.sender.pop_decode_prefix_len() == 0
+        req.sender.init(n, req.aux_src)
+        fill_source(s, req)
+        for i in range(0, n, 3):
+            req.sender.send(torch.tensor(src[i : i + 3], dtype=torch.int32).numpy())
+        assert wait_poll(req.sender, {KVPoll.Success}, "prefill") == KVPoll.Success
+        held = s.decode_mgr.slots.held(room)
+        assert wait_poll(req.receiver, {KVPoll.Success}, "decode") == KVPoll.Success
+        # decoded wrote the room's own slots only: the pages naming its
+        # prefix positions (other rooms' slots, maybe) are untouched.
+        others = np.setdiff1d(np.arange(STAGING_SLOTS), held)
+        for b in range(BUFFERS):
+            assert (region.pages(b)[others] == staged[b][others]).all(), (room, b)
+        for b, t in enumerate(s.dst.kv):
+            for j, pg in enumerate(dst[:p]):
+                assert torch.equal(t[pg], own[b][j]), (room, b, "prefix page", pg)
+        verify(s, replace(req, src_pages=src[p:], dst_pages=dst[p:]))
+        req.sender.clear()
+        req.receiver.clear()
+    assert s.prefill_mgr.slots.free == STAGING_SLOTS
+    assert s.decode_mgr.slots.free == STAGING_SLOTS
+
+
+def test_a_decode_prefix_of_part_of_a_page_fails_the_room_with_a_reason(servers):
+    s = servers
+    req = open_request(s, 510, [1, 2, 3], [4, 5], 0, 0)
+    req.receiver.send_metadata(
+        torch.tensor([4, 5], dtype=torch.int32).numpy(), 0, decode_prefix_len=PAGE_SIZE + 1
+    )
+    assert req.receiver.poll() == KVPoll.Failed
+    with pytest.raises(KVTransferError, match="whole number of pages"):
+        req.receiver.failure_exception()
+    assert wait_poll(req.sender, {KVPoll.Failed}, "prefill sees decode's abort") == KVPoll.Failed
+    req.sender.clear()
+    assert s.decode_mgr.slots.free == STAGING_SLOTS
 
 
 def test_prefill_abort_fails_both_sides_with_a_reason(servers):
