@@ -30,6 +30,7 @@ require_sglang()
 import msgspec  # noqa: E402
 import torch  # noqa: E402
 from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
+from sglang.srt.disaggregation.common.conn import KVTransferError  # noqa: E402
 from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
 from sglang.srt.runtime_context import get_context, get_parallel  # noqa: E402
@@ -103,11 +104,12 @@ def make_side(pair_side, mode, tp, mla, server_args, monkeypatch) -> Side:
 
 @pytest.fixture
 def tp_servers(pair, monkeypatch, request) -> Iterator[TPServers]:
-    pre_tp, dec_tp, mla = request.param
+    pre_tp, dec_tp, mla, *heads_env = request.param
     monkeypatch.setenv("SGLANG_HOST_IP", "127.0.0.1")
     monkeypatch.setenv("PDLINK_STAGING_SLOTS", str(STAGING_SLOTS))
     monkeypatch.setenv("PDLINK_DAEMON_LOST_TIMEOUT", "1")
-    monkeypatch.setenv("PDLINK_TOTAL_KV_HEADS", str(1 if mla else HEADS))
+    if heads_env != [False]:
+        monkeypatch.setenv("PDLINK_TOTAL_KV_HEADS", str(1 if mla else HEADS))
     port = free_port()
     override = get_context().override_server_args(
         host="127.0.0.1",
@@ -157,9 +159,10 @@ class Req:
     dst: list[list[int]]  # per decode rank
     aux_src: int
     aux_dst: int
+    prefix: int = 0  # pages decode holds already (its radix cache)
 
 
-def open_req(s: TPServers, room, npages, src, dst, aux_src, aux_dst) -> Req:
+def open_req(s: TPServers, room, npages, src, dst, aux_src, aux_dst, prefix=0) -> Req:
     sender_cls = kv_class(KVClassType.SENDER)
     receiver_cls = kv_class(KVClassType.RECEIVER)
     senders = [sender_cls(m, s.bootstrap_addr, room) for m in s.pre.mgrs]
@@ -171,7 +174,7 @@ def open_req(s: TPServers, room, npages, src, dst, aux_src, aux_dst) -> Req:
         receivers.append(r)
     for d, r in enumerate(receivers):
         wait_poll(r, {KVPoll.WaitingForInput}, f"decode rank {d} handshake")
-    return Req(room, npages, senders, receivers, src, dst, aux_src, aux_dst)
+    return Req(room, npages, senders, receivers, src, dst, aux_src, aux_dst, prefix)
 
 
 def fill(s: TPServers, req: Req) -> None:
@@ -184,9 +187,21 @@ def fill(s: TPServers, req: Req) -> None:
         pool.aux[1][req.aux_src] = req.room
 
 
+def decode_own(room: int, rank: int, page: int) -> torch.Tensor:
+    """A prefix page's bytes on decode: a ramp, which no page of whole_kv equals."""
+    return ((torch.arange(PAGE_SIZE * 64) * (rank + 3) + page + room) % 256).to(torch.uint8)
+
+
 def drive(s: TPServers, req: Req, chunks: int) -> None:
     for d, r in enumerate(req.receivers):
-        r.send_metadata(torch.tensor(req.dst[d], dtype=torch.int32).numpy(), req.aux_dst)
+        for t in s.dec.pools[d].kv:
+            for pg in req.dst[d][: req.prefix]:
+                t[pg] = decode_own(req.room, d, pg)[: t.shape[1]]
+        r.send_metadata(
+            torch.tensor(req.dst[d][req.prefix :], dtype=torch.int32).numpy(),
+            req.aux_dst,
+            decode_prefix_len=req.prefix * PAGE_SIZE,
+        )
     for rank, snd in enumerate(req.senders):
         wait_poll(snd, {KVPoll.WaitingForInput}, f"prefill rank {rank} bootstrap")
         snd.init(req.npages, req.aux_src)
@@ -203,6 +218,8 @@ def verify(s: TPServers, req: Req) -> None:
         for b, t in enumerate(pool.kv):
             for pos, page in enumerate(req.dst[d]):
                 want = heads_of(s, s.dec.tp, d, whole_kv(req.room, b, pos, s.mla))
+                if pos < req.prefix:
+                    want = decode_own(req.room, d, page)[: t.shape[1]]
                 assert torch.equal(t[page], want), (req.room, "decode rank", d, b, pos)
         assert torch.equal(pool.aux[0][req.aux_dst], torch.arange(16, dtype=torch.int32) + req.room)
         assert int(pool.aux[1][req.aux_dst][0]) == req.room
@@ -230,7 +247,9 @@ def test_tp_ranks_move_every_ranks_verified_kv_and_aux_in_scheduler_order(tp_ser
             n = 3 + room % 6  # 3..8 pages
             src = [f[k * 8 : k * 8 + n] for f in free_src]
             dst = [f[k * 8 : k * 8 + n] for f in free_dst]
-            reqs.append(open_req(s, room, n, src, dst, k, (k + 5) % AUX_ROWS))
+            # Every other request finds a prefix in decode's radix cache.
+            prefix = (room % 3) if k % 2 else 0
+            reqs.append(open_req(s, room, n, src, dst, k, (k + 5) % AUX_ROWS, prefix))
         for req in reqs:
             drive(s, req, chunks=3)
         for req in reqs:
@@ -246,3 +265,17 @@ def test_tp_ranks_move_every_ranks_verified_kv_and_aux_in_scheduler_order(tp_ser
     assert rooms == 16
     for m in s.pre.mgrs + s.dec.mgrs:
         assert m.slots.free == STAGING_SLOTS
+
+
+@pytest.mark.parametrize("tp_servers", [(2, 4, False, False)], indirect=True)
+def test_mha_between_tp_sizes_without_decode_head_counts_fails_naming_the_variable(tp_servers):
+    s = tp_servers
+    receiver_cls = kv_class(KVClassType.RECEIVER)
+    for d, m in enumerate(s.dec.mgrs):
+        assert m.region.layout.attention is None  # SGLang's decode gave no heads
+        r = receiver_cls(m, s.bootstrap_addr, 3000)
+        assert m.try_ensure_parallel_info(s.bootstrap_addr)
+        r.init(0)
+        assert r.poll() == KVPoll.Failed, d
+        with pytest.raises(KVTransferError, match="PDLINK_TOTAL_KV_HEADS"):
+            r.failure_exception()
