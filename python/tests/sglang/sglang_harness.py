@@ -59,6 +59,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def install_config(monkeypatch, staging_slots: int):
+    """This process's SGLang config as a pdlink server's, on loopback, and the
+    backend's environment; returns (the override to restore, its ServerArgs,
+    the bootstrap port)."""
+    from sglang.srt.runtime_context import get_context
+
+    monkeypatch.setenv("SGLANG_HOST_IP", "127.0.0.1")
+    monkeypatch.setenv("PDLINK_STAGING_SLOTS", str(staging_slots))
+    monkeypatch.setenv("PDLINK_DAEMON_LOST_TIMEOUT", "1")
+    port = free_port()
+    override = get_context().override_server_args(
+        host="127.0.0.1",
+        disaggregation_bootstrap_port=port,
+        disaggregation_transfer_backend="pdlink",
+    )
+    return override, override.install(), port
+
+
 @dataclass
 class Pool:
     """A KV pool and metadata buffers as torch CPU tensors, as SGLang's pools hand them over."""

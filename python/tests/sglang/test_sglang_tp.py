@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
-from sglang_harness import Pool, free_port, kv_class, require_sglang, wait_poll
+from sglang_harness import Pool, install_config, kv_class, require_sglang, wait_poll
 
 require_sglang()
 
@@ -33,7 +33,7 @@ from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
 from sglang.srt.disaggregation.common.conn import KVTransferError  # noqa: E402
 from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
-from sglang.srt.runtime_context import get_context, get_parallel  # noqa: E402
+from sglang.srt.runtime_context import get_parallel  # noqa: E402
 
 load_plugins()
 
@@ -105,18 +105,9 @@ def make_side(pair_side, mode, tp, mla, server_args, monkeypatch) -> Side:
 @pytest.fixture
 def tp_servers(pair, monkeypatch, request) -> Iterator[TPServers]:
     pre_tp, dec_tp, mla, *heads_env = request.param
-    monkeypatch.setenv("SGLANG_HOST_IP", "127.0.0.1")
-    monkeypatch.setenv("PDLINK_STAGING_SLOTS", str(STAGING_SLOTS))
-    monkeypatch.setenv("PDLINK_DAEMON_LOST_TIMEOUT", "1")
     if heads_env != [False]:
         monkeypatch.setenv("PDLINK_TOTAL_KV_HEADS", str(1 if mla else HEADS))
-    port = free_port()
-    override = get_context().override_server_args(
-        host="127.0.0.1",
-        disaggregation_bootstrap_port=port,
-        disaggregation_transfer_backend="pdlink",
-    )
-    server_args = override.install()
+    override, server_args, port = install_config(monkeypatch, STAGING_SLOTS)
     bootstrap = kv_class(KVClassType.BOOTSTRAP_SERVER)("127.0.0.1", port)
     monkeypatch.setenv("PDLINK_PREFILLD_ADDR", pair.prefill.address)
     monkeypatch.setenv("PDLINK_PREFILL_BOOTSTRAP", pair.prefill.bootstrap)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
-from sglang_harness import Pool, free_port, kv_class, require_sglang, wait_poll
+from sglang_harness import Pool, install_config, kv_class, require_sglang, wait_poll
 
 require_sglang()
 
@@ -30,7 +30,7 @@ from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
 from sglang.srt.disaggregation.common.conn import KVTransferError  # noqa: E402
 from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
-from sglang.srt.runtime_context import get_context, get_parallel  # noqa: E402
+from sglang.srt.runtime_context import get_parallel  # noqa: E402
 
 load_plugins()
 
@@ -62,16 +62,7 @@ class Servers:
 
 @pytest.fixture
 def servers(pair, monkeypatch) -> Iterator[Servers]:
-    monkeypatch.setenv("SGLANG_HOST_IP", "127.0.0.1")
-    monkeypatch.setenv("PDLINK_STAGING_SLOTS", str(STAGING_SLOTS))
-    monkeypatch.setenv("PDLINK_DAEMON_LOST_TIMEOUT", "1")
-    port = free_port()
-    override = get_context().override_server_args(
-        host="127.0.0.1",
-        disaggregation_bootstrap_port=port,
-        disaggregation_transfer_backend="pdlink",
-    )
-    server_args = override.install()
+    override, server_args, port = install_config(monkeypatch, STAGING_SLOTS)
     # This process's place in the TP/CP/DP/PP groups, as a scheduler of a
     # single-GPU server has it once its groups are built.
     ranks = get_parallel().override(**SINGLE_RANK)
