@@ -244,8 +244,11 @@ def test_tp_ranks_move_every_ranks_verified_kv_and_aux_in_scheduler_order(tp_ser
         for req in reqs:
             drive(s, req, chunks=3)
         for req in reqs:
+            # A scheduler acts on a room once every rank polled it Success
+            # (SGLang's MIN all-reduce over the ranks), then each rank clears.
             for rank, snd in enumerate(req.senders):
                 assert wait_poll(snd, {KVPoll.Success}, f"prefill rank {rank}") == KVPoll.Success
+            for snd in req.senders:
                 snd.clear()
             for d, r in enumerate(req.receivers):
                 assert wait_poll(r, {KVPoll.Success}, f"decode rank {d}") == KVPoll.Success
