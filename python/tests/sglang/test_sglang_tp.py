@@ -80,7 +80,7 @@ def rank_view(tp: int, rank: int):
         yield
 
 
-def make_side(pair_side, mode, tp, mla, server_args, monkeypatch) -> Side:
+def make_side(pair_side, mode, tp, mla, server_args, monkeypatch, stray_rank=None) -> Side:
     manager_cls = kv_class(KVClassType.MANAGER)
     kv_args_cls = kv_class(KVClassType.KVARGS)
     monkeypatch.setenv("PDLINK_REGION_DIR", str(pair_side.region_dir))
@@ -96,22 +96,36 @@ def make_side(pair_side, mode, tp, mla, server_args, monkeypatch) -> Side:
             # SGLang's decode hands its manager no head counts (decode.py
             # sets them only for its own staging, after the manager exists).
             del args.kv_head_num, args.total_kv_head_num
+        if r == stray_rank:
+            # This rank advertises another prefilld than its siblings.
+            monkeypatch.setenv("PDLINK_PREFILL_BOOTSTRAP", "tcp://127.0.0.1:1")
         with rank_view(tp, r):
             mgrs.append(manager_cls(args, mode, rank_args, mla))
+        if r == stray_rank:
+            monkeypatch.setenv("PDLINK_PREFILL_BOOTSTRAP", pair_side.bootstrap)
         pools.append(pool)
     return Side(tp, mgrs, pools)
 
 
 @pytest.fixture
 def tp_servers(pair, monkeypatch, request) -> Iterator[TPServers]:
-    pre_tp, dec_tp, mla, *heads_env = request.param
-    if heads_env != [False]:
+    pre_tp, dec_tp, mla, *rest = request.param
+    opts = rest[0] if rest else {}
+    if not opts.get("no_decode_heads"):
         monkeypatch.setenv("PDLINK_TOTAL_KV_HEADS", str(1 if mla else HEADS))
     override, server_args, port = install_config(monkeypatch, STAGING_SLOTS)
     bootstrap = kv_class(KVClassType.BOOTSTRAP_SERVER)("127.0.0.1", port)
     monkeypatch.setenv("PDLINK_PREFILLD_ADDR", pair.prefill.address)
     monkeypatch.setenv("PDLINK_PREFILL_BOOTSTRAP", pair.prefill.bootstrap)
-    pre = make_side(pair.prefill, DisaggregationMode.PREFILL, pre_tp, mla, server_args, monkeypatch)
+    pre = make_side(
+        pair.prefill,
+        DisaggregationMode.PREFILL,
+        pre_tp,
+        mla,
+        server_args,
+        monkeypatch,
+        opts.get("stray_rank"),
+    )
     monkeypatch.setenv("PDLINK_DECODED_ADDR", pair.decode.address)
     dec = make_side(pair.decode, DisaggregationMode.DECODE, dec_tp, mla, server_args, monkeypatch)
     yield TPServers(pre, dec, mla, f"127.0.0.1:{port}")
@@ -261,7 +275,7 @@ def test_tp_ranks_move_every_ranks_verified_kv_and_aux_in_scheduler_order(tp_ser
         assert m.slots.free == STAGING_SLOTS
 
 
-@pytest.mark.parametrize("tp_servers", [(2, 4, False, False)], indirect=True)
+@pytest.mark.parametrize("tp_servers", [(2, 4, False, {"no_decode_heads": True})], indirect=True)
 def test_mha_between_tp_sizes_without_decode_head_counts_fails_naming_the_variable(tp_servers):
     s = tp_servers
     receiver_cls = kv_class(KVClassType.RECEIVER)
@@ -273,3 +287,23 @@ def test_mha_between_tp_sizes_without_decode_head_counts_fails_naming_the_variab
         assert r.poll() == KVPoll.Failed, d
         with pytest.raises(KVTransferError, match="PDLINK_TOTAL_KV_HEADS"):
             r.failure_exception()
+
+
+@pytest.mark.parametrize("tp_servers", [(4, 2, False, {"stray_rank": 1})], indirect=True)
+def test_a_decode_rank_whose_prefill_ranks_advertise_two_prefillds_fails_with_a_reason(tp_servers):
+    # MHA 4 -> 2: decode rank 0 reads prefill ranks 0 and 1, which disagree
+    # on prefilld; decode rank 1 reads ranks 2 and 3, which agree.
+    s = tp_servers
+    receiver_cls = kv_class(KVClassType.RECEIVER)
+    receivers = []
+    for m in s.dec.mgrs:
+        r = receiver_cls(m, s.bootstrap_addr, 3100)
+        assert m.try_ensure_parallel_info(s.bootstrap_addr)
+        r.init(0)
+        receivers.append(r)
+    assert receivers[0].poll() == KVPoll.Failed
+    with pytest.raises(KVTransferError, match="one prefilld must serve every prefill rank"):
+        receivers[0].failure_exception()
+    assert receivers[1].poll() != KVPoll.Failed
+    receivers[1].abort()
+    receivers[1].clear()
