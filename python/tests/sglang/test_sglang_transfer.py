@@ -255,6 +255,25 @@ def test_a_decode_prefix_of_part_of_a_page_fails_the_room_with_a_reason(servers)
     assert s.decode_mgr.slots.free == STAGING_SLOTS
 
 
+def test_a_prefix_and_new_pages_beyond_the_staging_region_fail_the_room_with_a_reason(servers):
+    # Each prefix position is named by a staging page the room does not
+    # hold: the region must have as many pages as the whole request.
+    s = servers
+    pages = list(range(STAGING_SLOTS + 1))
+    req = open_request(s, 520, pages, pages, 0, 0)
+    req.receiver.send_metadata(
+        torch.tensor(pages[-3:], dtype=torch.int32).numpy(),
+        0,
+        decode_prefix_len=(len(pages) - 3) * PAGE_SIZE,
+    )
+    assert req.receiver.poll() == KVPoll.Failed
+    with pytest.raises(KVTransferError, match="PDLINK_STAGING_SLOTS"):
+        req.receiver.failure_exception()
+    assert wait_poll(req.sender, {KVPoll.Failed}, "prefill sees decode's abort") == KVPoll.Failed
+    req.sender.clear()
+    assert s.decode_mgr.slots.free == STAGING_SLOTS
+
+
 def test_prefill_abort_fails_both_sides_with_a_reason(servers):
     s = servers
     req = open_request(s, 201, [1, 2], [3, 4], 0, 0)
