@@ -61,9 +61,10 @@ class TPServers:
     dec: Side
     mla: bool
     bootstrap_addr: str
+    heads: int  # the model's KV heads (MLA: its one latent)
 
     def rank_heads(self, tp: int) -> int:
-        return 1 if self.mla else HEADS // tp
+        return max(self.heads // tp, 1)
 
 
 @contextmanager
@@ -80,13 +81,13 @@ def rank_view(tp: int, rank: int):
         yield
 
 
-def make_side(pair_side, mode, tp, mla, server_args, monkeypatch, stray_rank=None) -> Side:
+def make_side(pair_side, mode, tp, mla, heads, server_args, monkeypatch, stray_rank=None) -> Side:
     manager_cls = kv_class(KVClassType.MANAGER)
     kv_args_cls = kv_class(KVClassType.KVARGS)
     monkeypatch.setenv("PDLINK_REGION_DIR", str(pair_side.region_dir))
-    rank_heads = 1 if mla else HEADS // tp
+    rank_heads = max(heads // tp, 1)  # SGLang's head_num: replicated below one per rank
     item_len = PAGE_SIZE * rank_heads * (MLA_HEAD_BYTES if mla else HEAD_BYTES)
-    total = 1 if mla else HEADS
+    total = heads
     rank_args = msgspec.structs.replace(server_args, tp_size=tp)
     mgrs, pools = [], []
     for r in range(tp):
@@ -111,8 +112,9 @@ def make_side(pair_side, mode, tp, mla, server_args, monkeypatch, stray_rank=Non
 def tp_servers(pair, monkeypatch, request) -> Iterator[TPServers]:
     pre_tp, dec_tp, mla, *rest = request.param
     opts = rest[0] if rest else {}
+    heads = 1 if mla else opts.get("heads", HEADS)
     if not opts.get("no_decode_heads"):
-        monkeypatch.setenv("PDLINK_TOTAL_KV_HEADS", str(1 if mla else HEADS))
+        monkeypatch.setenv("PDLINK_TOTAL_KV_HEADS", str(heads))
     override, server_args, port = install_config(monkeypatch, STAGING_SLOTS)
     bootstrap = kv_class(KVClassType.BOOTSTRAP_SERVER)("127.0.0.1", port)
     monkeypatch.setenv("PDLINK_PREFILLD_ADDR", pair.prefill.address)
@@ -122,13 +124,16 @@ def tp_servers(pair, monkeypatch, request) -> Iterator[TPServers]:
         DisaggregationMode.PREFILL,
         pre_tp,
         mla,
+        heads,
         server_args,
         monkeypatch,
         opts.get("stray_rank"),
     )
     monkeypatch.setenv("PDLINK_DECODED_ADDR", pair.decode.address)
-    dec = make_side(pair.decode, DisaggregationMode.DECODE, dec_tp, mla, server_args, monkeypatch)
-    yield TPServers(pre, dec, mla, f"127.0.0.1:{port}")
+    dec = make_side(
+        pair.decode, DisaggregationMode.DECODE, dec_tp, mla, heads, server_args, monkeypatch
+    )
+    yield TPServers(pre, dec, mla, f"127.0.0.1:{port}", heads)
     for m in pre.mgrs + dec.mgrs:
         m.close()
     bootstrap.close()
@@ -137,11 +142,11 @@ def tp_servers(pair, monkeypatch, request) -> Iterator[TPServers]:
     assert not leaked, leaked
 
 
-def whole_kv(room: int, buffer: int, position: int, mla: bool) -> torch.Tensor:
+def whole_kv(s: TPServers, room: int, buffer: int, position: int) -> torch.Tensor:
     """The request's KV of one page position, every head: (tokens, heads, head bytes)."""
-    heads, hb = (1, MLA_HEAD_BYTES) if mla else (HEADS, HEAD_BYTES)
+    hb = MLA_HEAD_BYTES if s.mla else HEAD_BYTES
     t = torch.arange(PAGE_SIZE).view(-1, 1, 1) * 5
-    h = torch.arange(heads).view(1, -1, 1) * 17
+    h = torch.arange(s.heads).view(1, -1, 1) * 17
     b = torch.arange(hb).view(1, 1, -1)
     return ((room * 7 + buffer * 31 + position * 13 + t + h + b) % 251).to(torch.uint8)
 
@@ -151,7 +156,8 @@ def heads_of(s: TPServers, tp: int, rank: int, kv: torch.Tensor) -> torch.Tensor
     if s.mla:
         return kv.reshape(-1)
     n = s.rank_heads(tp)
-    return kv[:, rank * n : (rank + 1) * n, :].reshape(-1)
+    first = rank * s.heads // tp  # fewer heads than ranks: rank holds its group's head
+    return kv[:, first : first + n, :].reshape(-1)
 
 
 @dataclass
@@ -186,7 +192,7 @@ def fill(s: TPServers, req: Req) -> None:
     for rank, pool in enumerate(s.pre.pools):
         for b, t in enumerate(pool.kv):
             for pos, page in enumerate(req.src[rank]):
-                t[page] = heads_of(s, s.pre.tp, rank, whole_kv(req.room, b, pos, s.mla))
+                t[page] = heads_of(s, s.pre.tp, rank, whole_kv(s, req.room, b, pos))
         # Every TP rank holds the same output (SGLang's ranks agree on it).
         pool.aux[0][req.aux_src] = torch.arange(16, dtype=torch.int32) + req.room
         pool.aux[1][req.aux_src] = req.room
@@ -222,7 +228,7 @@ def verify(s: TPServers, req: Req) -> None:
     for d, pool in enumerate(s.dec.pools):
         for b, t in enumerate(pool.kv):
             for pos, page in enumerate(req.dst[d]):
-                want = heads_of(s, s.dec.tp, d, whole_kv(req.room, b, pos, s.mla))
+                want = heads_of(s, s.dec.tp, d, whole_kv(s, req.room, b, pos))
                 if pos < req.prefix:
                     want = decode_own(req.room, d, page)[: t.shape[1]]
                 assert torch.equal(t[page], want), (req.room, "decode rank", d, b, pos)
@@ -231,12 +237,27 @@ def verify(s: TPServers, req: Req) -> None:
 
 
 CASES = [(2, 2, False), (2, 4, False), (4, 2, False), (2, 4, True), (4, 2, True)]
+# GQA with fewer KV heads than decode ranks: pairs of decode ranks hold one head.
+# The daemons fail it today (prefill's room ends timeout:transferring after
+# decoded rejects the stream): rankmap plans Whole copies for the replicated
+# head, which prefill sends as whole pages, while decoded expects the room's
+# head slices. Strict, so the case fails once the daemons serve it.
+GQA_REPLICATED = (2, 4, False, {"heads": 2})
+CASES.append(GQA_REPLICATED)
 
 
 @pytest.mark.parametrize(
     "tp_servers",
-    CASES,
-    ids=[f"{'mla' if m else 'mha'}-{p}to{d}" for p, d, m in CASES],
+    [
+        pytest.param(
+            c,
+            id=f"{'mla' if c[2] else 'mha'}-{c[0]}to{c[1]}" + ("-2heads" if c[3:] else ""),
+            marks=[pytest.mark.xfail(strict=True, reason="daemons: replicated heads")]
+            if c is GQA_REPLICATED
+            else [],
+        )
+        for c in CASES
+    ],
     indirect=True,
 )
 def test_tp_ranks_move_every_ranks_verified_kv_and_aux_in_scheduler_order(tp_servers):
