@@ -241,33 +241,30 @@ def test_decode_prefix_pages_keep_their_own_bytes_and_the_rest_is_verified(serve
     assert s.decode_mgr.slots.free == STAGING_SLOTS
 
 
-def test_a_decode_prefix_of_part_of_a_page_fails_the_room_with_a_reason(servers):
-    s = servers
-    req = open_request(s, 510, [1, 2, 3], [4, 5], 0, 0)
-    req.receiver.send_metadata(
-        torch.tensor([4, 5], dtype=torch.int32).numpy(), 0, decode_prefix_len=PAGE_SIZE + 1
-    )
-    assert req.receiver.poll() == KVPoll.Failed
-    with pytest.raises(KVTransferError, match="whole number of pages"):
-        req.receiver.failure_exception()
-    assert wait_poll(req.sender, {KVPoll.Failed}, "prefill sees decode's abort") == KVPoll.Failed
-    req.sender.clear()
-    assert s.decode_mgr.slots.free == STAGING_SLOTS
+BEYOND = list(range(STAGING_SLOTS + 1))
 
 
-def test_a_prefix_and_new_pages_beyond_the_staging_region_fail_the_room_with_a_reason(servers):
-    # Each prefix position is named by a staging page the room does not
-    # hold: the region must have as many pages as the whole request.
+@pytest.mark.parametrize(
+    ("room", "pages", "new_pages", "prefix_tokens", "reason"),
+    [
+        # Part of a page: SGLang's prefix is whole pages.
+        (510, [1, 2, 3], [4, 5], PAGE_SIZE + 1, "whole number of pages"),
+        # Each prefix position is named by a staging page the room does not
+        # hold: the region must have as many pages as the whole request.
+        (520, BEYOND, BEYOND[-3:], (len(BEYOND) - 3) * PAGE_SIZE, "PDLINK_STAGING_SLOTS"),
+    ],
+    ids=["part_of_a_page", "beyond_the_staging_region"],
+)
+def test_a_decode_prefix_the_backend_cannot_name_fails_the_room_with_a_reason(
+    servers, room, pages, new_pages, prefix_tokens, reason
+):
     s = servers
-    pages = list(range(STAGING_SLOTS + 1))
-    req = open_request(s, 520, pages, pages, 0, 0)
+    req = open_request(s, room, pages, pages, 0, 0)
     req.receiver.send_metadata(
-        torch.tensor(pages[-3:], dtype=torch.int32).numpy(),
-        0,
-        decode_prefix_len=(len(pages) - 3) * PAGE_SIZE,
+        torch.tensor(new_pages, dtype=torch.int32).numpy(), 0, decode_prefix_len=prefix_tokens
     )
     assert req.receiver.poll() == KVPoll.Failed
-    with pytest.raises(KVTransferError, match="PDLINK_STAGING_SLOTS"):
+    with pytest.raises(KVTransferError, match=reason):
         req.receiver.failure_exception()
     assert wait_poll(req.sender, {KVPoll.Failed}, "prefill sees decode's abort") == KVPoll.Failed
     req.sender.clear()
