@@ -54,12 +54,6 @@ _SCALAR_LIMITS = (
         "DP attention: a Rank has no DP rank",
     ),
     (
-        "--disaggregation-decode-enable-radix-cache",
-        "disaggregation_decode_enable_radix_cache",
-        False,
-        "decode prefix reuse: the backend sends no decode_prefix_len yet",
-    ),
-    (
         "--disaggregation-decode-allocation-policy",
         "disaggregation_decode_allocation_policy",
         "early",

@@ -17,6 +17,15 @@ Configuration (environment of each SGLang server):
   PDLINK_STAGING_SLOTS                         staging pages per buffer (default 4096)
   PDLINK_DAEMON_LOST_TIMEOUT                   seconds without the daemon before its
                                                rooms fail (default 5)
+  PDLINK_TOTAL_KV_HEADS                        the model's KV heads (decode, MHA between
+                                               TP sizes; SGLang's decode manager gets no
+                                               head counts)
+
+TP: one prefilld and one decoded serve every rank of their server; each
+rank's scheduler opens the same room with its own rank (attn_tp_rank,
+attn_tp_size), decode naming the prefill TP it learnt from SGLang's
+bootstrap server, and registers its own region, whose layout carries the
+head counts when SGLang gave them so the daemons can map different TP sizes.
 """
 
 from __future__ import annotations
@@ -87,6 +96,35 @@ def _env(name: str) -> str:
     return value
 
 
+def region_layout(
+    args: KVArgs, slots: int, is_mla: bool, tp_size: int, total_heads: int = 0
+) -> RegionLayout:
+    """The staging region of slots pages per KV buffer, and the aux rows.
+
+    Described (head fields set) when the heads are known: MLA's latent is
+    one head whole on every rank; MHA's come from SGLang's kv_head_num and
+    total_kv_head_num (prefill), or total_heads split over tp_size (decode,
+    whose KVArgs lack them). The daemons map ranks of different TP sizes
+    only between described layouts; an opaque one serves equal TP only.
+    """
+    item_lens = [int(x) for x in args.kv_item_lens]
+    aux_lens = [int(x) for x in args.aux_item_lens]
+    aux_rows = int(args.aux_data_lens[0]) // aux_lens[0] if aux_lens else 0
+    aux = AuxLayout(aux_rows, sum(aux_lens)) if aux_rows else None
+    page_tokens = int(getattr(args, "page_size", 0) or 0)
+    if is_mla:
+        total, heads, attention = 1, 1, "mla"
+    else:
+        total = int(getattr(args, "total_kv_head_num", 0) or 0) or total_heads
+        heads = int(getattr(args, "kv_head_num", 0) or 0) or max(total // tp_size, 1)
+        attention = "mha"
+    row = page_tokens * heads
+    if total < 1 or row < 1 or any(n % row for n in item_lens):
+        return RegionLayout(tuple(BufferLayout(slots, n) for n in item_lens), aux)
+    buffers = tuple(BufferLayout(slots, n, page_tokens, total, heads, n // row) for n in item_lens)
+    return RegionLayout(buffers, aux, attention)
+
+
 def _failure_text(st: RoomStatus) -> str:
     if not st.found:
         return f"pdlink room {st.room_id} is gone from the daemon (cleared, reaped or restarted)"
@@ -123,17 +161,19 @@ class PdlinkKVManager(CommonKVManager):
         # SGLang's own set-up: parallel context, its ZMQ socket, and on
         # prefill register_to_bootstrap (overridden below).
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
-        self.rank = (int(args.engine_rank), int(self.attn_tp_size))
+        # SGLang's own rank in the attention TP group, the one its bootstrap
+        # server and rank mapping use (prefill's engine_rank is tp_rank).
+        self.rank = (int(self.attn_tp_rank), int(self.attn_tp_size))
 
         self.item_lens = [int(x) for x in args.kv_item_lens]
         self.aux_item_lens = [int(x) for x in args.aux_item_lens]
-        aux_rows = int(args.aux_data_lens[0]) // self.aux_item_lens[0] if self.aux_item_lens else 0
-        aux = AuxLayout(aux_rows, sum(self.aux_item_lens)) if aux_rows else None
-        layout = RegionLayout(tuple(BufferLayout(slots, n) for n in self.item_lens), aux)
+        total_heads = int(os.environ.get("PDLINK_TOTAL_KV_HEADS", "0") or 0)
+        layout = region_layout(args, slots, bool(is_mla_backend), self.rank[1], total_heads)
         self.region = Region.create(region_dir, layout)
         self.region_bases = [
             int(self.region.pages(i).ctypes.data) for i in range(len(layout.buffers))
         ]
+        aux = layout.aux
         self.region_aux_base = int(self.region.aux().ctypes.data) if aux else 0
         self.region_aux_row_len = aux.row_len if aux else 0
         self.slots = SlotPool(slots)
@@ -427,6 +467,24 @@ class PdlinkKVSender(_Room, CommonKVSender):
         self.kv_mgr.request_status.pop(self.bootstrap_room, None)
 
 
+def _prefix_names(region_pages: int, held: np.ndarray, count: int) -> np.ndarray | None:
+    """count distinct region pages, none of held, to stand at a room's prefix positions.
+
+    decoded never writes a position below prefix_len, so these pages are
+    named, not held: another room's slots may be among them.
+    """
+    free = np.setdiff1d(np.arange(region_pages, dtype=np.int64), held, assume_unique=True)
+    return free[:count] if len(free) >= count else None
+
+
+def _prefilld_addr(info: dict) -> str:
+    """The prefilld bootstrap endpoint a prefill rank advertised on /route."""
+    host = str(info["rank_ip"])
+    if ":" in host:
+        host = f"[{host}]"
+    return f"tcp://{host}:{int(info['rank_port'])}"
+
+
 class PdlinkKVReceiver(_Room, CommonKVReceiver):
     """Decode, one per request: OpenReceiver at init, SendMetadata, Success after the copy."""
 
@@ -446,15 +504,27 @@ class PdlinkKVReceiver(_Room, CommonKVReceiver):
         super().init(prefill_dp_rank)
         if self.conclude_state is not None:
             return
-        info = self.bootstrap_infos[0]
-        host = str(info["rank_ip"])
-        if ":" in host:
-            host = f"[{host}]"
-        addr = f"tcp://{host}:{int(info['rank_port'])}"
-        try:
-            self.kv_mgr.client.open(
-                self.bootstrap_room, addr, expected_senders=1, rank=self.kv_mgr.rank
+        addrs = sorted({_prefilld_addr(info) for info in self.bootstrap_infos})
+        if len(addrs) != 1:
+            self._fail(
+                f"pdlink room {self.bootstrap_room}: the prefill ranks it reads from "
+                f"advertise {addrs}; one prefilld must serve every prefill rank"
             )
+            return
+        addr = addrs[0]
+        prefill_tp = int(self.prefill_info.attn_tp_size)
+        mgr = self.kv_mgr
+        if prefill_tp != mgr.rank[1] and mgr.region.layout.attention is None:
+            self._fail(
+                f"pdlink room {self.bootstrap_room}: prefill TP {prefill_tp} to decode TP "
+                f"{mgr.rank[1]} needs the KV head counts in the decode region; set "
+                "PDLINK_TOTAL_KV_HEADS to the model's KV heads"
+            )
+            return
+        try:
+            # Every decode rank names the prefill TP: decoded plans each
+            # rank's sources (head slices) from it, and the Opens must agree.
+            mgr.client.open(self.bootstrap_room, addr, expected_senders=prefill_tp, rank=mgr.rank)
             self._opened = True
         except PdlinkError as err:
             self._fail(
@@ -476,24 +546,48 @@ class PdlinkKVReceiver(_Room, CommonKVReceiver):
             self._abort_daemon_room("state_unsupported")
             self._fail("pdlink carries no state components (state_indices given)")
             return
-        if decode_prefix_len:
-            self._abort_daemon_room("prefix_unsupported")
-            self._fail("pdlink v1 sends no decode prefix (decode_prefix_len > 0)")
+        # SGLang's decode_prefix_len counts tokens decode already holds (its
+        # radix cache); kv_indices are the pages after them only.
+        page_size = int(self.kv_mgr.kv_args.page_size)
+        prefix_tokens = int(decode_prefix_len or 0)
+        if prefix_tokens % page_size:
+            self._abort_daemon_room("prefix_unaligned")
+            self._fail(
+                f"pdlink room {self.bootstrap_room}: decode_prefix_len {prefix_tokens} is not "
+                f"a whole number of pages of {page_size} tokens"
+            )
             return
+        prefix_pages = prefix_tokens // page_size
         try:
             slots = self.kv_mgr.slots.take(self.bootstrap_room, len(kv_indices))
         except StagingFull as err:
             self._abort_daemon_room("staging_full")
             self._fail(str(err))
             return
+        dst = slots
+        if prefix_pages:
+            names = _prefix_names(self.kv_mgr.slots.slots, slots, prefix_pages)
+            if names is None:
+                self._abort_daemon_room("staging_full")
+                self._fail(
+                    f"pdlink room {self.bootstrap_room}: {prefix_pages} prefix and "
+                    f"{len(slots)} new pages exceed the {self.kv_mgr.slots.slots} staging "
+                    "pages that name them (raise PDLINK_STAGING_SLOTS)"
+                )
+                return
+            dst = np.concatenate([names, slots])
         self.dst_pages = np.asarray(kv_indices, dtype=np.int64)
         self.dst_aux_index = aux_index
         try:
+            # Prefill sends every page from position 0 (SGLang's prefill learns
+            # no prefix from this backend): decoded takes the prefix
+            # positions' pages and moves no byte of them.
             self.kv_mgr.client.send_metadata(
                 self.bootstrap_room,
-                slots,
+                dst,
                 rank=self.kv_mgr.rank,
                 aux_index=int(aux_index or 0),
+                prefix_len=prefix_pages,
             )
         except PdlinkError as err:
             self._fail(f"pdlink SendMetadata of room {self.bootstrap_room} failed: {err}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -27,10 +28,54 @@ def require_sglang() -> None:
         pytest.skip(msg, allow_module_level=True)
 
 
+# Bound on any wait for a room's state (a loaded 2-core machine).
+WAIT = 30.0
+
+
+def kv_class(class_type):
+    """SGLang's class of class_type for the pdlink backend (get_kv_class)."""
+    from sglang.srt.disaggregation.utils import TransferBackend, get_kv_class
+
+    return get_kv_class(TransferBackend("pdlink"), class_type)
+
+
+def wait_poll(obj, want: set[int], what: str) -> int:
+    """Poll as a scheduler tick does until the state is in want (bounded)."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    end = time.monotonic() + WAIT
+    while True:
+        state = obj.poll()
+        if state in want:
+            return state
+        assert state != KVPoll.Failed, f"{what}: Failed unexpectedly"
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: still {state} after {WAIT}s")
+        time.sleep(0.002)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def install_config(monkeypatch, staging_slots: int):
+    """This process's SGLang config as a pdlink server's, on loopback, and the
+    backend's environment; returns (the override to restore, its ServerArgs,
+    the bootstrap port)."""
+    from sglang.srt.runtime_context import get_context
+
+    monkeypatch.setenv("SGLANG_HOST_IP", "127.0.0.1")
+    monkeypatch.setenv("PDLINK_STAGING_SLOTS", str(staging_slots))
+    monkeypatch.setenv("PDLINK_DAEMON_LOST_TIMEOUT", "1")
+    port = free_port()
+    override = get_context().override_server_args(
+        host="127.0.0.1",
+        disaggregation_bootstrap_port=port,
+        disaggregation_transfer_backend="pdlink",
+    )
+    return override, override.install(), port
 
 
 @dataclass
@@ -53,9 +98,16 @@ class Pool:
         ]
         return cls(kv, aux)
 
-    def kv_args(self, kv_args_cls, page_size: int):
+    def kv_args(
+        self,
+        kv_args_cls,
+        page_size: int,
+        engine_rank: int = 0,
+        kv_head_num: int = 1,
+        total_kv_head_num: int = 1,
+    ):
         a = kv_args_cls()
-        a.engine_rank = 0
+        a.engine_rank = engine_rank
         a.kv_data_ptrs = [t.data_ptr() for t in self.kv]
         a.kv_data_lens = [t.numel() * t.element_size() for t in self.kv]
         a.kv_item_lens = [t[0].numel() * t.element_size() for t in self.kv]
@@ -76,8 +128,8 @@ class Pool:
         a.swa_kv_cache_layout = None
         a.ib_device = None
         a.gpu_id = 0
-        a.kv_head_num = 1
-        a.total_kv_head_num = 1
+        a.kv_head_num = kv_head_num
+        a.total_kv_head_num = total_kv_head_num
         a.page_size = page_size
         a.system_dp_rank = 0
         a.rust_http_port = None

@@ -77,10 +77,6 @@ def test_version_gate_refuses_other_sglang_naming_the_tested_one(monkeypatch):
         (["--dcp-size", "2"], "--dcp-size"),
         (["--attn-dp-size", "2"], "--attn-dp-size"),
         (
-            ["--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache"],
-            "--disaggregation-decode-enable-radix-cache",
-        ),
-        (
             ["--disaggregation-decode-allocation-policy", "prefill_complete"],
             "--disaggregation-decode-allocation-policy",
         ),
@@ -95,6 +91,15 @@ def test_refuses_at_start_what_v1_does_not_carry_naming_the_option(argv, option)
 def test_plain_tp1_server_args_pass_the_checks():
     checks.check_server_args(_args("--disaggregation-mode", "prefill"))
     checks.check_server_args(_args("--disaggregation-mode", "decode"))
+
+
+def test_decode_radix_cache_and_tp_pass_the_checks():
+    # decode_prefix_len goes to decoded as SendMetadata's prefix_len, and
+    # ranks as each scheduler's rank: neither is refused any more.
+    checks.check_server_args(
+        _args("--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache")
+    )
+    checks.check_server_args(_args("--disaggregation-mode", "prefill", "--tp-size", "2"))
 
 
 def test_check_server_args_hook_refuses_through_sglang():
@@ -114,3 +119,39 @@ def test_refuses_models_with_state_components(state):
 
     with pytest.raises(checks.UnsupportedConfig, match=state.value):
         checks.check_kv_args(SimpleNamespace(state_types=[state]))
+
+
+def _kv_args(item_len: int, **heads):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        kv_item_lens=[item_len, item_len],
+        aux_item_lens=[64, 8],
+        aux_data_lens=[64 * 16, 8 * 16],
+        page_size=4,
+        **heads,
+    )
+
+
+def test_region_layout_carries_the_heads_the_daemons_map_tp_sizes_with():
+    from pdlink.sglang.conn import region_layout
+
+    # MHA prefill: SGLang's kv_head_num and total_kv_head_num (8 heads over TP 2).
+    mha = region_layout(_kv_args(4 * 4 * 32, kv_head_num=4, total_kv_head_num=8), 10, False, 2)
+    assert mha.attention == "mha"
+    assert {(b.page_tokens, b.total_heads, b.rank_heads, b.head_bytes) for b in mha.buffers} == {
+        (4, 8, 4, 32)
+    }
+    assert mha.aux.rows == 16 and mha.aux.row_len == 72
+    # MHA decode: no heads in KVArgs; PDLINK_TOTAL_KV_HEADS split over its TP 4.
+    dec = region_layout(_kv_args(4 * 2 * 32), 10, False, 4, total_heads=8)
+    assert (dec.attention, dec.buffers[0].rank_heads, dec.buffers[0].head_bytes) == ("mha", 2, 32)
+    # MLA: one latent head, whole on every rank.
+    mla = region_layout(_kv_args(4 * 576), 10, True, 4)
+    assert (mla.attention, mla.buffers[0].total_heads, mla.buffers[0].head_bytes) == ("mla", 1, 576)
+    # Heads unknown, or not dividing the page: opaque (equal TP only).
+    assert region_layout(_kv_args(4 * 2 * 32), 10, False, 4).attention is None
+    assert (
+        region_layout(_kv_args(100, kv_head_num=3, total_kv_head_num=6), 10, False, 2).attention
+        is None
+    )

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
-from sglang_harness import free_port, require_sglang, sglang_process
+from sglang_harness import WAIT, free_port, kv_class, require_sglang, sglang_process
 
 from pdlink import RoomState
 from pdlink.client import wait_for
@@ -69,7 +69,6 @@ from sglang.srt.disaggregation.utils import (  # noqa: E402
     MetadataBuffers,
     ReqToMetadataIdxAllocator,
     TransferBackend,
-    get_kv_class,
 )
 from sglang.srt.distributed.parallel_state import GroupCoordinator  # noqa: E402
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req  # noqa: E402
@@ -101,12 +100,6 @@ MAX_NEW_TOKENS = 4
 HIDDEN = 16
 # Staging pages per buffer, fewer than the pool: rooms borrow and give back.
 STAGING_SLOTS = 48
-# Bound on any scheduler loop in this file (a loaded 2-core machine).
-WAIT = 30.0
-
-
-def kv_class(class_type):
-    return get_kv_class(TransferBackend("pdlink"), class_type)
 
 
 def pattern(room: int, layer: int, which: int, positions: torch.Tensor) -> torch.Tensor:

@@ -17,25 +17,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
+import numpy as np
 import pytest
-from sglang_harness import Pool, free_port, require_sglang
+from sglang_harness import WAIT, Pool, install_config, kv_class, require_sglang, wait_poll
 
 require_sglang()
 
 import torch  # noqa: E402
 from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
 from sglang.srt.disaggregation.common.conn import KVTransferError  # noqa: E402
-from sglang.srt.disaggregation.utils import (  # noqa: E402
-    DisaggregationMode,
-    KVClassType,
-    TransferBackend,
-    get_kv_class,
-)
+from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
-from sglang.srt.runtime_context import get_context, get_parallel  # noqa: E402
+from sglang.srt.runtime_context import get_parallel  # noqa: E402
 
 from pdlink import PdlinkError  # noqa: E402
 
@@ -55,12 +51,6 @@ SINGLE_RANK = {
     "attn_cp_rank": 0,
     "attn_dp_rank": 0,
 }
-# Bound on any wait for a room's state (a loaded 2-core machine).
-WAIT = 30.0
-
-
-def kv_class(class_type):
-    return get_kv_class(TransferBackend("pdlink"), class_type)
 
 
 @dataclass
@@ -75,16 +65,7 @@ class Servers:
 
 @pytest.fixture
 def servers(pair, monkeypatch) -> Iterator[Servers]:
-    monkeypatch.setenv("SGLANG_HOST_IP", "127.0.0.1")
-    monkeypatch.setenv("PDLINK_STAGING_SLOTS", str(STAGING_SLOTS))
-    monkeypatch.setenv("PDLINK_DAEMON_LOST_TIMEOUT", "1")
-    port = free_port()
-    override = get_context().override_server_args(
-        host="127.0.0.1",
-        disaggregation_bootstrap_port=port,
-        disaggregation_transfer_backend="pdlink",
-    )
-    server_args = override.install()
+    override, server_args, port = install_config(monkeypatch, STAGING_SLOTS)
     # This process's place in the TP/CP/DP/PP groups, as a scheduler of a
     # single-GPU server has it once its groups are built.
     ranks = get_parallel().override(**SINGLE_RANK)
@@ -115,19 +96,6 @@ def servers(pair, monkeypatch) -> Iterator[Servers]:
     # The managers' Watch and send threads end with them (close joins them).
     leaked = [t.name for t in threading.enumerate() if t.name.startswith("pdlink-")]
     assert not leaked, leaked
-
-
-def wait_poll(obj, want: set[int], what: str) -> int:
-    """Poll as a scheduler tick does until the state is in want (bounded)."""
-    end = time.monotonic() + WAIT
-    while True:
-        state = obj.poll()
-        if state in want:
-            return state
-        assert state != KVPoll.Failed, f"{what}: Failed unexpectedly"
-        if time.monotonic() > end:
-            raise AssertionError(f"{what}: still {state} after {WAIT}s")
-        time.sleep(0.002)
 
 
 @dataclass
@@ -225,6 +193,85 @@ def test_decode_reports_success_only_after_the_copy_out_of_staging(servers):
     verify(s, req)
     req.sender.clear()
     req.receiver.clear()
+
+
+def test_decode_prefix_pages_keep_their_own_bytes_and_the_rest_is_verified(servers):
+    """decode_prefix_len (tokens decode's radix cache holds): kv_indices are the pages after it.
+
+    SGLang's prefill learns no prefix from this backend (pop_decode_prefix_len
+    is 0), so it sends every page; decoded moves none of the prefix's.
+    """
+    s = servers
+    # (pages, prefix pages): partial prefixes, and the whole request cached.
+    for k, (n, p) in enumerate([(6, 2), (5, 1), (8, 5), (4, 4)]):
+        room = 500 + k
+        src = list(range(k * 8, k * 8 + n))
+        dst = list(range(32 + k * 8, 32 + k * 8 + n))
+        req = open_request(s, room, src, dst, k, k + 4)
+        # Decode's own prefix bytes: a ramp, which no constant source page equals.
+        for b, t in enumerate(s.dst.kv):
+            for pg in dst[:p]:
+                t[pg] = (torch.arange(ITEM_LEN) * (b + 3) + pg) % 256
+        own = [[t[pg].clone() for pg in dst[:p]] for t in s.dst.kv]
+        region = s.decode_mgr.region
+        staged = [region.pages(b).copy() for b in range(BUFFERS)]
+        req.receiver.send_metadata(
+            torch.tensor(dst[p:], dtype=torch.int32).numpy(),
+            req.aux_dst,
+            decode_prefix_len=p * PAGE_SIZE,
+        )
+        wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
+        assert req.sender.pop_decode_prefix_len() == 0
+        req.sender.init(n, req.aux_src)
+        fill_source(s, req)
+        for i in range(0, n, 3):
+            req.sender.send(torch.tensor(src[i : i + 3], dtype=torch.int32).numpy())
+        assert wait_poll(req.sender, {KVPoll.Success}, "prefill") == KVPoll.Success
+        held = s.decode_mgr.slots.held(room)
+        assert wait_poll(req.receiver, {KVPoll.Success}, "decode") == KVPoll.Success
+        # decoded wrote the room's own slots only: the pages naming its
+        # prefix positions (other rooms' slots, maybe) are untouched.
+        others = np.setdiff1d(np.arange(STAGING_SLOTS), held)
+        for b in range(BUFFERS):
+            assert (region.pages(b)[others] == staged[b][others]).all(), (room, b)
+        for b, t in enumerate(s.dst.kv):
+            for j, pg in enumerate(dst[:p]):
+                assert torch.equal(t[pg], own[b][j]), (room, b, "prefix page", pg)
+        verify(s, replace(req, src_pages=src[p:], dst_pages=dst[p:]))
+        req.sender.clear()
+        req.receiver.clear()
+    assert s.prefill_mgr.slots.free == STAGING_SLOTS
+    assert s.decode_mgr.slots.free == STAGING_SLOTS
+
+
+BEYOND = list(range(STAGING_SLOTS + 1))
+
+
+@pytest.mark.parametrize(
+    ("room", "pages", "new_pages", "prefix_tokens", "reason"),
+    [
+        # Part of a page: SGLang's prefix is whole pages.
+        (510, [1, 2, 3], [4, 5], PAGE_SIZE + 1, "whole number of pages"),
+        # Each prefix position is named by a staging page the room does not
+        # hold: the region must have as many pages as the whole request.
+        (520, BEYOND, BEYOND[-3:], (len(BEYOND) - 3) * PAGE_SIZE, "PDLINK_STAGING_SLOTS"),
+    ],
+    ids=["part_of_a_page", "beyond_the_staging_region"],
+)
+def test_a_decode_prefix_the_backend_cannot_name_fails_the_room_with_a_reason(
+    servers, room, pages, new_pages, prefix_tokens, reason
+):
+    s = servers
+    req = open_request(s, room, pages, pages, 0, 0)
+    req.receiver.send_metadata(
+        torch.tensor(new_pages, dtype=torch.int32).numpy(), 0, decode_prefix_len=prefix_tokens
+    )
+    assert req.receiver.poll() == KVPoll.Failed
+    with pytest.raises(KVTransferError, match=reason):
+        req.receiver.failure_exception()
+    assert wait_poll(req.sender, {KVPoll.Failed}, "prefill sees decode's abort") == KVPoll.Failed
+    req.sender.clear()
+    assert s.decode_mgr.slots.free == STAGING_SLOTS
 
 
 def test_prefill_abort_fails_both_sides_with_a_reason(servers):
