@@ -292,6 +292,13 @@ class PdlinkKVManager(CommonKVManager):
             self._send_worker.join(timeout=30)
         self.client.close()
         self.region.close()
+        # SGLang's manager binds a ZMQ socket for SGLang's own data plane,
+        # which pdlink never uses. Left open, libzmq's context term at
+        # interpreter exit waits for that socket: the process hangs after its
+        # last request.
+        ctx = getattr(self, "_zmq_ctx", None)
+        if ctx is not None and not ctx.closed:
+            ctx.destroy(linger=0)
 
 
 class _Room:

@@ -90,6 +90,9 @@ def servers(pair, monkeypatch) -> Iterator[Servers]:
     yield Servers(pair, f"127.0.0.1:{port}", pmgr, dmgr, src, dst)
     pmgr.close()
     dmgr.close()
+    # SGLang's ZMQ context goes with the manager: left open, the process hung
+    # at exit (libzmq's term waits for the manager's unused PULL socket).
+    assert pmgr._zmq_ctx.closed and dmgr._zmq_ctx.closed
     bootstrap.close()
     ranks.__exit__(None, None, None)
     override.restore()
