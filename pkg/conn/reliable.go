@@ -2,6 +2,7 @@ package conn
 
 import (
 	"context"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -92,12 +93,10 @@ type outbox struct {
 	mu    sync.Mutex
 	seq   uint64
 	items map[uint64]*pending
-	// rooms counts the items about a room (key.Room != 0): a drain asks
-	// after every transition, so a count, not a scan of 100k items
-	// under the lock the senders need.
-	rooms int
-	// roomsTo splits rooms by the peer each frame goes to, so a drain can
-	// leave out the frames to peers declared lost (they ack nothing).
+	// roomsTo counts the items about a room (key.Room != 0) by the peer
+	// each goes to: a drain asks after every transition, so counts (one per
+	// peer), not a scan of 100k items under the lock the senders need, and
+	// by peer so it can leave out peers declared lost (they ack nothing).
 	roomsTo map[poll.PeerID]int
 	rng     *rand.Rand
 	// removed is closed (and replaced) whenever a frame leaves the outbox,
@@ -113,7 +112,6 @@ func newOutbox(base, maxBackoff time.Duration, seed uint64) *outbox {
 // putLocked stores p under its seq.
 func (o *outbox) putLocked(p *pending) {
 	if _, had := o.items[p.seq]; !had && p.key.Room != 0 {
-		o.rooms++
 		o.roomsTo[p.dest.PeerID()]++
 	}
 	o.items[p.seq] = p
@@ -122,7 +120,6 @@ func (o *outbox) putLocked(p *pending) {
 // deleteLocked removes the frame seq and wakes the waiters of waitUntil.
 func (o *outbox) deleteLocked(seq uint64) {
 	if p, ok := o.items[seq]; ok && p.key.Room != 0 {
-		o.rooms--
 		id := p.dest.PeerID()
 		if o.roomsTo[id]--; o.roomsTo[id] == 0 {
 			delete(o.roomsTo, id)
@@ -307,18 +304,17 @@ func (o *outbox) pendingOf(ft FrameType) int {
 // roomFrames returns the number of frames about a room (not REGISTER)
 // waiting for an ACK.
 func (o *outbox) roomFrames() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.rooms
+	return o.roomFramesExcept(func(poll.PeerID) bool { return false })
 }
 
 // roomFramesExcept returns the number of frames about a room whose peer is
-// not skipped.
+// not skipped. skip runs without the outbox lock (it may take the link's).
 func (o *outbox) roomFramesExcept(skip func(poll.PeerID) bool) int {
 	o.mu.Lock()
-	defer o.mu.Unlock()
+	byPeer := maps.Clone(o.roomsTo)
+	o.mu.Unlock()
 	n := 0
-	for id, c := range o.roomsTo {
+	for id, c := range byPeer {
 		if !skip(id) {
 			n += c
 		}
