@@ -2,13 +2,11 @@ package deploy
 
 import (
 	"bytes"
-	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -97,17 +95,7 @@ const exampleTokenFile = "k8s/overlays/example/auth-token"
 // README step, and returns the stream.
 func renderExample(t *testing.T) []byte {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "k8s")
-	if err := os.CopyFS(dir, os.DirFS("k8s")); err != nil {
-		t.Fatal(err)
-	}
-	token := make([]byte, 48)
-	_, _ = rand.Read(token)
-	path := filepath.Join(dir, strings.TrimPrefix(exampleTokenFile, "k8s/"))
-	if err := os.WriteFile(path, []byte(base64.StdEncoding.EncodeToString(token)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return kustomizeBuild(t, filepath.Join(dir, "overlays", "example"))
+	return renderOverlay(t, "example")
 }
 
 // object is one decoded manifest.

@@ -237,13 +237,8 @@ func TestShmBudgetBoundsAnnouncedNotCopied(t *testing.T) {
 	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	if err := g.snd.Open(Stream{Peer: g.addr, Key: k, Dst: all, Done: func(err error) { done <- err }}); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.snd.Append(k, Piece{Src: all, Last: true}); err != nil {
-		t.Fatal(err)
-	}
+	done := g.openStream(t, k, all)
+	g.append(t, k, Piece{Src: all, Last: true})
 	waitClosed(t, held, "first piece copied from the prefill mapping")
 	announced := waitAnnounced(t, g, 2)
 	// The hold lasts; over it, nothing beyond the budget may be announced.
@@ -411,13 +406,8 @@ func TestShmPrefillFenceWaitsForDecodesCopy_I9(t *testing.T) {
 	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	if err := g.snd.Open(Stream{Peer: g.addr, Key: k, Dst: all, Done: func(err error) { done <- err }}); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.snd.Append(k, Piece{Src: all, Last: true}); err != nil {
-		t.Fatal(err)
-	}
+	done := g.openStream(t, k, all)
+	g.append(t, k, Piece{Src: all, Last: true})
 	waitClosed(t, held, "decode copying the first chunk from prefill's pages")
 	waitAnnounced(t, g, 8) // every chunk written: prefill itself reads none of the pages now
 	if g.snd.Fence(k) {

@@ -123,6 +123,23 @@ def open_request(s: Servers, room: int, src_pages, dst_pages, aux_src, aux_dst) 
     return Request(room, sender, receiver, list(src_pages), list(dst_pages), aux_src, aux_dst)
 
 
+def open_handshaken(s: Servers, first_room: int, n: int) -> tuple[list, list]:
+    """n rooms from first_room: a sender and an initialised receiver each,
+    every receiver through its handshake (WaitingForInput)."""
+    sender_cls = kv_class(KVClassType.SENDER)
+    receiver_cls = kv_class(KVClassType.RECEIVER)
+    assert s.decode_mgr.try_ensure_parallel_info(s.bootstrap_addr)
+    senders, receivers = [], []
+    for room in range(first_room, first_room + n):
+        senders.append(sender_cls(s.prefill_mgr, s.bootstrap_addr, room))
+        r = receiver_cls(s.decode_mgr, s.bootstrap_addr, room)
+        r.init(0)
+        receivers.append(r)
+    for r in receivers:
+        wait_poll(r, {KVPoll.WaitingForInput}, "handshake")
+    return senders, receivers
+
+
 def fill_source(s: Servers, req: Request) -> None:
     for b, t in enumerate(s.src.kv):
         for i, p in enumerate(req.src_pages):
@@ -426,18 +443,7 @@ def _spread(xs: list[float], unit: float = 1e3) -> str:
 def test_sender_poll_reads_the_status_cache_not_the_daemon(servers, monkeypatch):
     """A scheduler tick polls every queued sender: poll() must be a cache lookup."""
     s = servers
-    sender_cls = kv_class(KVClassType.SENDER)
-    receiver_cls = kv_class(KVClassType.RECEIVER)
-    assert s.decode_mgr.try_ensure_parallel_info(s.bootstrap_addr)
-    senders, receivers = [], []
-    for i in range(16):
-        room = 60_000 + i
-        senders.append(sender_cls(s.prefill_mgr, s.bootstrap_addr, room))
-        r = receiver_cls(s.decode_mgr, s.bootstrap_addr, room)
-        r.init(0)
-        receivers.append(r)
-    for r in receivers:
-        wait_poll(r, {KVPoll.WaitingForInput}, "handshake")
+    senders, receivers = open_handshaken(s, 60_000, 16)
     for i, (snd, r) in enumerate(zip(senders, receivers, strict=True)):
         r.send_metadata(torch.tensor([i], dtype=torch.int32).numpy(), i)
         wait_poll(snd, {KVPoll.WaitingForInput}, "bootstrap")
@@ -475,18 +481,7 @@ def test_poll_of_256_rooms_and_send_latency_and_rooms_per_second(servers):
     import pdlink
 
     s = servers
-    sender_cls = kv_class(KVClassType.SENDER)
-    receiver_cls = kv_class(KVClassType.RECEIVER)
-    assert s.decode_mgr.try_ensure_parallel_info(s.bootstrap_addr)
-    senders, receivers = [], []
-    for i in range(ROOMS):
-        room = 50_000 + i
-        senders.append(sender_cls(s.prefill_mgr, s.bootstrap_addr, room))
-        r = receiver_cls(s.decode_mgr, s.bootstrap_addr, room)
-        r.init(0)
-        receivers.append(r)
-    for r in receivers:
-        wait_poll(r, {KVPoll.WaitingForInput}, "handshake")
+    senders, receivers = open_handshaken(s, 50_000, ROOMS)
 
     # One scheduler tick polls every queued sender: 256 poll() calls.
     ticks = []
