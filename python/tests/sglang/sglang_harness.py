@@ -51,6 +51,8 @@ def wait_poll(obj, want: set[int], what: str) -> int:
         assert state != KVPoll.Failed, f"{what}: Failed unexpectedly"
         if time.monotonic() > end:
             raise AssertionError(f"{what}: still {state} after {WAIT}s")
+        # SGLang's schedulers poll: poll() is the only way they learn a state,
+        # so the wait is a scheduler's tick, not a stand-in for an event.
         time.sleep(0.002)
 
 

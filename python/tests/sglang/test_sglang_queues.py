@@ -547,6 +547,8 @@ def until(step, done, what: str) -> None:
         step()
         if time.monotonic() > end:
             raise AssertionError(f"{what}: not done after {WAIT}s")
+        # A scheduler loop's iteration: the queues learn states only by
+        # polling, so there is no event to wait for instead.
         time.sleep(0.001)
 
 
