@@ -2,7 +2,10 @@ package service
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"testing"
+	"time"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/rankmap"
@@ -140,5 +143,48 @@ func TestGQAWithReplicatedHeadsMovesEveryHeadToEveryReplica(t *testing.T) {
 			})
 			s.check(t, p, dst)
 		})
+	}
+}
+
+// A data stream decoded does not expect (the shape of a room whose streams
+// the two daemons planned apart) is answered fenced and counted in
+// pdlink_data_refused_total{reason="unknown_room"} on decode; prefill
+// exports the series at zero.
+func TestUnexpectedDataStreamIsCountedByReasonOnDecode(t *testing.T) {
+	addrs := make(chan string, 1)
+	dataListenHook = func(addr string) { addrs <- addr }
+	t.Cleanup(func() { dataListenHook = nil })
+	p := startPair(t)
+	dataAddr := <-addrs
+	reg := newRegionWithLayout(t, transfer.UniformLayout(1, 8, 256, 1, 16))
+	if _, err := p.decode.RegisterRegion(ctxT(t), &pb.DecodeServiceRegisterRegionRequest{RegionPath: reg.path, Layout: layoutPB(reg.layout)}); err != nil {
+		t.Fatal(err)
+	}
+	series := `pdlink_data_refused_total{reason="unknown_room",side="%s"}`
+	if got := metric(t, p.decHTTP, fmt.Sprintf(series, "decode")); got != "0" {
+		t.Fatalf("decode unknown_room before any stream: %s", got)
+	}
+	c, err := net.DialTimeout("tcp", dataAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var frame [transfer.HeaderSize]byte
+	(&transfer.Header{Type: transfer.FrameDone, Flags: transfer.FlagPayloadCRC, Room: 77, Nonce: 5, Rank: transfer.Rank{TP: 0, Size: 1}}).Encode(frame[:])
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(frame[:]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, frame[:]); err != nil { // the result: counted before it is written
+		t.Fatal(err)
+	}
+	if h, err := transfer.DecodeHeader(frame[:]); err != nil || h.Type != transfer.FrameResult || h.Status == 0 {
+		t.Fatalf("answer %+v (%v), want a result that is not ok", h, err)
+	}
+	if got := metric(t, p.decHTTP, fmt.Sprintf(series, "decode")); got != "1" {
+		t.Fatalf("decode unknown_room after one unexpected stream: %s, want 1", got)
+	}
+	if got := metric(t, p.preHTTP, fmt.Sprintf(series, "prefill")); got != "0" {
+		t.Fatalf("prefill unknown_room: %s, want 0", got)
 	}
 }

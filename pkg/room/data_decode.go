@@ -152,6 +152,18 @@ func (d *DecodeData) Layouts() []*pdlinkv1.RegionLayout { return d.slot.layouts(
 // Bytes is the KV bytes written and verified.
 func (d *DecodeData) Bytes() uint64 { return d.bytes.Load() }
 
+// DataRefused is how many data frames the receiver refused for reason
+// (pdlink_data_refused_total); 0 before the first region.
+func (d *DecodeData) DataRefused(reason transfer.Refusal) uint64 {
+	d.mu.Lock()
+	rx := d.receiver
+	d.mu.Unlock()
+	if r, ok := rx.(interface{ Refused(transfer.Refusal) uint64 }); ok {
+		return r.Refused(reason)
+	}
+	return 0
+}
+
 // Serve hands every accepted data connection to the receiver until ln
 // closes.
 func (d *DecodeData) Serve(ln net.Listener) error {
@@ -536,3 +548,23 @@ func (n *DecodeOwner) ServeData(ln net.Listener) error { return n.data.Serve(ln)
 
 // Bytes is the KV bytes written and verified.
 func (n *DecodeOwner) Bytes() uint64 { return n.data.Bytes() }
+
+// DataRefused is how many data frames the receiver refused for reason,
+// one of DataRefusalReasons (pdlink_data_refused_total).
+func (n *DecodeOwner) DataRefused(reason string) uint64 {
+	for _, r := range transfer.AllRefusals() {
+		if r.String() == reason {
+			return n.data.DataRefused(r)
+		}
+	}
+	return 0
+}
+
+// DataRefusalReasons is the closed set of DataRefused's reasons.
+func DataRefusalReasons() []string {
+	var out []string
+	for _, r := range transfer.AllRefusals() {
+		out = append(out, r.String())
+	}
+	return out
+}
