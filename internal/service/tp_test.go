@@ -394,7 +394,7 @@ func mlaLayout(rank transfer.Rank) transfer.Layout {
 // rank's pages and aux row are its source rank's, byte for byte, and the
 // room is Success on both sides once each decode rank completed.
 func TestMLAWithDifferentTPFeedsEachDecodeRankFromOnePrefillRank(t *testing.T) {
-	for _, tc := range []struct{ pre, dec int }{{2, 4}, {4, 2}} {
+	for _, tc := range []struct{ pre, dec int }{{2, 4}, {4, 2}, {4, 1}} {
 		t.Run(fmt.Sprintf("%d->%d", tc.pre, tc.dec), func(t *testing.T) {
 			p := startMappedPair(t, tc.pre, tc.dec, mlaLayout)
 			m, err := transfer.PlanRanks(mlaLayout(transfer.Rank{Size: uint16(tc.pre)}), mlaLayout(transfer.Rank{Size: uint16(tc.dec)}))

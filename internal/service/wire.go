@@ -168,7 +168,8 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SidePrefill)
 	if err := registerMetrics(s, rec, metrics.SidePrefill, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) },
-		func() float64 { return float64(node.RegionReplaced()) }, func() float64 { return float64(node.RegionFaults()) }, node.RegionRefused, node.PeerLayoutsRefused); err != nil {
+		func() float64 { return float64(node.RegionReplaced()) }, func() float64 { return float64(node.RegionFaults()) }, node.RegionRefused, node.PeerLayoutsRefused,
+		func(string) uint64 { return 0 }); err != nil { // prefill receives no data frames
 		return err
 	}
 	addNode(s, "prefill-node", node, rec, func() error {
@@ -230,7 +231,8 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	rec := metrics.NewRecorder(metrics.SideDecode)
 	if err := registerMetrics(s, rec, metrics.SideDecode, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) },
 		func() float64 { return float64(node.RegionReplaced()) }, func() float64 { return float64(node.RegionFaults()) }, node.RegionRefused,
-		func(string) uint64 { return 0 }); err != nil { // decode maps nothing: prefill plans each pair
+		func(string) uint64 { return 0 }, // decode maps nothing: prefill plans each pair
+		node.DataRefused); err != nil {
 		ln.Close()
 		return err
 	}
@@ -269,7 +271,7 @@ func addNode(s *daemon.Server, name string, node RoomOwner, rec *metrics.Recorde
 	})
 }
 
-func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes, regionReplaced, regionFaults func() float64, regionRefused func(regionpath.Rule) uint64, peerLayoutRefused func(reason string) uint64) error {
+func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes, regionReplaced, regionFaults func() float64, regionRefused func(regionpath.Rule) uint64, peerLayoutRefused, dataRefused func(reason string) uint64) error {
 	authRejected, authReloads := authSources(kr)
 	c := metrics.NewCollector(side, metrics.Sources{
 		Rooms:          stats,
@@ -310,6 +312,13 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg d
 			var out []metrics.Count
 			for _, r := range room.PeerLayoutRefusalReasons() {
 				out = append(out, metrics.Count{Labels: []string{r}, Value: float64(peerLayoutRefused(r))})
+			}
+			return out
+		},
+		DataRefused: func() []metrics.Count {
+			var out []metrics.Count
+			for _, r := range room.DataRefusalReasons() {
+				out = append(out, metrics.Count{Labels: []string{r}, Value: float64(dataRefused(r))})
 			}
 			return out
 		},

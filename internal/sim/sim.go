@@ -356,8 +356,8 @@ type Sim struct {
 	// plan is which prefill rank feeds which decode rank, as the daemons plan it.
 	plan     rankmap.Mapping
 	pre, dec []*engine // by rank
-	// expectedSenders is the prefill ranks that feed some decode rank of a room
-	// (OpenReceiverRequest.expected_senders; 0 at TP 1, as before ranks).
+	// expectedSenders is the prefill TP size (OpenReceiverRequest.expected_senders;
+	// 0 at TP 1, as before ranks).
 	expectedSenders uint32
 	conns           []*grpc.ClientConn
 	prefill         pb.PrefillServiceClient
@@ -392,13 +392,11 @@ func New(ctx context.Context, cfg Config) (*Sim, error) {
 		return nil, fmt.Errorf("sim: prefill tp %d -> decode tp %d: %w", cfg.PrefillTP, cfg.DecodeTP, err)
 	}
 	if cfg.PrefillTP > 1 || cfg.DecodeTP > 1 {
-		feeding := map[int]bool{}
-		for _, d := range s.plan.DecodeRanks {
-			for _, from := range d.From {
-				feeding[from] = true
-			}
-		}
-		s.expectedSenders = uint32(len(feeding))
+		// The prefill TP size, as SGLang's decode names it: decoded plans
+		// each rank's sources from it, which the count of ranks that feed
+		// (fewer, when heads are replicated or the attention is MLA) cannot
+		// tell.
+		s.expectedSenders = uint32(cfg.PrefillTP)
 	}
 	pconn, err := dial(cfg.PrefillGRPC)
 	if err != nil {

@@ -63,6 +63,9 @@ type Sources struct {
 	// not map onto its own, by (reason) (transfer.RefusalReasons); once per
 	// pair of layouts, not per room.
 	PeerLayoutRefused func() []Count
+	// DataRefused returns data frames decode's receiver refused, by (reason)
+	// (transfer.AllRefusals: unknown_room, invalid, bad_frame).
+	DataRefused func() []Count
 }
 
 // Side label values.
@@ -90,6 +93,7 @@ type Collector struct {
 	regionReplaced, regionFaults                           *prometheus.Desc
 	authRejected, authReloads                              *prometheus.Desc
 	regionRefused, peerLayoutRefused                       *prometheus.Desc
+	dataRefused                                            *prometheus.Desc
 }
 
 // NewCollector builds the scrape-time collector for one daemon side.
@@ -134,6 +138,7 @@ func NewCollector(side string, src Sources) *Collector {
 		authRejected:      d("auth_rejected_total", "Control frames and data connections refused by authentication, by reason.", "reason"),
 		authReloads:       d("auth_token_reloads_total", "Token file reloads (SIGHUP), by result.", "result"),
 		peerLayoutRefused: d("peer_layout_refused_total", "Decode peer layouts (from REGISTER) that cannot map onto this side's, by the reason pkg/rankmap or the opaque comparison gave: page_size, dtype, head_count, tp_not_divisible, opaque_tp, ...; counted once per pair of layouts, and each room bound to the peer then fails with reason invalid.", "reason"),
+		dataRefused:       d("data_refused_total", "Data frames decode's receiver refused, by reason: unknown_room (a stream's DONE for a key not expected: never, when the daemons planned the room's streams apart, or no longer, after its fence), invalid (a chunk or DONE that did not match its room, which failed invalid), bad_frame (a header, frame type or run list that failed its checks; the connection broke). Each is logged, rate limited per reason.", "reason"),
 		regionRefused:     d("region_refused_total", "RegisterRegion paths refused (PermissionDenied), by the rule they broke: relative, not_clean, outside_dirs, symlink, not_regular, group, changed.", "rule"),
 	}
 }
@@ -142,7 +147,7 @@ func NewCollector(side string, src Sources) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.rooms, c.oldest, c.overdue, c.deadline, c.tombstones,
 		c.transitions, c.failures, c.rejectedEvents, c.collisions, c.reaped, c.frames, c.framesRejected,
-		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.regionReplaced, c.regionFaults, c.insecure, c.authRejected, c.authReloads, c.regionRefused, c.peerLayoutRefused} {
+		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.regionReplaced, c.regionFaults, c.insecure, c.authRejected, c.authReloads, c.regionRefused, c.peerLayoutRefused, c.dataRefused} {
 		ch <- d
 	}
 }
@@ -204,6 +209,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.src.AuthReloads, c.authReloads, prometheus.CounterValue)
 	emit(c.src.RegionRefused, c.regionRefused, prometheus.CounterValue)
 	emit(c.src.PeerLayoutRefused, c.peerLayoutRefused, prometheus.CounterValue)
+	emit(c.src.DataRefused, c.dataRefused, prometheus.CounterValue)
 	if c.src.Retransmits != nil {
 		counter(c.retransmits, c.src.Retransmits())
 	}
@@ -305,6 +311,7 @@ func Names() map[string]string {
 		name("auth_token_reloads_total"):   "counter",
 		name("region_refused_total"):       "counter",
 		name("peer_layout_refused_total"):  "counter",
+		name("data_refused_total"):         "counter",
 		name("room_duration_seconds"):      "histogram",
 		name("transfer_duration_seconds"):  "histogram",
 		name("build_info"):                 "gauge",

@@ -54,6 +54,7 @@ func allSources(tbl *poll.Table, now *int64) Sources {
 		AuthReloads:       func() []Count { return []Count{{[]string{"ok"}, 0}} },
 		RegionRefused:     func() []Count { return []Count{{[]string{"symlink"}, 0}} },
 		PeerLayoutRefused: func() []Count { return []Count{{[]string{"dtype"}, 0}} },
+		DataRefused:       func() []Count { return []Count{{[]string{"unknown_room"}, 0}} },
 	}
 }
 

@@ -28,8 +28,11 @@
 // DstHead*HeadBytes (SGLang's send_kvcache_slice). When total heads < TP, tp/total
 // consecutive ranks hold the same head; Plan reads each head from the lowest replica among
 // the targets and the other replicas become dummies for that decode rank (SGLang writes the
-// identical bytes from every replica). MLA never slices: the latent is whole on every rank,
-// so a decode rank reads whole pages from its first target and the others are dummies.
+// identical bytes from every replica). A decode rank whose row is one replicated head its
+// source holds alone (2 heads, 2 -> 4 or 4 -> 2) gets Whole copies from that one rank
+// (DecodeRank.WholePages): both daemons then move it as whole pages, as for MLA. MLA never
+// slices: the latent is whole on every rank, so a decode rank reads whole pages from its
+// first target and the others are dummies.
 // Equal TP is the identity (Mapping.Identity, Copy.Whole): one whole-page copy per buffer,
 // so the caller keeps its fast path.
 //

@@ -96,6 +96,23 @@ type DecodeRank struct {
 	Copies []Copy
 }
 
+// WholePages reports whether the rank reads whole pages of every buffer from one prefill rank
+// (equal TP, MLA, or a rank whose row is one replicated head the source holds alone): one
+// stream of whole pages then feeds it, keyed by the decode rank alone, and nothing is
+// sliced. Both daemons must take this one answer, or one sends whole pages to a stream the
+// other expects as head slices of another key.
+func (d DecodeRank) WholePages() bool {
+	if len(d.From) != 1 {
+		return false
+	}
+	for _, c := range d.Copies {
+		if !c.Whole() {
+			return false
+		}
+	}
+	return true
+}
+
 // ExpectedResponses is how many prefill ranks must report before the room is Success on
 // this decode rank.
 func (d DecodeRank) ExpectedResponses() int { return len(d.From) }

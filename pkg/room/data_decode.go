@@ -114,7 +114,7 @@ var _ DecodeDataPlane = (*DecodeData)(nil)
 // when the region is registered, reporting to node.
 func newDecodeData(kind transfer.Kind, cfg transfer.ReceiverConfig, log *zap.Logger, node decodeNode) *DecodeData {
 	d := &DecodeData{log: log, kind: kind, rcfg: cfg, node: node, metadata: map[metaKey]*sentMetadata{},
-		sliced: slicedRanks{keys: map[poll.Key][]transfer.Key{}, remaining: map[metaKey]int{}}}
+		sliced: slicedRanks{keys: map[poll.Key][]transfer.Key{}, remaining: map[metaKey]int{}, prefillRanks: map[metaKey]int{}}}
 	d.rcfg.OnFenced = func(k transfer.Key) { d.fences.onFenced(k, func() { d.node.Fenced(pkey(k)) }) }
 	d.slot.log = log
 	d.newSink = func(r transfer.RegionSet, cfg transfer.ReceiverConfig, ev transfer.Events) (transfer.Sink, error) {
@@ -151,6 +151,18 @@ func (d *DecodeData) Layouts() []*pdlinkv1.RegionLayout { return d.slot.layouts(
 
 // Bytes is the KV bytes written and verified.
 func (d *DecodeData) Bytes() uint64 { return d.bytes.Load() }
+
+// DataRefused is how many data frames the receiver refused for reason
+// (pdlink_data_refused_total); 0 before the first region.
+func (d *DecodeData) DataRefused(reason transfer.Refusal) uint64 {
+	d.mu.Lock()
+	rx := d.receiver
+	d.mu.Unlock()
+	if r, ok := rx.(interface{ Refused(transfer.Refusal) uint64 }); ok {
+		return r.Refused(reason)
+	}
+	return 0
+}
 
 // Serve hands every accepted data connection to the receiver until ln
 // closes.
@@ -209,19 +221,21 @@ func (d *DecodeData) Expect(md Metadata) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrRankMapping, err)
 	}
+	mk := metaKey{md.Key, rank.TP}
 	if sources == nil {
-		return rx.Expect(transfer.Expectation{Key: tkey(md.Key, rank), Dst: dst, AuxRow: auxRow})
+		if err := rx.Expect(transfer.Expectation{Key: tkey(md.Key, rank), Dst: dst, AuxRow: auxRow}); err != nil {
+			return err
+		}
+		d.countPrefillRanks(mk, rank, md.ExpectedRanks)
+		return nil
 	}
 	// Head slices: one expectation per prefill rank feeding this one, each
 	// with its own slices of the same pages; the aux row from AuxFrom only.
 	// The rank is done once every one completed.
-	mk := metaKey{md.Key, rank.TP}
 	var keys []transfer.Key
-	if rank.Size > 1 {
-		d.sliced.Lock()
-		d.sliced.remaining[mk] = len(sources)
-		d.sliced.Unlock()
-	}
+	d.sliced.Lock()
+	d.sliced.remaining[mk] = len(sources)
+	d.sliced.Unlock()
 	for _, src := range sources {
 		k := tkey(md.Key, rank)
 		k.From = src.rank
@@ -246,7 +260,44 @@ func (d *DecodeData) Expect(md Metadata) error {
 	d.sliced.Lock()
 	d.sliced.keys[md.Key] = append(d.sliced.keys[md.Key], keys...)
 	d.sliced.Unlock()
+	d.countPrefillRanks(mk, rank, md.ExpectedRanks)
 	return nil
+}
+
+// countPrefillRanks records, for a decode rank of TP size 1, how many
+// prefill ranks its room's table waits for (expected_senders, the prefill
+// TP size): more than the streams that feed the rank when heads are
+// replicated or the attention is MLA (doneRanks). Set once the rank's
+// expectations are in, before its METADATA leaves, so before any Complete.
+func (d *DecodeData) countPrefillRanks(mk metaKey, rank transfer.Rank, ranks int) {
+	if rank.Size > 1 || ranks <= 1 {
+		return
+	}
+	d.sliced.Lock()
+	d.sliced.prefillRanks[mk] = ranks
+	d.sliced.Unlock()
+}
+
+// doneRanks is what a decode rank's completion reports to its room: the
+// decode rank; or, for a room of one decode rank, whose table counts the
+// prefill ranks (R11), every one of them: those the mapping reads from
+// have completed, and the others send this rank nothing (replicas of a
+// head another rank brought, MLA's dummies), as SGLang's decode does not
+// wait for a dummy.
+func (d *DecodeData) doneRanks(k transfer.Key) []int {
+	if k.Rank.Size > 1 {
+		return []int{completedRank(k)}
+	}
+	mk := metaKey{pkey(k), k.Rank.TP}
+	d.sliced.Lock()
+	n := d.sliced.prefillRanks[mk]
+	delete(d.sliced.prefillRanks, mk)
+	d.sliced.Unlock()
+	ranks := make([]int, max(n, 1))
+	for i := range ranks {
+		ranks[i] = i
+	}
+	return ranks
 }
 
 // slicedSource is one prefill rank feeding a decode rank head slices.
@@ -259,7 +310,8 @@ type slicedSource struct {
 // slicedSources plans, from decode's own layout and the prefill TP size,
 // the prefill ranks that feed decode rank dst head slices (MHA between TP
 // sizes), each with its copies; nil when the rank takes whole pages (equal
-// TP, MLA, an opaque layout, or the prefill TP unknown). Prefill plans the
+// TP, MLA, an opaque layout, the prefill TP unknown, or a rank whose row is
+// one replicated head: rankmap's DecodeRank.WholePages). Prefill plans the
 // same from both real layouts (peerplan.go); a prefill layout other than
 // the one decode derives sends slices decode does not expect, and the
 // receiver refuses them before a byte lands.
@@ -288,6 +340,9 @@ func slicedSources(local transfer.Layout, prefillTP int, dst transfer.Rank) ([]s
 		return nil, fmt.Errorf("decode rank %d outside the mapping's %d ranks", dst.TP, len(m.DecodeRanks))
 	}
 	dr := m.DecodeRanks[dst.TP]
+	if dr.WholePages() {
+		return nil, nil // prefill sends these as whole pages too (wholePages)
+	}
 	out := make([]slicedSource, 0, len(dr.From))
 	for _, from := range dr.From {
 		out = append(out, slicedSource{rank: transfer.Rank{TP: uint16(from), Size: uint16(prefillTP)},
@@ -298,12 +353,15 @@ func slicedSources(local transfer.Layout, prefillTP int, dst transfer.Rank) ([]s
 
 // slicedRanks holds the expectations of head-slice streams, which are keyed
 // by (decode rank, prefill rank): per room the keys a fence covers, and per
-// decode rank the streams still to complete. Its own lock: Expect runs on
-// the SendMetadata caller, Complete on a receiver goroutine.
+// decode rank the streams still to complete, and per decode rank of TP
+// size 1 the prefill ranks its room counts (countPrefillRanks). Its own
+// lock: Expect runs on the SendMetadata caller, Complete on a receiver
+// goroutine.
 type slicedRanks struct {
 	sync.Mutex
-	keys      map[poll.Key][]transfer.Key
-	remaining map[metaKey]int
+	keys         map[poll.Key][]transfer.Key
+	remaining    map[metaKey]int
+	prefillRanks map[metaKey]int
 }
 
 // fenceKeys are the room's rank keys plus its head-slice streams' keys.
@@ -360,6 +418,11 @@ func (d *DecodeData) Forget(key poll.Key) {
 			delete(d.sliced.remaining, mk)
 		}
 	}
+	for mk := range d.sliced.prefillRanks {
+		if mk.key == key {
+			delete(d.sliced.prefillRanks, mk)
+		}
+	}
 	d.sliced.Unlock()
 	for k := range d.metadata {
 		if k.key == key {
@@ -376,13 +439,11 @@ func (e decodeEvents) Progress(k transfer.Key, n int64) {
 }
 
 func (e decodeEvents) Complete(k transfer.Key) {
-	if k.From != (transfer.Rank{}) && k.Rank.Size <= 1 {
-		// A decode room of one rank expects one completion per prefill rank.
-		e.d.node.OnRankDone(pkey(k), int(k.From.TP))
+	if !e.d.completed(k) {
 		return
 	}
-	if e.d.completed(k) {
-		e.d.node.OnRankDone(pkey(k), completedRank(k))
+	for _, rank := range e.d.doneRanks(k) {
+		e.d.node.OnRankDone(pkey(k), rank)
 	}
 }
 
@@ -487,3 +548,23 @@ func (n *DecodeOwner) ServeData(ln net.Listener) error { return n.data.Serve(ln)
 
 // Bytes is the KV bytes written and verified.
 func (n *DecodeOwner) Bytes() uint64 { return n.data.Bytes() }
+
+// DataRefused is how many data frames the receiver refused for reason,
+// one of DataRefusalReasons (pdlink_data_refused_total).
+func (n *DecodeOwner) DataRefused(reason string) uint64 {
+	for _, r := range transfer.AllRefusals() {
+		if r.String() == reason {
+			return n.data.DataRefused(r)
+		}
+	}
+	return 0
+}
+
+// DataRefusalReasons is the closed set of DataRefused's reasons.
+func DataRefusalReasons() []string {
+	var out []string
+	for _, r := range transfer.AllRefusals() {
+		out = append(out, r.String())
+	}
+	return out
+}

@@ -331,17 +331,14 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 }
 
 // wholePages reports whether decode rank dst of m takes whole pages (equal
-// TP, MLA): one stream, keyed by the decode rank alone.
+// TP, MLA, a replicated head that is its whole row): one stream, keyed by
+// the decode rank alone. Decode asks the same of its own plan
+// (slicedSources).
 func wholePages(m rankmap.Mapping, dst int) bool {
 	if dst < 0 || dst >= len(m.DecodeRanks) {
 		return true
 	}
-	for _, c := range m.DecodeRanks[dst].Copies {
-		if !c.Whole() {
-			return false
-		}
-	}
-	return true
+	return m.DecodeRanks[dst].WholePages()
 }
 
 // sourcesOf is the local ranks that feed decode rank dst of the peer at

@@ -99,8 +99,14 @@
 //     size (expected_senders, which a multi-rank room's Opens agree on;
 //     data_decode.go slicedSources): decode rank d expects one stream per
 //     rank of DecodeRanks[d].From with its copies, the aux row from AuxFrom
-//     only, and d is done once every one of them completed (a decode room
-//     of one rank counts each prefill rank as today). A prefill layout other
+//     only, and d is done once every one of them completed. A decode room
+//     of one rank counts the prefill TP's ranks (poll Ranks =
+//     expected_senders): when its rank is done it reports every one of them
+//     done, the replicas and MLA dummies that send it nothing too
+//     (doneRanks). A rank whose row is one replicated head its source holds
+//     alone (rankmap DecodeRank.WholePages) is whole pages on both sides, one
+//     stream keyed by d alone, as MLA; the two sides asking one predicate is
+//     what TestBothSidesPlanTheSameStreamsForEveryMapping pins. A prefill layout other
 //     than the one decode derives sends slices decode does not expect: the
 //     receiver refuses them before a byte lands and the room fails invalid;
 //     a refused slice reaches a scheduler as ErrBadHeadSlice /

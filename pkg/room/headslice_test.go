@@ -147,3 +147,52 @@ func TestPrefillFenceCoversTheStreamKeysOfEveryShare(t *testing.T) {
 		}
 	}
 }
+
+// Decode plans a rank's streams from its own layout and the prefill TP
+// (slicedSources); prefill from both real layouts (wholePages,
+// Mapping.CopiesFrom). For every pair of TP sizes and head counts rankmap
+// accepts, replicated heads among them, both must name the same streams:
+// whole pages keyed by the decode rank alone, or one head-slice stream per
+// prefill rank of the rank's From with that pair's copies. A disagreement
+// is a room whose every chunk decode discards (2 heads at TP 2 -> 4 was).
+func TestBothSidesPlanTheSameStreamsForEveryMapping(t *testing.T) {
+	const pageTokens, headBytes = 4, 16
+	layout := func(heads, tp, rank int) transfer.Layout {
+		l := transfer.UniformLayout(2, 8, int64(pageTokens*max(heads/tp, 1)*headBytes), 2, 8)
+		l.Rank = transfer.Rank{TP: uint16(rank), Size: uint16(tp)}
+		return l.WithHeads(rankmap.MHA, pageTokens, int64(heads), headBytes)
+	}
+	for _, heads := range []int{1, 2, 4, 8, 16} {
+		for _, p := range []int{1, 2, 4, 8} {
+			for _, dtp := range []int{1, 2, 4, 8} {
+				m, err := transfer.PlanRanks(layout(heads, p, 0), layout(heads, dtp, 0))
+				if err != nil {
+					continue // a pair rankmap refuses never carries a room
+				}
+				for d := range dtp {
+					rank := transfer.Rank{TP: uint16(d), Size: uint16(dtp)}
+					sources, err := slicedSources(layout(heads, dtp, d), p, rank)
+					if err != nil {
+						t.Fatalf("%d heads %d -> %d decode rank %d: %v", heads, p, dtp, d, err)
+					}
+					if whole := wholePages(m, d); whole != (sources == nil) {
+						t.Fatalf("%d heads %d -> %d decode rank %d: prefill sends whole pages %v, decode expects %d head-slice streams",
+							heads, p, dtp, d, whole, len(sources))
+					}
+					var from []int
+					for _, s := range sources {
+						from = append(from, int(s.rank.TP))
+						if want := m.CopiesFrom(int(s.rank.TP), d); !slices.Equal(s.copies, want) {
+							t.Fatalf("%d heads %d -> %d: decode rank %d expects %v from prefill rank %d, which sends %v",
+								heads, p, dtp, d, s.copies, s.rank.TP, want)
+						}
+					}
+					if sources != nil && !slices.Equal(from, m.DecodeRanks[d].From) {
+						t.Fatalf("%d heads %d -> %d: decode rank %d expects streams from %v, the mapping feeds it from %v",
+							heads, p, dtp, d, from, m.DecodeRanks[d].From)
+					}
+				}
+			}
+		}
+	}
+}

@@ -93,6 +93,27 @@
 // frames keep every byte they had; a build that does not know From refuses a frame with it
 // (a status on a chunk or DONE), so it never lands a slice in another stream's room.
 //
+// Replicated heads (GQA with fewer KV heads than a side's ranks: tp/heads consecutive ranks
+// hold one head) need no wire of their own. A decode rank whose row is one head that its
+// source holds alone (2 heads, prefill 2 -> decode 4; 1 head, 1 -> 2) takes one Copy per
+// buffer that is Whole from one prefill rank: rankmap's DecodeRank.WholePages, which both
+// daemons ask, so the stream is a whole-page one (From zero, the same-host path open to it).
+// Where a rank's row takes part of its source's (2 heads, 1 -> 4) or merges heads of
+// several (2 heads, 4 -> 1) it is a sliced stream as above, from the lowest replica.
+// Daemons that planned a room's streams apart would meet here as a DONE for a key the
+// receiver never expected: refused as unknown_room (below), the sender answered fenced.
+//
+// # Refusals
+//
+// Every data frame the receiver refuses is counted by a closed Refusal (Receiver.Refused;
+// decoded's pdlink_data_refused_total{reason}): unknown_room (a DONE for a key not
+// expected: never, or no longer after its fence; logged at info with the keys expected
+// for that room and decode rank instead), invalid (a chunk or DONE that does not match its
+// room, which fails invalid) and bad_frame (a header, frame type or run list that fails its
+// checks; the connection breaks). Each is logged "data frame refused" with the room, the
+// remote end and the error, one line per reason per second (the next says how many it
+// stood for). The same-host path's refusals are its own (shm_receiver.go).
+//
 // Cost (BenchmarkSlicedTransfer, 64 MiB rooms of 32 KiB per page and buffer over loopback,
 // median of 6 on the shared 2-core machine at load 6-7, so +-30%): whole pages 2.36 GB/s
 // (receiver 0.22, sender 0.33 s CPU per GB); 2 -> 4 gathered 1.42 GB/s (0.60x; sender

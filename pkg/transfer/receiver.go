@@ -131,6 +131,8 @@ type Receiver struct {
 	wg     sync.WaitGroup
 
 	discardedChunks, discardedBytes, rejected, interrupts atomic.Uint64
+	refused                                               [numRefusals]atomic.Uint64 // by Refusal, within rejected
+	refusalLog                                            refusalLimiter
 	shm                                                   shmCounters
 	// beforeTouch, for tests, runs before each piece is read into destination pages.
 	beforeTouch func()
@@ -369,13 +371,14 @@ func (room *rxRoom) finish(o outcome, reason Reason) bool {
 	return true
 }
 
-// fail moves the room to failed and reports the event if this call did it.
-func (r *Receiver) fail(room *rxRoom, reason Reason, err error) {
+// fail moves the room to failed and reports the event if this call did it; fields add
+// what the caller knows (the remote end).
+func (r *Receiver) fail(room *rxRoom, reason Reason, err error, fields ...zap.Field) {
 	room.mu.Lock()
 	ok := room.finish(failed, reason)
 	room.mu.Unlock()
 	if ok {
-		r.log.Warn("room failed", zap.Stringer("room", room.key), zap.String("reason", string(reason)), zap.Error(err))
+		r.log.Warn("room failed", append(fields, zap.Stringer("room", room.key), zap.String("reason", string(reason)), zap.Error(err))...)
 		r.events.Failed(room.key, reason, err)
 	}
 }

@@ -129,8 +129,7 @@ func (c *rxConn) serve() error {
 		h, err := DecodeHeader(c.hdr[:])
 		if err != nil {
 			// The stream cannot be resynchronised after a bad header.
-			r.rejected.Add(1)
-			r.log.Warn("bad frame header", zap.Stringer("remote", c.raw.RemoteAddr()), zap.Error(err))
+			r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), fmt.Errorf("bad frame header: %w", err))
 			return err
 		}
 		switch h.Type {
@@ -143,8 +142,8 @@ func (c *rxConn) serve() error {
 		case FrameShmOffer:
 			err = c.shmOffer(&h)
 		default:
-			r.rejected.Add(1)
 			err = fmt.Errorf("%w: %d from sender", ErrBadFrameType, h.Type)
+			r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		}
 		if err != nil {
 			return err
@@ -218,8 +217,8 @@ func (c *rxConn) result(key Key, reason Reason) error {
 
 // reject fails room as invalid, drains the frame's payload and tells the sender.
 func (c *rxConn) reject(room *rxRoom, payload uint64, err error) error {
-	c.r.rejected.Add(1)
-	c.r.fail(room, ReasonInvalid, err)
+	c.r.refuse(RefusedInvalid, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key))
+	c.r.fail(room, ReasonInvalid, err, zap.Stringer("remote", c.raw.RemoteAddr()))
 	if err := c.drain(payload); err != nil {
 		return err
 	}
@@ -243,7 +242,7 @@ func (c *rxConn) chunk(h *Header) error {
 	}
 	runs, err := DecodeRuns(c.runs, c.runBuf[:n], h.NumRuns, h.RunsCRC)
 	if err != nil {
-		r.rejected.Add(1)
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err // a run list that fails its checksum cannot be trusted to delimit the payload
 	}
 	c.runs = runs
@@ -393,11 +392,15 @@ func (c *rxConn) done(h *Header) error {
 	r := c.r
 	room := r.lookup(h.Key())
 	if room == nil {
-		r.rejected.Add(1)
+		// Ended and forgotten here, or never expected: then the sender's plan
+		// of the room's streams is not this side's, and expected says what
+		// this side waits for instead.
+		r.refuse(RefusedUnknownRoom, c.raw.RemoteAddr(), fmt.Errorf("%w: done for a stream not expected here", ErrRejected),
+			zap.Stringer("room", h.Key()), zap.Stringer("expected", expectedBeside{r, h.Key()}))
 		if err := c.discard(h.PayloadLen); err != nil {
 			return err
 		}
-		return c.result(h.Key(), ReasonFenced) // ended and forgotten here (or never expected)
+		return c.result(h.Key(), ReasonFenced)
 	}
 	room.mu.Lock()
 	if room.state != live {

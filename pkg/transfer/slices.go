@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"hash/crc32"
 
+	"go.uber.org/zap"
+
 	"github.com/pdlink/pdlink/pkg/pagelist"
 	"github.com/pdlink/pdlink/pkg/rankmap"
 )
@@ -304,7 +306,7 @@ func (c *rxConn) slicedChunk(h *Header) error {
 	}
 	runs, err := DecodeSliceRuns(c.sliceRuns, c.runBuf[:n], h.NumRuns, h.RunsCRC)
 	if err != nil {
-		r.rejected.Add(1)
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err // a run list that fails its checks cannot be trusted to delimit the payload
 	}
 	c.sliceRuns = runs

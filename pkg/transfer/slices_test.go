@@ -191,10 +191,11 @@ func streamKey(room uint64, s, d, decodeTP int) Key {
 	return Key{Room: room, Nonce: uint64(s)<<8 | uint64(d) + 1, Rank: Rank{TP: uint16(d), Size: uint16(decodeTP)}}
 }
 
-// copiesFor is what the room layer passes both ends: the mapping's copies for the pair,
-// or nil (whole pages) when the mapping is the identity.
+// copiesFor is what the room layer passes both ends: nil (whole pages) when the decode
+// rank reads whole pages from one prefill rank (equal TP, or a row that is one replicated
+// head: rankmap's DecodeRank.WholePages), else the mapping's copies for the pair.
 func (g *tpRig) copiesFor(s, d int) []rankmap.Copy {
-	if g.m.Identity() {
+	if g.m.DecodeRanks[d].WholePages() {
 		return nil
 	}
 	return g.m.CopiesFrom(s, d)
@@ -437,7 +438,8 @@ func TestPropertySlicedTransferLandsEachHeadSlice(t *testing.T) {
 }
 
 // TestSlicedTransferOverTCP is the property's mappings of the issue (2 -> 4, 4 -> 2,
-// 1 -> 8, 8 -> 1, and replicated heads) over loopback TCP, with the default chunk size.
+// 1 -> 8, 8 -> 1, and replicated heads: GQA with fewer KV heads than one side's ranks,
+// each way) over loopback TCP, with the default chunk size.
 func TestSlicedTransferOverTCP(t *testing.T) {
 	for i, sh := range []tpShape{
 		{prefillTP: 2, decodeTP: 4, heads: 8, headBytes: 16, pageTokens: 4, buffers: 2},
@@ -445,6 +447,13 @@ func TestSlicedTransferOverTCP(t *testing.T) {
 		{prefillTP: 1, decodeTP: 8, heads: 8, headBytes: 16, pageTokens: 4, buffers: 2},
 		{prefillTP: 8, decodeTP: 1, heads: 8, headBytes: 16, pageTokens: 4, buffers: 2},
 		{prefillTP: 8, decodeTP: 2, heads: 4, headBytes: 16, pageTokens: 4, buffers: 2},
+		{prefillTP: 2, decodeTP: 4, heads: 2, headBytes: 16, pageTokens: 4, buffers: 2},
+		{prefillTP: 1, decodeTP: 2, heads: 1, headBytes: 16, pageTokens: 4, buffers: 2},
+		{prefillTP: 1, decodeTP: 4, heads: 2, headBytes: 16, pageTokens: 4, buffers: 2},
+		{prefillTP: 2, decodeTP: 8, heads: 4, headBytes: 16, pageTokens: 4, buffers: 2},
+		{prefillTP: 4, decodeTP: 2, heads: 2, headBytes: 16, pageTokens: 4, buffers: 2},
+		{prefillTP: 2, decodeTP: 1, heads: 1, headBytes: 16, pageTokens: 4, buffers: 2},
+		{prefillTP: 4, decodeTP: 1, heads: 2, headBytes: 16, pageTokens: 4, buffers: 2},
 		// rows of 8 KiB, past the receiver's 4 KiB pieces: each read where it lands
 		{prefillTP: 2, decodeTP: 1, heads: 16, headBytes: 1024, pageTokens: 2, buffers: 2},
 	} {

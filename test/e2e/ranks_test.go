@@ -120,3 +120,27 @@ func TestSlowPrefillRankNeverPinsARoomAtTP4(t *testing.T) {
 		t.Errorf("worst room took %v to end", rep.WorstTerminal)
 	}
 }
+
+// TestReplicatedKVHeadsMoveEveryByteThroughRealDaemons: GQA models with
+// fewer KV heads than one side's TP ranks, where consecutive ranks hold
+// the same head (SGLang's tp_rank // (tp/heads)): decode ranks that share a
+// head are each fed it by the one prefill rank holding it, and prefill
+// replicas of a head feed a decode rank once. Every room Success on both
+// sides, every byte of every decode rank verified against the source the
+// mapping names (a head from the wrong rank or at the wrong row offset
+// never matches).
+func TestReplicatedKVHeadsMoveEveryByteThroughRealDaemons(t *testing.T) {
+	for _, c := range []struct{ heads, p, d int }{
+		{2, 2, 4}, {1, 1, 2}, {2, 1, 4}, {4, 2, 8},
+		{2, 4, 2}, {1, 2, 1}, {2, 4, 1}, {4, 8, 2},
+	} {
+		t.Run(fmt.Sprintf("%dheads_%d_to_%d", c.heads, c.p, c.d), func(t *testing.T) {
+			rep := runRanks(t, c.p, c.d, false, func(cfg *sim.Config) {
+				cfg.Requests = 6
+				// Two layers of K and V, heads of 256 bytes (128 bf16).
+				cfg.Layout.BytesPerToken = int64(4 * c.heads * 256)
+			})
+			everyRoomVerified(t, rep)
+		})
+	}
+}

@@ -328,9 +328,9 @@ type restartStream struct {
 	p    *ownerPair
 	topo restartTopo
 	// plan is which prefill ranks' head slices land on each decode rank,
-	// as the daemons plan it; expectedSenders is the prefill ranks that
-	// feed some decode rank (OpenReceiverRequest.expected_senders), as the
-	// sim's schedulers name it.
+	// as the daemons plan it; expectedSenders is the prefill TP size
+	// (OpenReceiverRequest.expected_senders), as the sim's schedulers and
+	// SGLang's decode name it.
 	plan            rankmap.Mapping
 	expectedSenders uint32
 	engMu           sync.RWMutex
@@ -367,13 +367,7 @@ func newRestartStream(t *testing.T, topo restartTopo, kind transfer.Kind) *resta
 		}
 	}
 	if topo.prefillTP > 1 || topo.decodeTP > 1 {
-		feeding := map[int]bool{}
-		for _, d := range plan.DecodeRanks {
-			for _, from := range d.From {
-				feeding[from] = true
-			}
-		}
-		s.expectedSenders = uint32(len(feeding))
+		s.expectedSenders = uint32(topo.prefillTP)
 	}
 	n := int(pre0.Buffers[0].Pages()) / slotPages
 	s.slots = make(chan int, n)

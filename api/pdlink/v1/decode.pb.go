@@ -270,9 +270,10 @@ func (x *DecodeServiceUnregisterRegionResponse) GetRoomsFailed() uint32 {
 
 // Valid when room_id != 0, prefill_bootstrap_addr is a tcp://host:port
 // ZeroMQ endpoint (a host, not *, and a port in 1-65535; nothing else),
-// expected_senders is 0 (meaning 1) or the number of prefill ranks feeding
-// the room (the prefill tp size with equal TP), and rank names a registered
-// rank.
+// expected_senders is 0 (meaning 1) or the prefill attention TP size (the
+// number of prefill ranks feeding the room with equal TP; fewer feed it when
+// KV heads are replicated or under MLA, and decode plans which from this
+// size), and rank names a registered rank.
 //
 // One room per request per daemon, shared by every rank: each rank's
 // scheduler process opens it with its own rank. The first Open creates the

@@ -236,25 +236,19 @@ def verify(s: TPServers, req: Req) -> None:
         assert int(pool.aux[1][req.aux_dst][0]) == req.room
 
 
-CASES = [(2, 2, False), (2, 4, False), (4, 2, False), (2, 4, True), (4, 2, True)]
-# GQA with fewer KV heads than decode ranks: pairs of decode ranks hold one head.
-# The daemons fail it today (prefill's room ends timeout:transferring after
-# decoded rejects the stream): rankmap plans Whole copies for the replicated
-# head, which prefill sends as whole pages, while decoded expects the room's
-# head slices. Strict, so the case fails once the daemons serve it.
-GQA_REPLICATED = (2, 4, False, {"heads": 2})
-CASES.append(GQA_REPLICATED)
+# GQA with fewer KV heads than ranks: pairs of ranks hold one head (SGLang's
+# tp_rank // (tp / heads)). 2 -> 4: each decode rank is fed its head whole by
+# the one prefill rank holding it; 4 -> 2: each decode rank reads it from the
+# first of the two prefill replicas, the other is a dummy.
+GQA_REPLICATED = [(2, 4, False, {"heads": 2}), (4, 2, False, {"heads": 2})]
+CASES = [(2, 2, False), (2, 4, False), (4, 2, False), (2, 4, True), (4, 2, True), *GQA_REPLICATED]
 
 
 @pytest.mark.parametrize(
     "tp_servers",
     [
         pytest.param(
-            c,
-            id=f"{'mla' if c[2] else 'mha'}-{c[0]}to{c[1]}" + ("-2heads" if c[3:] else ""),
-            marks=[pytest.mark.xfail(strict=True, reason="daemons: replicated heads")]
-            if c is GQA_REPLICATED
-            else [],
+            c, id=f"{'mla' if c[2] else 'mha'}-{c[0]}to{c[1]}" + ("-2heads" if c[3:] else "")
         )
         for c in CASES
     ],
