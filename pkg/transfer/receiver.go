@@ -134,6 +134,11 @@ type Receiver struct {
 	shm                                                   shmCounters
 	// beforeTouch, for tests, runs before each piece is read into destination pages.
 	beforeTouch func()
+	// pmu guards pop, the pre-faulting of proven prefill mappings (shm_populate.go).
+	pmu sync.Mutex
+	pop populator
+	// populate pre-faults a range of a source mapping (populateRange; tests slow it).
+	populate func(m *Mapping, off, n int64) error
 }
 
 var _ Sink = (*Receiver)(nil)
@@ -150,6 +155,7 @@ func NewReceiver(regions RegionSet, cfg ReceiverConfig, events Events) (*Receive
 	return &Receiver{
 		regions: regions, cfg: cfg, events: events, log: cfg.Logger,
 		rooms: make(map[Key]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
+		populate: populateRange,
 	}, nil
 }
 
@@ -481,6 +487,7 @@ func (r *Receiver) Close() error {
 		c.Close()
 	}
 	r.mu.Unlock()
+	r.stopPopulate()
 	r.wg.Wait()
 	return nil
 }
