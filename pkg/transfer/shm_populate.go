@@ -49,10 +49,16 @@ type populateJob struct {
 // truncated under the range fails it with EFAULT (no SIGBUS: madvise reports what an
 // access would have raised), so the fault handling of the copy path stays the only one.
 func populateRange(m *Mapping, off, n int64) error {
-	if err := unix.Madvise(m.mem[off:off+n:off+n], unix.MADV_POPULATE_READ); err != nil {
-		return fmt.Errorf("madvise populate read %s: %w", m.id.Path, err)
+	for {
+		err := unix.Madvise(m.mem[off:off+n:off+n], unix.MADV_POPULATE_READ)
+		if err == unix.EINTR { // a signal to the thread, not a verdict on the pages
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("madvise populate read %s: %w", m.id.Path, err)
+		}
+		return nil
 	}
-	return nil
 }
 
 // startPopulate queues m to be pre-faulted and returns its job (nil when nothing will
