@@ -17,10 +17,11 @@ import (
 // file truncated mid-copy) is recovered by touchRegion. Its refusal says why, as the
 // fallback reason.
 //
-// It does not pre-fault the mapping (no MAP_POPULATE): mmap of even a 40 GiB file is a
-// few microseconds, so the connection goroutine answers the offer at once and the
-// Receiver's populate worker pre-faults it in the background (shm_populate.go); a chunk
-// copied before that faults its source pages in on first touch.
+// It does not pre-fault the mapping (no MAP_POPULATE): open, fstat and mmap take tens of
+// microseconds whatever the size (BenchmarkShmOfferMap/answer), so the connection
+// goroutine answers the offer at once and the Receiver's populate worker pre-faults it in
+// the background (shm_populate.go); a chunk copied before that faults its source pages in
+// on first touch.
 func openShmSource(o ShmOffer) (*Mapping, ShmFallback, error) {
 	f, err := os.OpenFile(o.ID.Path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {

@@ -11,9 +11,9 @@ import (
 )
 
 // populateStepBytes is how much of a source mapping the populate worker pre-faults in one
-// madvise call: at BenchmarkShmOfferMap's 1.5-3.4 GB/s a step lasts 10-20 ms, which is
-// the longest Receiver.Close waits for the worker and the longest an unmap of a retired
-// source is put off.
+// madvise call: at BenchmarkShmOfferMap/prefault's 1.5-6.7 GB/s a step lasts 5-22 ms,
+// which is the longest Receiver.Close waits for the worker and the longest an unmap of a
+// retired source is put off.
 const populateStepBytes = 32 << 20
 
 // populator pre-faults the page tables of proven prefill mappings off the connection
