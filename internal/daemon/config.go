@@ -80,6 +80,12 @@ type Config struct {
 	BootstrapListen string
 	// DataListen is decoded's TCP listener for KV pages.
 	DataListen string
+	// ShmCopyWorkers is how many goroutines of decoded copy one same-host
+	// chunk (transfer.ReceiverConfig.CopyWorkers, 1 to
+	// transfer.MaxCopyWorkers): 1 by default, since a second one gave no
+	// GB/s on the shared 2-core machine; a host with a spare core per data
+	// connection may raise it.
+	ShmCopyWorkers int
 	// DataAdvertise is the host:port decoded tells prefill daemons to
 	// send pages to ("" = the bound DataListen address): set it when
 	// DataListen is a wildcard or sits behind NAT or a proxy.
@@ -139,6 +145,7 @@ func DefaultConfig(role Role) Config {
 	case RoleDecode:
 		c.HTTPListen = "127.0.0.1:9401"
 		c.DataListen = "127.0.0.1:9500"
+		c.ShmCopyWorkers = 1
 	}
 	return c
 }
@@ -181,6 +188,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	case RoleDecode:
 		fs.StringVar(&c.DataListen, "data-listen", c.DataListen, "host:port of the TCP listener for KV pages")
 		fs.StringVar(&c.DataAdvertise, "data-advertise", c.DataAdvertise, "host:port prefill daemons send pages to (default: the bound --data-listen address)")
+		fs.IntVar(&c.ShmCopyWorkers, "shm-copy-workers", c.ShmCopyWorkers, fmt.Sprintf("goroutines that copy one same-host chunk from the prefill mapping (1 to %d)", transfer.MaxCopyWorkers))
 	}
 }
 
@@ -289,6 +297,9 @@ func (c *Config) Validate() error {
 			return &FlagError{"bootstrap-listen", c.BootstrapListen, err.Error()}
 		}
 	case RoleDecode:
+		if c.ShmCopyWorkers < 1 || c.ShmCopyWorkers > transfer.MaxCopyWorkers {
+			return &FlagError{"shm-copy-workers", fmt.Sprint(c.ShmCopyWorkers), fmt.Sprintf("must be 1 to %d", transfer.MaxCopyWorkers)}
+		}
 		if err := checkHostPort(c.DataListen); err != nil {
 			return &FlagError{"data-listen", c.DataListen, err.Error()}
 		}

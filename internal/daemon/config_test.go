@@ -1,11 +1,14 @@
 package daemon
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 func parse(t *testing.T, role Role, args []string, env map[string]string) (Config, error) {
@@ -48,6 +51,34 @@ func TestRoleFlagsExistOnlyOnTheirDaemon(t *testing.T) {
 	}
 	if _, err := parse(t, RolePrefill, []string{"--data-listen=127.0.0.1:1"}, nil); err == nil {
 		t.Error("prefilld accepted --data-listen")
+	}
+	if _, err := parse(t, RolePrefill, []string{"--shm-copy-workers=2"}, nil); err == nil {
+		t.Error("prefilld accepted --shm-copy-workers: only decode copies same-host chunks")
+	}
+}
+
+// TestShmCopyWorkersFlagSetsTheDecodeCopyWorkers: --shm-copy-workers (or
+// PDLINK_SHM_COPY_WORKERS) is decoded's ReceiverConfig.CopyWorkers, 1 by
+// default; outside 1 to transfer.MaxCopyWorkers it is refused naming the
+// flag and the range.
+func TestShmCopyWorkersFlagSetsTheDecodeCopyWorkers(t *testing.T) {
+	if cfg, err := parse(t, RoleDecode, nil, nil); err != nil || cfg.ShmCopyWorkers != 1 {
+		t.Fatalf("default: %d (%v), want 1", cfg.ShmCopyWorkers, err)
+	}
+	if cfg, err := parse(t, RoleDecode, []string{"--shm-copy-workers=4"}, nil); err != nil || cfg.ShmCopyWorkers != 4 {
+		t.Fatalf("--shm-copy-workers=4: %d (%v)", cfg.ShmCopyWorkers, err)
+	}
+	if cfg, err := parse(t, RoleDecode, nil, map[string]string{"PDLINK_SHM_COPY_WORKERS": "2"}); err != nil || cfg.ShmCopyWorkers != 2 {
+		t.Fatalf("PDLINK_SHM_COPY_WORKERS=2: %d (%v)", cfg.ShmCopyWorkers, err)
+	}
+	for _, v := range []string{"0", "-1", fmt.Sprint(transfer.MaxCopyWorkers + 1)} {
+		_, err := parse(t, RoleDecode, []string{"--shm-copy-workers=" + v}, nil)
+		if err == nil || !strings.Contains(err.Error(), "--shm-copy-workers") || !strings.Contains(err.Error(), fmt.Sprintf("1 to %d", transfer.MaxCopyWorkers)) {
+			t.Errorf("--shm-copy-workers=%s: %v, want a refusal naming the flag and its range", v, err)
+		}
+	}
+	if _, err := parse(t, RoleDecode, []string{fmt.Sprintf("--shm-copy-workers=%d", transfer.MaxCopyWorkers)}, nil); err != nil {
+		t.Errorf("--shm-copy-workers=%d: %v", transfer.MaxCopyWorkers, err)
 	}
 }
 

@@ -24,11 +24,13 @@ import (
 var bootstrapHook func(addr string)
 
 // Hooks for in-process tests that put a proxy in front of decode's data
-// port (dataListenHook learns the bound address) or edit prefill's room
-// owner config (prefillHook: its sender's in-flight budget, say).
+// port (dataListenHook learns the bound address), edit prefill's room
+// owner config (prefillHook: its sender's in-flight budget, say) or read
+// decode's (decodeHook: what the flags made of its receiver's config).
 var (
 	dataListenHook func(addr string)
 	prefillHook    func(*room.PrefillConfig)
+	decodeHook     func(*room.DecodeConfig)
 )
 
 func tableConfig(cfg daemon.Config, side poll.Side) poll.Config {
@@ -215,8 +217,12 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		RegionDirs:    cfg.RegionDirs,
 	}
 	dcfg.Receiver.Logger, dcfg.Receiver.IdleTimeout = log.Named("transfer"), cfg.TransferIdleTimeout
+	dcfg.Receiver.CopyWorkers = cfg.ShmCopyWorkers
 	if kr != nil {
 		dcfg.Receiver.Auth, dcfg.Auth = kr.Data(), kr.Control(auth.SideDecode)
+	}
+	if decodeHook != nil {
+		decodeHook(&dcfg)
 	}
 	node, err := room.NewDecodeOwner(dcfg)
 	if err != nil {

@@ -209,6 +209,9 @@
 //     those, or on the goroutine that calls Close or RemovePeer; OnFenced on the slot or
 //     checksum goroutine that let go; Admitted on the goroutine whose Append or chunk
 //     write made room in the budget (the Append caller's when it had room).
+//   - A Receiver's populate worker, at most one, only pre-faults accepted source
+//     mappings (madvise) and unmaps the ones retired while it stepped through them; it
+//     reads no byte and writes none.
 //   - A pending fence's FenceGrace timer runs on its own goroutine; it only sets a deadline.
 //   - Expect, Fence, FenceWait, Open, Append, WaitAdmitted, Send, AddPeer and RemovePeer
 //     may be called from any goroutine; Fence, Open and Append never block on I/O. Append
@@ -231,20 +234,43 @@
 // the rank region's path, device, inode, generation and size, and waits for SHM_ANSWER,
 // for SenderConfig.ShmOfferTimeout (1s) plus the file's size at 256 MiB/s: the writer
 // holds every stream pinned to the connection meanwhile, so a decode that accepted the
-// connection and never answers must cost less than a dial's 5s, while decode answers
-// only once it mapped the file with MAP_POPULATE (BenchmarkShmOfferMap, 512 MiB of
+// connection and never answers must cost less than a dial's 5s. The size term is for a
+// decoded of the previous build, which answered only once it had mapped the file with
+// MAP_POPULATE on the connection goroutine (BenchmarkShmOfferMap/prefault, 512 MiB of
 // /dev/shm: 1.5-3.4 GB/s beside memcpy's 1.9-7.7 in the same run on the shared 2-core
-// machine at load 9-10; a 40 GiB region takes 13-29 s), so a fixed wait would refuse
-// large regions. No answer in time breaks the connection (the room being written fails
-// transfer_error) and the slot redials.
+// machine at load 9-10; a 40 GiB region took 13-29 s, and every room on the connection
+// waited for it). This one answers in tens of microseconds whatever the size
+// (BenchmarkShmOfferMap/answer: 512 MiB in a median 16 us, against 220 ms with
+// MAP_POPULATE in the same runs), so the bound only matters against a hung or older peer.
+// No answer in time breaks the connection (the room being written fails transfer_error)
+// and the slot redials.
+//
 // decoded opens the path O_RDONLY, fstats the open file (device and inode must equal the
-// offer's, size at least the layout's), maps it PROT_READ MAP_SHARED, and only then
-// answers "accepted" with the offer's id; any failure answers a fallback reason (disabled,
-// open, identity, map) and the sender sends that rank's chunks with payload on the same
-// connection, logged once per connection and rank and counted
-// (pdlink_shm_fallback_total{side,reason}). With --data-transport=shm a refused offer
-// fails the stream instead (transfer_error, ErrShmRefused): a peer that cannot prove the
-// file never runs over TCP. tcp never offers, and a tcp decoded declines every offer.
+// offer's, size at least the layout's), maps it PROT_READ MAP_SHARED without
+// pre-faulting, and only then answers "accepted" with the offer's id, all on the
+// connection goroutine before it reads the next frame: no chunk can name an offer before
+// it was proven, and a chunk naming an offer decode never accepted fails its room
+// invalid. The Receiver's populate worker (at most one goroutine per Receiver, started
+// when an offer is accepted, gone when nothing is left to pre-fault or at Close)
+// pre-faults the accepted mappings' page tables with MADV_POPULATE_READ, 32 MiB a step,
+// the queued mappings in turn. Chunks do not wait for it: one that arrives first copies
+// from the proven mapping and faults its source pages in on first touch
+// (BenchmarkShmFirstTouchCopy: 0.2-0.7x, median 0.45x, the rate of a copy from
+// pre-faulted pages over 8 same-run rounds; each page once per mapping, the CPU the
+// pre-fault would have spent, spent on the copy path). Waiting for the pre-fault would
+// hold the connection again and falling back would copy every byte twice through the
+// kernel, so the first rooms after an offer pay the faults instead. A file truncated
+// under a step is an EFAULT from madvise, not a SIGBUS: the worker stops pre-faulting it
+// (logged) and the room's chunk fails at its stat or in touchRegion as before. A mapping
+// retired while a step runs on it is unmapped by the worker when the step ends, never
+// under it; otherwise the connection goroutine unmaps it at once. Kernels without
+// MADV_POPULATE_READ (before 5.14) leave every source to fault in on first copy. Any
+// failure answers a fallback reason (disabled, open, identity, map) and the sender sends
+// that rank's chunks with payload on the same connection, logged once per connection and
+// rank and counted (pdlink_shm_fallback_total{side,reason}). With --data-transport=shm a
+// refused offer fails the stream instead (transfer_error, ErrShmRefused): a peer that
+// cannot prove the file never runs over TCP. tcp never offers, and a tcp decoded declines
+// every offer.
 //
 // A shm chunk (FlagShm) keeps the chunk's boundaries, its sequence number, its checksum
 // and the DONE after the last one; its run list pairs each destination run with its

@@ -50,6 +50,10 @@ type ReceiverConfig struct {
 	Transport Kind
 }
 
+// MaxCopyWorkers is the most ReceiverConfig.CopyWorkers: past the cores of any host here,
+// and each worker is a goroutine per chunk being copied.
+const MaxCopyWorkers = 16
+
 func (c *ReceiverConfig) setDefaults() error {
 	var err error
 	if c.Checksum, err = ParseChecksum(string(c.Checksum)); err != nil {
@@ -73,8 +77,8 @@ func (c *ReceiverConfig) setDefaults() error {
 	if c.CopyWorkers == 0 {
 		c.CopyWorkers = 1
 	}
-	if c.CopyWorkers < 1 || c.CopyWorkers > 16 {
-		return fmt.Errorf("%w: copy_workers must be 1 to 16", ErrBadConfig)
+	if c.CopyWorkers < 1 || c.CopyWorkers > MaxCopyWorkers {
+		return fmt.Errorf("%w: copy_workers must be 1 to %d", ErrBadConfig, MaxCopyWorkers)
 	}
 	if c.IdleTimeout < 0 || c.WriteTimeout < 0 || c.HandshakeTimeout < 0 || c.PieceBytes < 4096 || c.FenceGrace <= 0 {
 		return fmt.Errorf("%w: receiver timeouts and fence_grace must be positive and piece_bytes >= 4096", ErrBadConfig)
@@ -136,6 +140,11 @@ type Receiver struct {
 	shm                                                   shmCounters
 	// beforeTouch, for tests, runs before each piece is read into destination pages.
 	beforeTouch func()
+	// pmu guards pop, the pre-faulting of proven prefill mappings (shm_populate.go).
+	pmu sync.Mutex
+	pop populator
+	// populate pre-faults a range of a source mapping (populateRange; tests slow it).
+	populate func(m *Mapping, off, n int64) error
 }
 
 var _ Sink = (*Receiver)(nil)
@@ -152,6 +161,7 @@ func NewReceiver(regions RegionSet, cfg ReceiverConfig, events Events) (*Receive
 	return &Receiver{
 		regions: regions, cfg: cfg, events: events, log: cfg.Logger,
 		rooms: make(map[Key]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
+		populate: populateRange,
 	}, nil
 }
 
@@ -484,6 +494,7 @@ func (r *Receiver) Close() error {
 		c.Close()
 	}
 	r.mu.Unlock()
+	r.stopPopulate()
 	r.wg.Wait()
 	return nil
 }

@@ -39,8 +39,9 @@ type SenderConfig struct {
 	// DialTimeout bounds a dial plus the Authenticator preface. Default 5s.
 	DialTimeout time.Duration
 	// ShmOfferTimeout is the base of the wait for decode's answer to a SHM_OFFER; the wait
-	// grows with the offered file's size (shmOfferWait: decode maps it with MAP_POPULATE
-	// before it answers). The connection's writer waits meanwhile, holding every stream
+	// grows with the offered file's size (shmOfferWait: a decoded of the previous build
+	// maps it with MAP_POPULATE before it answers; this one answers at once and pre-faults
+	// in the background). The connection's writer waits meanwhile, holding every stream
 	// pinned to it, so a decode that accepted the connection and never answers costs this,
 	// then the connection breaks and is redialed. Default 1s.
 	ShmOfferTimeout time.Duration

@@ -16,6 +16,12 @@ import (
 // it holds the offer's size. The mapping is tracked like a region's, so a fault on it (the
 // file truncated mid-copy) is recovered by touchRegion. Its refusal says why, as the
 // fallback reason.
+//
+// It does not pre-fault the mapping (no MAP_POPULATE): open, fstat and mmap take tens of
+// microseconds whatever the size (BenchmarkShmOfferMap/answer), so the connection
+// goroutine answers the offer at once and the Receiver's populate worker pre-faults it in
+// the background (shm_populate.go); a chunk copied before that faults its source pages in
+// on first touch.
 func openShmSource(o ShmOffer) (*Mapping, ShmFallback, error) {
 	f, err := os.OpenFile(o.ID.Path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
@@ -33,7 +39,7 @@ func openShmSource(o ShmOffer) (*Mapping, ShmFallback, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < o.Size {
 		return nil, ShmIdentity, fmt.Errorf("%w: %s has %d bytes, offer needs %d", ErrRegionTooSmall, o.ID.Path, st.Size, o.Size)
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(o.Size), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(o.Size), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		return nil, ShmMap, fmt.Errorf("mmap prefill region %s: %w", o.ID.Path, err)
 	}

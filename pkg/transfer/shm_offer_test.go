@@ -120,23 +120,80 @@ func TestShmOfferWaitGrowsWithTheFile(t *testing.T) {
 }
 
 // BenchmarkShmOfferMap is decode's side of an offer of a 512 MiB region whose pages the
-// engine touched: open, fstat and the MAP_POPULATE mapping it does before it answers, in
-// GB/s of region (what shmPopulateRate must stay below). Compare with
-// BenchmarkMemcpyReference of the same run.
+// engine touched, in GB/s of region. answer: open, fstat and the mapping, what the
+// connection goroutine does before it answers (no MAP_POPULATE). prefault: the same plus
+// the populate worker's MADV_POPULATE_READ over the whole region, what the answer waited
+// for when it was mapped with MAP_POPULATE (shmPopulateRate must stay below it for a
+// decoded of that build). Compare with BenchmarkMemcpyReference of the same run.
 func BenchmarkShmOfferMap(b *testing.B) {
 	l := UniformLayout(1, 512, 1<<20, 0, 0)
 	src := openTestRegion(b, l)
 	memset(src.Buffer(0), 1)
 	o := NewShmOffer(src.Current())
-	b.SetBytes(l.Size())
-	b.ResetTimer()
-	start := time.Now()
-	for i := 0; i < b.N; i++ {
-		m, code, err := openShmSource(o)
-		if code != ShmAccepted {
-			b.Fatalf("offer refused: %v %v", code, err)
+	for _, prefault := range []bool{false, true} {
+		name := "answer"
+		if prefault {
+			name = "prefault"
 		}
-		m.Close()
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(l.Size())
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				m, code, err := openShmSource(o)
+				if code != ShmAccepted {
+					b.Fatalf("offer refused: %v %v", code, err)
+				}
+				if prefault {
+					if err := populateRange(m, 0, int64(len(m.mem))); err != nil {
+						b.Fatal(err)
+					}
+				}
+				m.Close()
+			}
+			b.ReportMetric(float64(b.N)*float64(l.Size())/1e9/time.Since(start).Seconds(), "GB/s")
+		})
 	}
-	b.ReportMetric(float64(b.N)*float64(l.Size())/1e9/time.Since(start).Seconds(), "GB/s")
+}
+
+// BenchmarkShmFirstTouchCopy is what a chunk copied before its source mapping was
+// pre-faulted costs: one thread copies 256 MiB of touched prefill pages out of a fresh
+// source mapping into pre-faulted destination pages, the source's page tables faulted in
+// by the copy (first-touch) or by MADV_POPULATE_READ beforehand, outside the timer
+// (prefaulted), in GB/s of the copy.
+func BenchmarkShmFirstTouchCopy(b *testing.B) {
+	l := UniformLayout(1, 256, 1<<20, 0, 0)
+	src, dst := openTestRegion(b, l), openTestRegion(b, l)
+	memset(src.Buffer(0), 1)
+	memset(dst.Buffer(0), 2)
+	o := NewShmOffer(src.Current())
+	for _, prefault := range []bool{false, true} {
+		name := "first-touch"
+		if prefault {
+			name = "prefaulted"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(l.Size())
+			var copying time.Duration
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				m, code, err := openShmSource(o)
+				if code != ShmAccepted {
+					b.Fatalf("offer refused: %v %v", code, err)
+				}
+				if prefault {
+					if err := populateRange(m, 0, int64(len(m.mem))); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StartTimer()
+				start := time.Now()
+				copy(dst.Buffer(0), m.bufs[0])
+				copying += time.Since(start)
+				b.StopTimer()
+				m.Close()
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.N)*float64(l.Size())/1e9/copying.Seconds(), "GB/s")
+		})
+	}
 }

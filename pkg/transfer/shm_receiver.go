@@ -68,6 +68,9 @@ type rxShm struct {
 type shmSource struct {
 	rank Rank
 	m    *Mapping
+	// job is m's pre-faulting by the Receiver's populate worker (nil when none runs), which
+	// then decides when m is unmapped.
+	job *populateJob
 	// gone is why the file was found deleted, replaced or truncated at a chunk's stat; m is
 	// then unmapped and nil. The offer stays known so that the chunks prefill announced on
 	// it before it noticed fail with that stat's reason, not as chunks naming no offer.
@@ -107,7 +110,7 @@ func (c *rxConn) shmOffer(h *Header) error {
 		var m *Mapping
 		m, code, err = openShmSource(o)
 		if code == ShmAccepted {
-			c.shm.byOffer[h.Seq] = &shmSource{rank: h.Rank, m: m}
+			c.shm.byOffer[h.Seq] = &shmSource{rank: h.Rank, m: m, job: r.startPopulate(m)}
 		}
 	}
 	if code == ShmAccepted {
@@ -274,12 +277,17 @@ func goneReason(err error) Reason {
 	return ReasonTransferError
 }
 
-// close unmaps the source once (a gone source is unmapped already).
+// close lets go of the source once (a gone source was let go already): unmapped now, or
+// by the populate worker once its step on the mapping ends.
 func (s *shmSource) close() {
-	if s.m != nil {
+	switch {
+	case s.m == nil:
+	case s.job != nil:
+		s.job.drop()
+	default:
 		s.m.Close()
-		s.m = nil
 	}
+	s.m, s.job = nil, nil
 }
 
 // shmRefuse fails room with reason, answers the chunk COPIED (nothing more of it is read)

@@ -42,10 +42,13 @@ func newTxShm() txShm {
 // ShmStats returns the sender's same-host counters.
 func (s *Sender) ShmStats() ShmStats { return s.shm.stats() }
 
-// shmPopulateRate is the slowest rate, in bytes per second, at which decode is expected to
-// map an offered file with MAP_POPULATE before it answers: BenchmarkShmOfferMap measured
-// 1.5-3.4 GB/s on the shared 2-core machine at load 9-10, so this is a sixth of the
-// slowest. A fixed wait would refuse same-host pages to every region past a size.
+// shmPopulateRate is the slowest rate, in bytes per second, at which a decoded of the
+// previous build maps an offered file with MAP_POPULATE before it answers
+// (BenchmarkShmOfferMap/prefault: 1.5-3.4 GB/s on the shared 2-core machine at load 9-10,
+// so this is a sixth of the slowest). This build answers once the file is proven and
+// mapped, pre-faulting it afterwards, but the wire is the same, so a rolling upgrade may
+// pair a new prefilld with an old decoded: a fixed wait would refuse same-host pages to
+// its every region past a size.
 const shmPopulateRate = 256 << 20
 
 // shmOfferWait is how long a writer waits for the answer to an offer of size bytes: base,
