@@ -168,8 +168,7 @@ func DecodeHeader(b []byte) (Header, error) {
 		PayloadCRC: le.Uint32(b[52:]),
 		RunsCRC:    le.Uint32(b[56:]),
 	}
-	if h.Flags&^(FlagPayloadCRC|FlagSliced|FlagShm) != 0 || (h.Flags&(FlagSliced|FlagShm) != 0 && h.Type != FrameChunk) ||
-		h.Flags&(FlagSliced|FlagShm) == FlagSliced|FlagShm {
+	if h.Flags&^(FlagPayloadCRC|FlagSliced|FlagShm) != 0 || (h.Flags&(FlagSliced|FlagShm) != 0 && h.Type != FrameChunk) {
 		return h, fmt.Errorf("%w: flags %#x on a frame of type %d", ErrBadFrameType, h.Flags, h.Type)
 	}
 	if (h.From.Size == 0 && h.From.TP != 0) || (h.From.Size != 0 && h.From.TP >= h.From.Size) {
