@@ -359,8 +359,11 @@ const copyBlock = 32 << 10
 // (a TCP chunk's payload order). The two lists are walked apart: for head slices one side
 // is whole pages and the other a row slice per token, and each copy is as long as both
 // sides' current pieces allow, so a slice that is the whole row on both sides is one
-// memmove per run. It may run on a copy worker's goroutine: join and leave count each
-// worker as a writer of the room, so a fence waits for all of them.
+// memmove per run. The sum is taken over each contiguous destination stretch of up to
+// copyBlock bytes, not per copy: gathering 512-byte rows into whole pages (2 -> 4) spent
+// 0.50-0.54 receiver CPU-s per GB summing row by row, 0.27-0.34 by stretch
+// (BenchmarkShmSlicedTransfer, same runs). It may run on a copy worker's goroutine: join
+// and leave count each worker as a writer of the room, so a fence waits for all of them.
 func (c *rxConn) copyRange(room *rxRoom, from, to int) (uint32, error) {
 	var crc uint32
 	dsts, srcs := c.dsts, c.shm.srcs
@@ -372,16 +375,20 @@ func (c *rxConn) copyRange(room *rxRoom, from, to int) (uint32, error) {
 			return crc, errFenced
 		}
 		fault := touchRegion(room.region, c.r.log, c.r.beforeTouch, func() {
+			span := doff // where the destination bytes copied and not yet summed start
 			for left := c.r.cfg.PieceBytes; left > 0 && pos < to; {
 				b := dsts[d][doff:]
-				b = b[:min(len(b), len(srcs[s])-soff, left, to-pos, copyBlock)]
+				b = b[:min(len(b), len(srcs[s])-soff, left, to-pos, copyBlock-(doff-span))]
 				copy(b, srcs[s][soff:soff+len(b)])
-				if sum {
-					crc = crc32.Update(crc, castagnoli, b)
+				left, pos, doff = left-len(b), pos+len(b), doff+len(b)
+				if doff == len(dsts[d]) || doff-span == copyBlock || left == 0 || pos == to {
+					if sum {
+						crc = crc32.Update(crc, castagnoli, dsts[d][span:doff])
+					}
+					span = doff
 				}
-				left, pos = left-len(b), pos+len(b)
-				if doff += len(b); doff == len(dsts[d]) {
-					d, doff = d+1, 0
+				if doff == len(dsts[d]) {
+					d, doff, span = d+1, 0, 0
 				}
 				if soff += len(b); soff == len(srcs[s]) {
 					s, soff = s+1, 0

@@ -16,7 +16,8 @@ import (
 //	  0    4 magic "PDKV"
 //	  4    1 version (3)
 //	  5    1 type (chunk, done, result, ping, pong)
-//	  6    2 flags (bit 0: PayloadCRC is set; bit 1, chunk only: sliced run list)
+//	  6    2 flags (bit 0: PayloadCRC is set; bit 1, chunk only: sliced run list; bit 2, chunk
+//	               only: same-host, no payload, shm_wire.go)
 //	  8    8 room
 //	 16    8 nonce
 //	 24    4 seq     chunk: sequence within the stream; done: number of chunks sent
