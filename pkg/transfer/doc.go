@@ -304,6 +304,19 @@
 // From, so the hold of a stream of one of several prefill ranks (MHA 4 -> 2) is found.
 // Under --data-transport=shm a refused offer fails a sliced stream as it fails whole pages.
 //
+// Cost (BenchmarkShmSlicedTransfer beside BenchmarkSlicedTransfer and
+// BenchmarkMemcpyReference, 64 MiB rooms of 32 KiB per page and buffer, medians of 3
+// same-run rounds on the shared 2-core machine at load 7-9): memcpy 6.98 GB/s; whole
+// pages shm 3.24 (tcp 1.27); 2 -> 4 shm 1.50 GB/s (tcp 0.78: 1.9x; 0.21x memcpy), decode
+// 0.32-0.37 and prefill 0.31-0.36 CPU-s per GB (tcp 0.31-0.32 and 0.63-0.75: the writev of
+// 512-byte rows is gone, decode now walks them); 4 -> 2 shm 1.55 GB/s (tcp 1.08: 1.4x;
+// 0.22x memcpy), decode 0.22-0.29, prefill 0.14-0.22 (tcp 0.42-0.69 and 0.37-0.41).
+// Both sides' CPU per GB, the steadier figure here: 2 -> 4 0.63-0.72 against tcp's
+// 0.95-1.07, 4 -> 2 0.35-0.51 against 0.80-1.10. The sliced copies stay below whole pages
+// (whole 0.15-0.16 per side): one memmove per 512-byte row, a crc32c call per row where
+// the destination is the side cut into rows (4 -> 2), and prefill's checksum pass reads
+// the rows one by one too (2 -> 4 reads half of each 1 KiB source row).
+//
 // Cost (BenchmarkShm_* beside BenchmarkMemcpyReference; same-run medians of 3 rounds on
 // the shared 2-core machine at load 10-12, so GB/s follows the CPU share each process
 // gets and swings 2x; CPU seconds per GB per side are the steadier figure). One thread's
