@@ -69,7 +69,8 @@
 // a prefill page is 64 KiB and each of the two decode ranks it feeds takes 32 KiB of it, so
 // 128 KiB on the wire for 64 KiB landed (2x; 1 -> 8: 512 KiB per decode rank for 64 KiB,
 // 8x), while gathering sends the 64 KiB that land, 64 iovec entries of 512 bytes per page
-// and decode rank. Prefill 4 -> decode 2 needs no choice: each 32 KiB prefill page goes
+// and decode rank. On one host the same chunks go by shared memory (see "Same-host
+// pages"): decode gathers or scatters from the prefill mapping itself, in one copy. Prefill 4 -> decode 2 needs no choice: each 32 KiB prefill page goes
 // whole to one decode rank, which scatters it into 64 rows of 512 bytes at its DstHead
 // (the other half of each row is the other prefill rank's stream); 8 -> 1 likewise, 64 KiB
 // in rows of 256 bytes.
@@ -325,7 +326,43 @@
 // frames it already read (bounded by the budget) and any of those whose pages changed
 // since fails its checksum.
 //
-// Head-slice streams (Stream.Copies) stay on TCP: their gather and scatter are the wire's.
+// A stream of head slices (Stream.Copies, MHA between TP sizes) goes by shared memory too.
+// Its shm chunks carry both flags (FlagShm|FlagSliced) and each entry is a ShmSliceRun (40
+// bytes: the TCP chunk's SliceRun, then the source start and the offer id). Decode claims
+// the (page, slice) pairs exactly as for a TCP sliced chunk (claimSlices: the slice one of
+// the room's Copies, each pair once, the page and byte totals, with the bytes the entries
+// copy standing for the payload length), checks each entry's source pages against the
+// offered buffer at the copy's source page size (PageTokens x SrcRow), stats the file, and
+// only then copies: page by page and token by token, the slice's Heads x HeadBytes bytes
+// from head SrcHead of the source row to head DstHead of the destination row. The source
+// and destination pieces are walked apart, so the side whose slice is its whole row (the
+// destination pages for prefill 2 -> decode 4, the source pages for 4 -> 2) is one piece
+// per run and the other one row slice per token; a copy whole on both sides is one
+// memmove per run. The fence (join per piece), touchRegion, COPIED and the budget are
+// whole pages' (copyRange); the copy workers cut the chunk in the order below.
+//
+// Checksum order, both transports: a chunk's crc32c is over its bytes in TCP payload
+// order, its entries in order, each entry's pages in order, each page's tokens in order,
+// each token's slice bytes. Prefill's checksum goroutine sums exactly that on shm as on
+// TCP (the gathered row iovec a TCP write would send), and decode sums each destination
+// row slice right after copying it, so the two compare the same bytes in the same order
+// whichever transport carried them: a page the engine rewrote before decode copied it, or
+// an entry that reads the wrong heads, fails the room checksum. COPIED names the stream's
+// From, so the hold of a stream of one of several prefill ranks (MHA 4 -> 2) is found.
+// Under --data-transport=shm a refused offer fails a sliced stream as it fails whole pages.
+//
+// Cost (BenchmarkShmSlicedTransfer beside BenchmarkSlicedTransfer and
+// BenchmarkMemcpyReference, 64 MiB rooms of 32 KiB per page and buffer, medians of 3
+// same-run rounds on the shared 2-core machine at load 7-9): memcpy 6.98 GB/s; whole
+// pages shm 3.24 (tcp 1.27); 2 -> 4 shm 1.50 GB/s (tcp 0.78: 1.9x; 0.21x memcpy), decode
+// 0.32-0.37 and prefill 0.31-0.36 CPU-s per GB (tcp 0.31-0.32 and 0.63-0.75: the writev of
+// 512-byte rows is gone, decode now walks them); 4 -> 2 shm 1.55 GB/s (tcp 1.08: 1.4x;
+// 0.22x memcpy), decode 0.22-0.29, prefill 0.14-0.22 (tcp 0.42-0.69 and 0.37-0.41).
+// Both sides' CPU per GB, the steadier figure here: 2 -> 4 0.63-0.72 against tcp's
+// 0.95-1.07, 4 -> 2 0.35-0.51 against 0.80-1.10. The sliced copies stay below whole pages
+// (whole 0.15-0.16 per side): one memmove per 512-byte row, a crc32c call per row where
+// the destination is the side cut into rows (4 -> 2), and prefill's checksum pass reads
+// the rows one by one too (2 -> 4 reads half of each 1 KiB source row).
 //
 // Cost (BenchmarkShm_* beside BenchmarkMemcpyReference; same-run medians of 3 rounds on
 // the shared 2-core machine at load 10-12, so GB/s follows the CPU share each process

@@ -226,11 +226,13 @@ func (c *rxConn) reject(room *rxRoom, payload uint64, err error) error {
 }
 
 func (c *rxConn) chunk(h *Header) error {
-	if h.Flags&FlagSliced != 0 {
+	switch h.Flags & (FlagSliced | FlagShm) {
+	case FlagSliced:
 		return c.slicedChunk(h)
-	}
-	if h.Flags&FlagShm != 0 {
+	case FlagShm:
 		return c.shmChunk(h)
+	case FlagSliced | FlagShm:
+		return c.shmSlicedChunk(h)
 	}
 	r := c.r
 	n := int(h.NumRuns) * runSize

@@ -601,7 +601,8 @@ type chunkPlan struct {
 	// sliced chunks name slices instead of runs (slices.go); pages counts page-slice pairs.
 	sliced bool
 	slices []SliceRun
-	// srcStarts[k] is runs[k]'s first source page (a shm chunk names them, shm_sender.go).
+	// srcStarts[k] is runs[k]'s (or slices[k]'s) first source page (a shm chunk names them,
+	// shm_sender.go).
 	srcStarts []int32
 }
 
@@ -745,7 +746,7 @@ func (tc *txConn) writePiece(w *piece) (end pieceEnd, err error) {
 	if err != nil {
 		return pieceAbandoned, err
 	}
-	if !useShm && tc.p.s.cfg.Transport == KindShm && j.copies == nil && len(w.plans) > 0 {
+	if !useShm && tc.p.s.cfg.Transport == KindShm && len(w.plans) > 0 {
 		j.finish(fail(ReasonTransferError, fmt.Errorf("%w: %s", ErrShmRefused, tc.p.addr)))
 		return pieceAbandoned, nil
 	}

@@ -66,8 +66,42 @@ func FuzzDecodeShmRuns(f *testing.F) {
 	})
 }
 
-// FuzzShmHeaders: headers of the same-host frames (offer, answer, copied, shm chunk)
-// decode only with the fields their type allows, and re-encode to the same bytes.
+// FuzzDecodeShmSliceRuns: a sliced shm run list never panics the decoder, is refused with
+// a wire sentinel, or decodes to entries whose slice lies inside its row, with
+// non-negative starts and positive counts, that encode back to the same bytes.
+func FuzzDecodeShmSliceRuns(f *testing.F) {
+	seed := AppendShmSliceRuns(nil, []ShmSliceRun{
+		{SliceRun: fuzzSliceRuns[0], SrcStart: 3, Offer: 1},
+		{SliceRun: fuzzSliceRuns[1], SrcStart: 0, Offer: 2},
+	})
+	f.Add(seed, uint32(2), RunsChecksum(seed))
+	past := fuzzSliceRuns[0]
+	past.DstHead = 3
+	bad := AppendShmSliceRuns(nil, []ShmSliceRun{{SliceRun: past, SrcStart: 1, Offer: 1}})
+	f.Add(bad, uint32(1), RunsChecksum(bad))
+	f.Add([]byte{}, uint32(0), uint32(0))
+	f.Fuzz(func(t *testing.T, b []byte, n uint32, crc uint32) {
+		got, err := DecodeShmSliceRuns(nil, b, n, crc)
+		if err != nil {
+			if !isWireSentinel(err) {
+				t.Fatalf("non-sentinel error %v", err)
+			}
+			return
+		}
+		for _, r := range got {
+			if r.Start < 0 || r.Count <= 0 || r.SrcStart < 0 || r.checkShape() != nil {
+				t.Fatalf("decoded entry %+v", r)
+			}
+		}
+		if again := AppendShmSliceRuns(nil, got); !bytes.Equal(again, b) {
+			t.Fatal("entries do not round-trip")
+		}
+	})
+}
+
+// FuzzShmHeaders: headers of the same-host frames (offer, answer, copied, shm chunk, sliced
+// shm chunk) decode only with the fields their type allows, and re-encode to the same
+// bytes.
 func FuzzShmHeaders(f *testing.F) {
 	k := fuzzKey
 	payload := AppendShmOffer(nil, seedShmOffer())
@@ -77,6 +111,9 @@ func FuzzShmHeaders(f *testing.F) {
 		{Type: FrameShmAnswer, Rank: k.Rank, Seq: 1, Status: uint32(ShmIdentity)},
 		{Type: FrameCopied, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: 4},
 		{Type: FrameChunk, Flags: FlagPayloadCRC | FlagShm, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, NumRuns: 1, Pages: 2},
+		{Type: FrameChunk, Flags: FlagPayloadCRC | FlagShm | FlagSliced, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank,
+			From: Rank{TP: 1, Size: 2}, NumRuns: 1, Pages: 2},
+		{Type: FrameCopied, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, From: Rank{TP: 1, Size: 2}, Seq: 4},
 	} {
 		b := make([]byte, HeaderSize)
 		h.Encode(b)
@@ -91,7 +128,7 @@ func FuzzShmHeaders(f *testing.F) {
 			return
 		}
 		switch {
-		case h.Flags&FlagShm != 0 && (h.Type != FrameChunk || h.PayloadLen != 0 || h.Flags&FlagSliced != 0):
+		case h.Flags&FlagShm != 0 && (h.Type != FrameChunk || h.PayloadLen != 0):
 			t.Fatalf("shm flag accepted on %+v", h)
 		case h.Type == FrameCopied && (h.Status != 0 || h.PayloadLen != 0):
 			t.Fatalf("copied frame with status or payload: %+v", h)

@@ -11,12 +11,13 @@ import (
 // txShm is a data connection's same-host state. ranks and next are the writer's; acks is
 // under txConn.mu (the reader takes them at COPIED).
 type txShm struct {
-	ranks   map[Rank]shmOfferState // by source rank: the last offer and its answer
-	next    uint32                 // the last offer id used on the connection
-	answers chan Header            // SHM_ANSWER frames, from the reader to the writer
-	acks    map[shmAckKey]shmAck   // shm chunks written, not yet COPIED
-	runs    []ShmRun
-	counted bool // this connection counts in shmCounters.conns (writer only)
+	ranks     map[Rank]shmOfferState // by source rank: the last offer and its answer
+	next      uint32                 // the last offer id used on the connection
+	answers   chan Header            // SHM_ANSWER frames, from the reader to the writer
+	acks      map[shmAckKey]shmAck   // shm chunks written, not yet COPIED
+	runs      []ShmRun
+	sliceRuns []ShmSliceRun
+	counted   bool // this connection counts in shmCounters.conns (writer only)
 }
 
 type shmOfferState struct {
@@ -60,10 +61,10 @@ func shmOfferWait(base time.Duration, size int64) time.Duration {
 // shmSourceFor returns the offer id this connection copies w's pages by, negotiating it
 // first when the stream's source rank has no answer on the connection for its region's
 // current file (a first chunk, or a new generation). false: the pages go as payload (tcp,
-// head slices, no pages, or the peer refused). An error is the connection's.
+// no pages, or the peer refused). An error is the connection's.
 func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 	s := tc.p.s
-	if s.cfg.Transport == KindTCP || j.copies != nil || len(w.plans) == 0 {
+	if s.cfg.Transport == KindTCP || len(w.plans) == 0 {
 		return 0, false, nil
 	}
 	src := j.st.Source
@@ -125,18 +126,25 @@ func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 }
 
 // writeShmChunk writes w's chunk i as a shm chunk: its run list names the source pages
-// (offer), no payload; DONE follows the last one in the same write. The chunk holds its
-// budget and a reader of its job until COPIED (or the connection's end).
+// (offer), for a sliced stream with each entry's slice (ShmSliceRun), no payload; DONE
+// follows the last one in the same write. crc is the checksum goroutine's over the chunk's
+// payload as TCP would send it (a slice's gathered rows), the order decode sums its copy
+// in. The chunk holds its budget and a reader of its job until COPIED (or the
+// connection's end).
 func (tc *txConn) writeShmChunk(w *piece, i int, flags uint16, crc uint32, offer uint32) (pieceEnd, error) {
 	j := w.j
 	c := &w.plans[i]
-	tc.shm.runs = tc.shm.runs[:0]
-	for k, r := range c.runs {
-		tc.shm.runs = append(tc.shm.runs, ShmRun{ChunkRun: r, SrcStart: c.srcStarts[k], Offer: offer})
+	if c.sliced {
+		tc.encodeShmSliceRuns(c, offer)
+	} else {
+		tc.shm.runs = tc.shm.runs[:0]
+		for k, r := range c.runs {
+			tc.shm.runs = append(tc.shm.runs, ShmRun{ChunkRun: r, SrcStart: c.srcStarts[k], Offer: offer})
+		}
+		tc.meta = AppendShmRuns(append(tc.meta[:0], zeroHeader[:]...), tc.shm.runs)
 	}
-	tc.meta = AppendShmRuns(append(tc.meta[:0], zeroHeader[:]...), tc.shm.runs)
-	h := Header{Type: FrameChunk, Flags: flags | FlagShm, Room: j.st.Key.Room, Nonce: j.st.Key.Nonce, Rank: j.st.Key.Rank,
-		Seq: j.seq, NumRuns: uint32(len(tc.shm.runs)), Pages: uint32(c.pages), PayloadCRC: crc,
+	h := Header{Type: FrameChunk, Flags: flags | FlagShm | c.flags(), Room: j.st.Key.Room, Nonce: j.st.Key.Nonce,
+		Rank: j.st.Key.Rank, From: j.st.Key.From, Seq: j.seq, NumRuns: c.entries(), Pages: uint32(c.pages), PayloadCRC: crc,
 		RunsCRC: RunsChecksum(tc.meta[HeaderSize:])}
 	h.Encode(tc.meta)
 	iov, n := [][]byte{tc.meta}, int64(len(tc.meta))

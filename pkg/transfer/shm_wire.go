@@ -19,8 +19,9 @@ const (
 	FrameCopied FrameType = 8
 )
 
-// FlagShm marks a chunk whose run list is ShmRuns and which has no payload: the receiver
-// copies the pages from the prefill region.
+// FlagShm marks a chunk whose run list is ShmRuns (ShmSliceRuns with FlagSliced, a stream
+// of head slices) and which has no payload: the receiver copies the pages from the prefill
+// region.
 const FlagShm uint16 = 4
 
 // shmRunSize is the wire size of a ShmRun: five u32.

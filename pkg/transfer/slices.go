@@ -147,6 +147,7 @@ func (s *Sender) planSlicedChunks(w *piece) ([]chunkPlan, bool) {
 					return nil, false
 				}
 				c.slices = append(c.slices, sliceRunOf(cp, Run{Start: seg.Dst + off, Count: int32(n)}))
+				c.srcStarts = append(c.srcStarts, seg.Src+off)
 				c.iov = sliceRows(c.iov, src, n, cp.SrcRow, cp.SrcHead*cp.HeadBytes, cp.Heads*cp.HeadBytes, cp.PageTokens)
 				c.bytes += n * per
 				c.pages += n

@@ -68,7 +68,8 @@ func headByte(seed uint64, b, p, t, g, k int) byte {
 
 // tpRig is a prefill engine and a decode engine of TP ranks: per prefill rank a source
 // region and a Sender, per decode rank a destination region and a Receiver, over a
-// MemNetwork or loopback TCP.
+// MemNetwork or loopback TCP. sc.Transport is both sides' (auto or shm: decode copies
+// the pages from the prefill files, which then stay on disk until close).
 type tpRig struct {
 	sh   tpShape
 	m    rankmap.Mapping
@@ -93,6 +94,7 @@ func newTPRig(t interface{ Fatalf(string, ...any) }, sh tpShape, tcp bool, sc Se
 	if g.m, err = PlanRanks(sh.layout(sh.prefillTP, 0), sh.layout(sh.decodeTP, 0)); err != nil {
 		t.Fatalf("%v: %v", sh, err)
 	}
+	shm := sc.Transport == KindAuto || sc.Transport == KindShm
 	open := func(l Layout) *Region {
 		dir := "/dev/shm"
 		if _, err := os.Stat(dir); err != nil {
@@ -103,11 +105,14 @@ func newTPRig(t interface{ Fatalf(string, ...any) }, sh tpShape, tcp bool, sc Se
 			t.Fatalf("%v", err)
 		}
 		r, err := OpenRegion(path, l)
-		os.Remove(path) // the mapping stays
+		if !shm {
+			os.Remove(path) // the mapping stays
+		}
 		if err != nil {
+			os.Remove(path)
 			t.Fatalf("%v", err)
 		}
-		g.stop = append(g.stop, func() { r.Close() })
+		g.stop = append(g.stop, func() { r.Close(); os.Remove(path) })
 		return r
 	}
 	var mem *MemNetwork
@@ -118,7 +123,7 @@ func newTPRig(t interface{ Fatalf(string, ...any) }, sh tpShape, tcp bool, sc Se
 	for d := range sh.decodeTP {
 		r := open(sh.layout(sh.decodeTP, d))
 		ev := newEvents()
-		rcv, err := NewReceiver(r, ReceiverConfig{PieceBytes: 4096}, ev)
+		rcv, err := NewReceiver(r, ReceiverConfig{PieceBytes: 4096, Transport: sc.Transport}, ev)
 		if err != nil {
 			t.Fatalf("%v", err)
 		}

@@ -16,7 +16,8 @@ import (
 //	  0    4 magic "PDKV"
 //	  4    1 version (3)
 //	  5    1 type (chunk, done, result, ping, pong)
-//	  6    2 flags (bit 0: PayloadCRC is set; bit 1, chunk only: sliced run list)
+//	  6    2 flags (bit 0: PayloadCRC is set; bit 1, chunk only: sliced run list; bit 2, chunk
+//	               only: same-host, no payload, shm_wire.go)
 //	  8    8 room
 //	 16    8 nonce
 //	 24    4 seq     chunk: sequence within the stream; done: number of chunks sent
@@ -168,8 +169,7 @@ func DecodeHeader(b []byte) (Header, error) {
 		PayloadCRC: le.Uint32(b[52:]),
 		RunsCRC:    le.Uint32(b[56:]),
 	}
-	if h.Flags&^(FlagPayloadCRC|FlagSliced|FlagShm) != 0 || (h.Flags&(FlagSliced|FlagShm) != 0 && h.Type != FrameChunk) ||
-		h.Flags&(FlagSliced|FlagShm) == FlagSliced|FlagShm {
+	if h.Flags&^(FlagPayloadCRC|FlagSliced|FlagShm) != 0 || (h.Flags&(FlagSliced|FlagShm) != 0 && h.Type != FrameChunk) {
 		return h, fmt.Errorf("%w: flags %#x on a frame of type %d", ErrBadFrameType, h.Flags, h.Type)
 	}
 	if (h.From.Size == 0 && h.From.TP != 0) || (h.From.Size != 0 && h.From.TP >= h.From.Size) {

@@ -1,0 +1,220 @@
+package transfer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Head slices on the same-host path (doc.go, "Same-host pages" and "Head slices"). A sliced
+// stream's shm chunk (FlagShm|FlagSliced) names, per entry, the destination pages and the
+// slice exactly as a TCP sliced chunk does, plus the source pages and the offer they are
+// read from; decode then does the gather and the scatter itself in one copy, row slice by
+// row slice, in the order a TCP chunk's payload would carry the bytes.
+
+// shmSliceRunSize is the wire size of a ShmSliceRun: a SliceRun's eight u32, then
+// src_start and offer.
+const shmSliceRunSize = sliceRunSize + 8
+
+// ShmSliceRun is one entry of a sliced shm chunk's run list: the SliceRun's Count
+// destination pages from Start, each taking its slice from source page SrcStart+i of the
+// same buffer of the region the connection's offer Offer proved. On the wire the
+// SliceRun's 32 bytes, then {src_start, offer}.
+type ShmSliceRun struct {
+	SliceRun
+	SrcStart int32
+	Offer    uint32
+}
+
+// AppendShmSliceRuns appends the wire form of a sliced shm chunk's run list to dst.
+func AppendShmSliceRuns(dst []byte, runs []ShmSliceRun) []byte {
+	le := binary.LittleEndian
+	for _, r := range runs {
+		dst = AppendSliceRuns(dst, []SliceRun{r.SliceRun})
+		dst = le.AppendUint32(dst, uint32(r.SrcStart))
+		dst = le.AppendUint32(dst, r.Offer)
+	}
+	return dst
+}
+
+// DecodeShmSliceRuns parses n sliced shm run-list entries from b (exactly n*40 bytes)
+// after checking them against crc: each entry's slice as DecodeSliceRuns checks it, and a
+// non-negative source start. It appends to dst[:0] and never panics.
+func DecodeShmSliceRuns(dst []ShmSliceRun, b []byte, n uint32, crc uint32) ([]ShmSliceRun, error) {
+	if n == 0 || n > maxRunsPerFrame {
+		return dst[:0], fmt.Errorf("%w: %d runs", ErrFrameTooLarge, n)
+	}
+	if uint64(len(b)) != uint64(n)*shmSliceRunSize {
+		return dst[:0], ErrShortFrame
+	}
+	if RunsChecksum(b) != crc {
+		return dst[:0], ErrRunsChecksum
+	}
+	out := dst[:0]
+	le := binary.LittleEndian
+	for i := 0; i+shmSliceRunSize <= len(b); i += shmSliceRunSize {
+		e := b[i : i+shmSliceRunSize]
+		r := ShmSliceRun{
+			SliceRun: SliceRun{
+				ChunkRun: ChunkRun{Buffer: le.Uint32(e), Run: Run{Start: int32(le.Uint32(e[4:])), Count: int32(le.Uint32(e[8:]))}},
+				SrcHead:  le.Uint32(e[12:]), DstHead: le.Uint32(e[16:]), Heads: le.Uint32(e[20:]),
+				HeadBytes: le.Uint32(e[24:]), RowBytes: le.Uint32(e[28:]),
+			},
+			SrcStart: int32(le.Uint32(e[32:])), Offer: le.Uint32(e[36:]),
+		}
+		if r.Start < 0 || r.Count <= 0 || r.SrcStart < 0 {
+			return out[:0], fmt.Errorf("%w: buffer %d run {start %d, count %d, src %d}", ErrEmptyRun, r.Buffer, r.Start, r.Count, r.SrcStart)
+		}
+		if err := r.checkShape(); err != nil {
+			return out[:0], err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// encodeShmSliceRuns is writeShmChunk's run list for a sliced chunk plan: its slices with
+// their source starts and the offer.
+func (tc *txConn) encodeShmSliceRuns(c *chunkPlan, offer uint32) {
+	tc.shm.sliceRuns = tc.shm.sliceRuns[:0]
+	for k, r := range c.slices {
+		tc.shm.sliceRuns = append(tc.shm.sliceRuns, ShmSliceRun{SliceRun: r, SrcStart: c.srcStarts[k], Offer: offer})
+	}
+	tc.meta = AppendShmSliceRuns(append(tc.meta[:0], zeroHeader[:]...), tc.shm.sliceRuns)
+}
+
+// shmSlicedChunk lands a sliced shm chunk: the claim of a TCP sliced chunk (claimSlices),
+// each entry's source pages checked against the proven mapping, the prefill file stat'ed,
+// and only then the copy of every (page, token, slice) from the source rows into the
+// destination rows by copyPages (the fence protocol and touchRegion per piece, as for
+// whole pages), its crc32c over the destination bytes in wire order. Every such chunk is
+// answered with COPIED.
+func (c *rxConn) shmSlicedChunk(h *Header) error {
+	r := c.r
+	n := int(h.NumRuns) * shmSliceRunSize
+	if cap(c.runBuf) < n {
+		c.runBuf = make([]byte, n)
+	}
+	if err := c.readFull(c.runBuf[:n]); err != nil {
+		return err
+	}
+	runs, err := DecodeShmSliceRuns(c.shm.sliceRuns, c.runBuf[:n], h.NumRuns, h.RunsCRC)
+	if err != nil {
+		r.rejected.Add(1)
+		return err
+	}
+	c.shm.sliceRuns = runs
+	room := r.lookup(h.Key())
+	if room == nil {
+		r.discardedChunks.Add(1)
+		return c.copied(h)
+	}
+	layout := room.region.Layout()
+	// claimSlices checks the bytes a TCP sliced chunk would carry against PayloadLen: here
+	// they are what the entries copy, the destination page's tokens (item_len / row) times
+	// the slice. Past the header's page count the sum stops (claimSlices then refuses the
+	// page count), so a hostile count cannot overflow it.
+	c.sliceRuns = c.sliceRuns[:0]
+	claimed := *h
+	claimed.PayloadLen = 0
+	var pages uint64
+	for _, run := range runs {
+		c.sliceRuns = append(c.sliceRuns, run.SliceRun)
+		if pages += uint64(run.Count); pages > uint64(h.Pages) || uint64(run.Buffer) >= uint64(len(layout.Buffers)) {
+			continue
+		}
+		tokens := layout.Buffers[run.Buffer].ItemLen / int64(run.RowBytes)
+		claimed.PayloadLen += uint64(run.Count) * uint64(run.sliceBytes(tokens))
+	}
+	room.mu.Lock()
+	if room.state != live {
+		room.mu.Unlock()
+		r.discardedChunks.Add(1)
+		return c.copied(h)
+	}
+	switch {
+	case h.Flags&FlagPayloadCRC == 0 && r.cfg.Checksum == ChecksumCRC32C:
+		err = fmt.Errorf("%w: chunk without checksum", ErrRejected)
+	default:
+		err = room.claimSlices(&claimed, c.sliceRuns, layout)
+	}
+	room.mu.Unlock()
+	if err != nil {
+		return c.shmRefuse(room, h, ReasonInvalid, err)
+	}
+	c.dsts, c.shm.srcs = c.dsts[:0], c.shm.srcs[:0]
+	refuse := func(reason Reason, err error) error {
+		clear(c.dsts)
+		clear(c.shm.srcs)
+		return c.shmRefuse(room, h, reason, err)
+	}
+	for _, run := range runs {
+		src := c.shm.byOffer[run.Offer]
+		switch {
+		case src == nil:
+			return refuse(ReasonInvalid, fmt.Errorf("%w: offer %d", ErrShmSource, run.Offer))
+		case src.gone != nil:
+			return refuse(goneReason(src.gone), src.gone)
+		}
+		b := &room.bufs[run.Buffer] // claimSlices checked the buffer and the slice
+		cp := b.slices[matchSlice(b.slices, run.SliceRun)]
+		s, err := sourcePages(src.m, run.Buffer, Run{Start: run.SrcStart, Count: run.Count}, int64(cp.SrcItemLen()))
+		if err != nil {
+			return refuse(ReasonInvalid, err)
+		}
+		dst := room.region.Pages(int(run.Buffer), run.Run)
+		if dst == nil || int64(len(dst)) != int64(run.Count)*int64(cp.DstItemLen()) {
+			// Claimed against a mapping the region no longer serves: the room is fenced.
+			clear(c.dsts)
+			clear(c.shm.srcs)
+			r.discardedChunks.Add(1)
+			return c.copied(h)
+		}
+		// Both sides' rows in wire order, page by page, token by token; a side whose
+		// slice is its whole row is one piece per run, so whole pages copy in one go.
+		hb, width := cp.HeadBytes, cp.Heads*cp.HeadBytes
+		c.shm.srcs = sliceRows(c.shm.srcs, s, int64(run.Count), cp.SrcRow, cp.SrcHead*hb, width, cp.PageTokens)
+		c.dsts = sliceRows(c.dsts, dst, int64(run.Count), cp.DstRow, cp.DstHead*hb, width, cp.PageTokens)
+	}
+	// The prefill file must still be the one proven: one stat per offer the chunk names.
+	for i, run := range runs {
+		if i > 0 && run.Offer == runs[i-1].Offer {
+			continue
+		}
+		src := c.shm.byOffer[run.Offer]
+		if err := src.m.Check(); err != nil {
+			if isRegionGone(err) {
+				src.close()
+				src.gone = err
+			}
+			return refuse(goneReason(err), err)
+		}
+	}
+	c.addPending(room)
+	crc, err := c.copyPages(room)
+	clear(c.dsts)
+	clear(c.shm.srcs)
+	switch {
+	case err == errFenced:
+		r.discardedChunks.Add(1)
+		return c.copied(h)
+	case errors.Is(err, ErrRegionFault):
+		r.fail(room, ReasonTransferError, err)
+		if err := c.copied(h); err != nil {
+			return err
+		}
+		return c.result(room.key, ReasonTransferError)
+	case h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC:
+		r.fail(room, ReasonChecksum, fmt.Errorf("%w: seq %d (shm, sliced)", ErrChecksum, h.Seq))
+		if err := c.copied(h); err != nil {
+			return err
+		}
+		return c.result(room.key, ReasonChecksum)
+	}
+	room.mu.Lock()
+	room.verified += int64(h.Pages)
+	room.mu.Unlock()
+	r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.copied.Add(claimed.PayloadLen) })
+	r.events.Progress(room.key, int64(claimed.PayloadLen))
+	return c.copied(h)
+}
