@@ -134,6 +134,8 @@ type Receiver struct {
 	shm                                                   shmCounters
 	// beforeTouch, for tests, runs before each piece is read into destination pages.
 	beforeTouch func()
+	// beforeCheck, for tests, runs before each stat of a prefill file a shm chunk copies from.
+	beforeCheck func()
 }
 
 var _ Sink = (*Receiver)(nil)
