@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -879,17 +880,24 @@ func (tc *txConn) encodeDone(j *job, w *piece, flags uint16, chunks uint32, page
 	h.Encode(tc.hdr[:])
 }
 
+// readerBufBytes is the read buffering of a sender's connection: 64 replies.
+const readerBufBytes = 64 * HeaderSize
+
 // readLoop reads results and pongs. It wakes every KeepAlive to check that an outstanding
 // ping was answered within IdleTimeout; while the writer is busy no ping is outstanding and
 // the write deadlines cover a stalled receiver.
 func (tc *txConn) readLoop() error {
 	cfg := &tc.p.s.cfg
 	var hdr [HeaderSize]byte
+	// Buffered: decode writes several COPIEDs at once, and one read takes them all.
+	in := bufio.NewReaderSize(tc.conn, readerBufBytes)
 	for {
 		off := 0
 		for off < HeaderSize {
-			tc.conn.SetReadDeadline(time.Now().Add(cfg.KeepAlive))
-			n, err := tc.conn.Read(hdr[off:])
+			if in.Buffered() < HeaderSize-off {
+				tc.conn.SetReadDeadline(time.Now().Add(cfg.KeepAlive))
+			}
+			n, err := in.Read(hdr[off:])
 			off += n
 			if err != nil {
 				var ne net.Error

@@ -1,8 +1,12 @@
 package transfer
 
 import (
+	"net"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestShmChunkStatsEachPrefillFileOncePerChunk: a shm chunk of many scattered runs, all
@@ -36,4 +40,215 @@ func TestShmChunkStatsEachPrefillFileOncePerChunk(t *testing.T) {
 	if n := stats.Load(); n != 1 {
 		t.Fatalf("%d stats of the prefill file for one chunk of 32 runs, want 1", n)
 	}
+}
+
+// replyLog records, for each write decode made on its data connections, how many COPIED
+// frames it carried.
+type replyLog struct {
+	mu     sync.Mutex
+	copied []int // per write that carried at least one COPIED
+	conns  []net.Conn
+}
+
+func (l *replyLog) batches() []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.copied)
+}
+
+type loggedListener struct {
+	net.Listener
+	log *replyLog
+}
+
+func (ln loggedListener) Accept() (net.Conn, error) {
+	c, err := ln.Listener.Accept()
+	if err == nil {
+		ln.log.mu.Lock()
+		ln.log.conns = append(ln.log.conns, c)
+		ln.log.mu.Unlock()
+		c = loggedConn{c, ln.log}
+	}
+	return c, err
+}
+
+type loggedConn struct {
+	net.Conn
+	log *replyLog
+}
+
+func (c loggedConn) Write(b []byte) (int, error) {
+	w, err := c.Conn.Write(b)
+	if err != nil {
+		return w, err
+	}
+	n := 0
+	for off := 0; off+HeaderSize <= len(b); off += HeaderSize {
+		if h, err := DecodeHeader(b[off:]); err == nil && h.Type == FrameCopied {
+			n++
+		}
+	}
+	if n > 0 {
+		c.log.mu.Lock()
+		c.log.copied = append(c.log.copied, n)
+		c.log.mu.Unlock()
+	}
+	return w, nil
+}
+
+// loggedShmRig is shmRig (both sides shm) with decode's writes logged.
+func loggedShmRig(t *testing.T, l Layout, sc SenderConfig, rc ReceiverConfig) (*rig, *replyLog) {
+	t.Helper()
+	sc.Transport, rc.Transport, sc.RedialMin = KindShm, KindShm, time.Millisecond
+	g := &rig{src: openTestRegion(t, l), dst: openTestRegion(t, l), ev: newEvents()}
+	for b := range l.Buffers {
+		fill(g.src.Buffer(b), uint64(b+1))
+	}
+	var err error
+	if g.rcv, err = NewReceiver(g.dst, rc, g.ev); err != nil {
+		t.Fatal(err)
+	}
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &replyLog{}
+	g.addr = tl.Addr().String()
+	served := make(chan struct{})
+	go func() { defer close(served); g.rcv.Serve(loggedListener{tl, log}) }()
+	if g.snd, err = NewSender(g.src, sc); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.snd.AddPeer(g.addr, l); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		g.snd.Close()
+		g.rcv.Close()
+		<-served
+	})
+	return g, log
+}
+
+// TestShmCopiedFramesGoSeveralPerWriteBudgetExact: chunks that reach decode while it
+// copies an earlier one are answered with several COPIEDs in one write (at most
+// maxQueuedReplies), every chunk is answered, and the sender's budget comes back to
+// exactly zero. Decode holds its first copy until prefill announced all 8 chunks, so
+// the other 7 frames are waiting when it goes on.
+func TestShmCopiedFramesGoSeveralPerWriteBudgetExact(t *testing.T) {
+	l := faultLayout() // 8 chunks of 1 MiB
+	g, log := loggedShmRig(t, l, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 1 << 20, MaxInflightBytes: 8 << 20}, ReceiverConfig{})
+	hook, held, release := holdFirst()
+	g.rcv.beforeTouch = hook
+	letGo := releaseOnCleanup(t, release)
+	all := SamePages(2, []Run{{0, 64}})
+	k := Key{Room: 1, Nonce: 1}
+	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
+		t.Fatal(err)
+	}
+	done := g.openStream(t, k, all)
+	g.append(t, k, Piece{Src: all, Last: true})
+	waitClosed(t, held, "first chunk copied")
+	announced := waitAnnounced(t, g, 8)
+	letGo()
+	if err := waitDone(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if r := g.ev.wait(t, k); r != "" {
+		t.Fatalf("receiver outcome %q", r)
+	}
+	equalPages(t, g, all, all)
+	g.rcv.Fence(k)
+	waitBudget(t, g, 0)
+	until(t, 10*time.Second, "every chunk answered", func() bool { return announced() == 0 })
+	var batches []int
+	total, most := 0, 0
+	// A write is logged once it returned, which may be after prefill read it.
+	until(t, 10*time.Second, "8 COPIED frames logged", func() bool {
+		batches, total, most = log.batches(), 0, 0
+		for _, n := range batches {
+			total, most = total+n, max(most, n)
+		}
+		return total >= 8
+	})
+	if total != 8 || most < 2 || most > maxQueuedReplies {
+		t.Fatalf("COPIED frames per write %v: want 8 in all, some writes with 2 to %d", batches, maxQueuedReplies)
+	}
+}
+
+// TestShmQueuedCopiedGoOutBeforeDecodeWaits: under a budget of two chunks prefill can
+// announce the third only after a COPIED; decode, having copied both, writes the COPIEDs
+// it holds before it waits to read, so the room of 8 chunks completes (holding them for
+// a batch would stall both sides until the idle timeout) and the budget ends at zero.
+func TestShmQueuedCopiedGoOutBeforeDecodeWaits(t *testing.T) {
+	l := faultLayout()
+	g, _ := loggedShmRig(t, l, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 1 << 20, MaxInflightBytes: 2 << 20},
+		ReceiverConfig{IdleTimeout: time.Minute})
+	all := SamePages(2, []Run{{0, 64}})
+	for room := uint64(1); room <= 3; room++ {
+		k := Key{Room: room, Nonce: 1}
+		if err := waitDone(t, g.expectSend(t, k, all, all, nil, -1)); err != nil {
+			t.Fatal(err)
+		}
+		if r := g.ev.wait(t, k); r != "" {
+			t.Fatalf("room %d: receiver outcome %q", room, r)
+		}
+		g.rcv.Fence(k)
+	}
+	waitBudget(t, g, 0)
+}
+
+// TestShmCopiedQueuedWhenTheConnectionDiesGiveTheBudgetBack: decode's connection is cut
+// while it copies a chunk and holds COPIEDs not yet written: those frames never arrive,
+// and prefill, seeing the connection end, frees every chunk it announced on it. Its budget
+// comes back to exactly zero, no chunk stays announced, and the room fails transfer_error
+// on both sides (decode copied only chunks whose frames it read).
+func TestShmCopiedQueuedWhenTheConnectionDiesGiveTheBudgetBack(t *testing.T) {
+	l := faultLayout()
+	g, log := loggedShmRig(t, l, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 1 << 20, MaxInflightBytes: 8 << 20},
+		ReceiverConfig{})
+	hook, held, release := holdFirst()
+	var pieces atomic.Int64
+	cut := make(chan struct{})
+	g.rcv.beforeTouch = func() {
+		hook()
+		// 4 pieces of 256 KiB per chunk: the 10th is inside the third chunk, after two
+		// COPIEDs were queued behind frames already buffered.
+		if pieces.Add(1) == 10 {
+			log.mu.Lock()
+			c := log.conns[0]
+			log.mu.Unlock()
+			c.Close()
+			close(cut)
+		}
+	}
+	letGo := releaseOnCleanup(t, release)
+	all := SamePages(2, []Run{{0, 64}})
+	k := Key{Room: 1, Nonce: 1}
+	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
+		t.Fatal(err)
+	}
+	done := g.openStream(t, k, all)
+	g.append(t, k, Piece{Src: all, Last: true})
+	waitClosed(t, held, "first chunk copied")
+	announced := waitAnnounced(t, g, 8)
+	letGo()
+	waitClosed(t, cut, "connection cut mid-copy")
+	if err := waitDone(t, done); ReasonOf(err) != ReasonTransferError {
+		t.Fatalf("prefill Done(%v), want transfer_error", err)
+	}
+	if r := g.ev.wait(t, k); r != ReasonTransferError {
+		t.Fatalf("receiver outcome %q, want transfer_error", r)
+	}
+	// The second chunk was copied before the cut, its COPIED queued behind the frames
+	// already buffered: it never went out.
+	total := 0
+	for _, n := range log.batches() {
+		total += n
+	}
+	if total > 1 {
+		t.Fatalf("%d COPIED frames written, want at most the first chunk's", total)
+	}
+	waitBudget(t, g, 0)
+	until(t, 10*time.Second, "no chunk announced", func() bool { return announced() == 0 })
 }

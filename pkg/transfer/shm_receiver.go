@@ -142,8 +142,14 @@ func (c *rxConn) closeShm() {
 
 // copied tells the sender the shm chunk's pages are copied, refused or discarded: its
 // bytes go back to the sender's budget.
+// The frame is queued, written with the next reply, when the next read may wait, or once
+// maxQueuedReplies wait: one write per chunk was 11-16% of decode's CPU.
 func (c *rxConn) copied(h *Header) error {
-	return c.reply(&Header{Type: FrameCopied, Room: h.Room, Nonce: h.Nonce, Rank: h.Rank, Seq: h.Seq})
+	c.queueReply(&Header{Type: FrameCopied, Room: h.Room, Nonce: h.Nonce, Rank: h.Rank, Seq: h.Seq})
+	if len(c.out) >= maxQueuedReplies*HeaderSize {
+		return c.flushReplies()
+	}
+	return nil
 }
 
 // shmChunk lands a shm chunk: the same claim as a TCP chunk's, then the copy from the
