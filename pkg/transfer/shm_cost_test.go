@@ -1,6 +1,8 @@
 package transfer
 
 import (
+	"hash/crc32"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"sync"
@@ -251,4 +253,39 @@ func TestShmCopiedQueuedWhenTheConnectionDiesGiveTheBudgetBack(t *testing.T) {
 	}
 	waitBudget(t, g, 0)
 	until(t, 10*time.Second, "no chunk announced", func() bool { return announced() == 0 })
+}
+
+// TestSumAheadEqualsCrc32cOfTheRunsEndToEnd: prefill's block-wise checksum with its
+// touch-ahead is the crc32c of the runs' bytes end to end, whatever their sizes (empty,
+// under a cache line, across block edges, not multiples of 64): the same sum, over the
+// same bytes in the same order, as TCP's and decode's.
+func TestSumAheadEqualsCrc32cOfTheRunsEndToEnd(t *testing.T) {
+	data := make([]byte, 3*sumBlock+4096)
+	fill(data, 9)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := range 200 {
+		var bufs [][]byte
+		var whole []byte
+		for off := 0; off < len(data); {
+			n := min(len(data)-off, []int{0, 1, 63, 64, 65, sumBlock - 1, sumBlock, sumBlock + 1, rng.IntN(2 * sumBlock)}[rng.IntN(9)])
+			bufs = append(bufs, data[off:off+n])
+			whole = append(whole, data[off:off+n]...)
+			off += n
+			if rng.IntN(4) == 0 {
+				break
+			}
+		}
+		seed := uint32(trial)
+		if got, want := sumAhead(seed, bufs), crc32.Update(seed, castagnoli, whole); got != want {
+			t.Fatalf("trial %d, runs of %v bytes: sumAhead %#x, crc32c %#x", trial, lens(bufs), got, want)
+		}
+	}
+}
+
+func lens(bufs [][]byte) []int {
+	out := make([]int, len(bufs))
+	for i, b := range bufs {
+		out[i] = len(b)
+	}
+	return out
 }
