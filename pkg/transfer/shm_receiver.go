@@ -141,9 +141,9 @@ func (c *rxConn) closeShm() {
 }
 
 // copied tells the sender the shm chunk's pages are copied, refused or discarded: its
-// bytes go back to the sender's budget.
-// The frame is queued, written with the next reply, when the next read may wait, or once
-// maxQueuedReplies wait: one write per chunk was 11-16% of decode's CPU.
+// bytes go back to the sender's budget. The frame is queued and goes out with the next
+// reply, before the next read that may wait, or once maxQueuedReplies wait: one write per
+// chunk was 11-16% of decode's CPU.
 func (c *rxConn) copied(h *Header) error {
 	c.queueReply(&Header{Type: FrameCopied, Room: h.Room, Nonce: h.Nonce, Rank: h.Rank, Seq: h.Seq})
 	if len(c.out) >= maxQueuedReplies*HeaderSize {
