@@ -145,6 +145,8 @@ type Receiver struct {
 	pop populator
 	// populate pre-faults a range of a source mapping (populateRange; tests slow it).
 	populate func(m *Mapping, off, n int64) error
+	// beforeCheck, for tests, runs before each stat of a prefill file a shm chunk copies from.
+	beforeCheck func()
 }
 
 var _ Sink = (*Receiver)(nil)

@@ -90,9 +90,11 @@ type rxConn struct {
 	// in reads c: small frames (a header, its run list, the pages of a small room, the
 	// next frame) come in one read instead of one per run, while payload bytes beyond
 	// what it holds go straight into the destination pages (readPages).
-	in      *bufio.Reader
-	hdr     [HeaderSize]byte
-	out     [HeaderSize]byte
+	in  *bufio.Reader
+	hdr [HeaderSize]byte
+	// out holds the replies not yet written: a shm chunk's COPIED waits while the next
+	// frame is already buffered, so several go in one write (flushBeforeRead).
+	out     []byte
 	runBuf  []byte
 	runs    []ChunkRun
 	dsts    [][]byte // the destination pages of the chunk being read, one slice per run
@@ -153,6 +155,9 @@ func (c *rxConn) serve() error {
 
 // readFull reads exactly len(p) bytes under the transfer-idle deadline.
 func (c *rxConn) readFull(p []byte) error {
+	if err := c.flushBeforeRead(len(p)); err != nil {
+		return err
+	}
 	c.c.SetReadDeadline(time.Now().Add(c.r.cfg.IdleTimeout))
 	_, err := io.ReadFull(c.in, p)
 	return err
@@ -171,6 +176,9 @@ func (c *rxConn) readPages(region *Region, p []byte) (int, error) {
 	}
 	if n == len(p) {
 		return n, nil
+	}
+	if err := c.flushReplies(); err != nil {
+		return n, err
 	}
 	k, err := io.ReadFull(c.c, p[n:])
 	if err != nil {
@@ -200,11 +208,41 @@ func (c *rxConn) discard(n uint64) error {
 	return c.drain(n)
 }
 
+// reply writes h now, after the replies queued before it (in order).
 func (c *rxConn) reply(h *Header) error {
-	h.Encode(c.out[:])
+	c.queueReply(h)
+	return c.flushReplies()
+}
+
+// maxQueuedReplies bounds the COPIED frames held back for one write: their chunks' bytes
+// are the sender's budget, so a few chunks' worth (4 of the default 16) wait at most.
+const maxQueuedReplies = 4
+
+// queueReply encodes h behind the replies not yet written; flushReplies writes them.
+func (c *rxConn) queueReply(h *Header) {
+	n := len(c.out)
+	c.out = append(c.out, zeroHeader[:]...)
+	h.Encode(c.out[n:])
+}
+
+// flushReplies writes the queued replies in one write.
+func (c *rxConn) flushReplies() error {
+	if len(c.out) == 0 {
+		return nil
+	}
 	c.c.SetWriteDeadline(time.Now().Add(c.r.cfg.WriteTimeout))
-	_, err := c.c.Write(c.out[:])
+	_, err := c.c.Write(c.out)
+	c.out = c.out[:0]
 	return err
+}
+
+// flushBeforeRead writes the queued replies when the next n bytes are not all buffered:
+// a read that may wait for the sender must not hold back the COPIEDs that give it budget.
+func (c *rxConn) flushBeforeRead(n int) error {
+	if len(c.out) == 0 || c.in.Buffered() >= n {
+		return nil
+	}
+	return c.flushReplies()
 }
 
 func (c *rxConn) result(key Key, reason Reason) error {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sync/atomic"
 
 	"go.uber.org/zap"
@@ -65,7 +66,8 @@ type rxShm struct {
 	srcs      [][]byte
 	runs      []ShmRun
 	sliceRuns []ShmSliceRun
-	counted   bool // this connection counts in shmCounters.conns
+	checked   []*shmSource // the sources of the chunk being copied whose file was stat'ed
+	counted   bool         // this connection counts in shmCounters.conns
 }
 
 type shmSource struct {
@@ -145,9 +147,15 @@ func (c *rxConn) closeShm() {
 }
 
 // copied tells the sender the shm chunk's pages are copied, refused or discarded: its
-// bytes go back to the sender's budget.
+// bytes go back to the sender's budget. The frame is queued and goes out with the next
+// reply, before the next read that may wait, or once maxQueuedReplies wait: one write per
+// chunk was 11-16% of decode's CPU.
 func (c *rxConn) copied(h *Header) error {
-	return c.reply(&Header{Type: FrameCopied, Room: h.Room, Nonce: h.Nonce, Rank: h.Rank, From: h.From, Seq: h.Seq})
+	c.queueReply(&Header{Type: FrameCopied, Room: h.Room, Nonce: h.Nonce, Rank: h.Rank, From: h.From, Seq: h.Seq})
+	if len(c.out) >= maxQueuedReplies*HeaderSize {
+		return c.flushReplies()
+	}
+	return nil
 }
 
 // shmChunk lands a shm chunk: the same claim as a TCP chunk's, then the copy from the
@@ -226,10 +234,19 @@ func (c *rxConn) shmChunk(h *Header) error {
 		}
 		c.dsts, c.shm.srcs = append(c.dsts, dst), append(c.shm.srcs, s)
 	}
-	// The prefill file must still be the one proven (one stat per source per chunk): a
-	// file deleted, replaced or truncated since is never copied from.
+	// The prefill file must still be the one proven (one stat per source per chunk, not per
+	// run: a chunk of 16 scattered runs spent a fifth of decode's CPU in stat): a file
+	// deleted, replaced or truncated since is never copied from.
+	checked := c.shm.checked[:0]
 	for _, run := range runs {
 		src := c.shm.byOffer[run.Offer]
+		if slices.Contains(checked, src) {
+			continue
+		}
+		checked = append(checked, src)
+		if r.beforeCheck != nil {
+			r.beforeCheck()
+		}
 		if err := src.m.Check(); err != nil {
 			clear(c.dsts)
 			clear(c.shm.srcs)
@@ -237,9 +254,12 @@ func (c *rxConn) shmChunk(h *Header) error {
 				src.close()
 				src.gone = err
 			}
+			clear(checked)
 			return c.shmRefuse(room, h, goneReason(err), err)
 		}
 	}
+	clear(checked)
+	c.shm.checked = checked
 	c.addPending(room)
 	crc, err := c.copyPages(room)
 	clear(c.dsts)
