@@ -215,11 +215,15 @@ def test_decode_reports_success_only_after_the_copy_out_of_staging(servers):
     req.receiver.clear()
 
 
-def test_decode_prefix_pages_keep_their_own_bytes_and_the_rest_is_verified(servers):
+@pytest.mark.parametrize("takes_prefix", [True, False], ids=["prefill_skips_it", "prefill_sends_it"])
+def test_decode_prefix_pages_keep_their_own_bytes_and_the_rest_is_verified(servers, takes_prefix):
     """decode_prefix_len (tokens decode's radix cache holds): kv_indices are the pages after it.
 
-    SGLang's prefill learns no prefix from this backend (pop_decode_prefix_len
-    is 0), so it sends every page; decoded moves none of the prefix's.
+    prefilld reports it as the prefill room's prefix_len, and the sender's
+    pop_decode_prefix_len answers it at bootstrap: SGLang's prefill then
+    inits the sender with the pages after it and sends only those, staging
+    nothing below it. A scheduler that ignores it (never asks) sends every
+    page, which stays correct: decoded moves none of the prefix's.
     """
     s = servers
     # (pages, prefix pages): partial prefixes, and the whole request cached.
@@ -241,11 +245,19 @@ def test_decode_prefix_pages_keep_their_own_bytes_and_the_rest_is_verified(serve
             decode_prefix_len=p * PAGE_SIZE,
         )
         wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
-        assert req.sender.pop_decode_prefix_len() == 0
-        req.sender.init(n, req.aux_src)
+        sent = src
+        if takes_prefix:
+            # finalize_bootstrap's order: the prefix, then init with the rest.
+            assert req.sender.pop_decode_prefix_len() == p * PAGE_SIZE
+            sent = src[p:]
+        req.sender.init(len(sent), req.aux_src)
+        assert len(s.prefill_mgr.slots.held(room)) == len(sent)
         fill_source(s, req)
-        for i in range(0, n, 3):
-            req.sender.send(torch.tensor(src[i : i + 3], dtype=torch.int32).numpy())
+        for i in range(0, len(sent), 3):
+            req.sender.send(torch.tensor(sent[i : i + 3], dtype=torch.int32).numpy())
+        if not sent:
+            # The whole request cached: SGLang's last send has no pages.
+            req.sender.send(np.array([], dtype=np.int32))
         assert wait_poll(req.sender, {KVPoll.Success}, "prefill") == KVPoll.Success
         held = s.decode_mgr.slots.held(room)
         assert wait_poll(req.receiver, {KVPoll.Success}, "decode") == KVPoll.Success
