@@ -215,7 +215,9 @@ def test_decode_reports_success_only_after_the_copy_out_of_staging(servers):
     req.receiver.clear()
 
 
-@pytest.mark.parametrize("takes_prefix", [True, False], ids=["prefill_skips_it", "prefill_sends_it"])
+@pytest.mark.parametrize(
+    "takes_prefix", [True, False], ids=["prefill_skips_it", "prefill_sends_it"]
+)
 def test_decode_prefix_pages_keep_their_own_bytes_and_the_rest_is_verified(servers, takes_prefix):
     """decode_prefix_len (tokens decode's radix cache holds): kv_indices are the pages after it.
 
