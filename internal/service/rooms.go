@@ -23,7 +23,7 @@ import (
 // RoomOwner is what the services need from a node (room.PrefillOwner and
 // room.DecodeOwner both satisfy it).
 type RoomOwner interface {
-	PollStatus(ids []poll.RoomID, out []poll.Status) []poll.Status
+	PollStatus(ids []poll.RoomID, out []room.Status) []room.Status
 	Get(id poll.RoomID) (poll.RoomInfo, error)
 	List(f poll.Filter, pageToken string, limit int) ([]poll.RoomInfo, string, error)
 	Clear(ids []poll.RoomID, errs []error)
@@ -175,13 +175,29 @@ func (r rooms) poll(ids []uint64) ([]*pb.RoomStatus, error) {
 	for i, id := range ids {
 		pids[i] = poll.RoomID(id)
 	}
-	sts := r.owner.PollStatus(pids, make([]poll.Status, 0, len(ids)))
+	sts := r.owner.PollStatus(pids, make([]room.Status, 0, len(ids)))
 	out := make([]*pb.RoomStatus, len(ids))
 	for i, st := range sts {
-		out[i] = &pb.RoomStatus{RoomId: ids[i], Nonce: uint64(st.Nonce), Found: st.State != poll.StateNone, State: stateToProto(st.State),
-			Reason: string(st.Reason), PeerReason: string(st.PeerReason)}
+		out[i] = statusProto(ids[i], st)
 	}
 	return out, nil
+}
+
+// statusProto is a room's PollStatus as the proto's RoomStatus.
+func statusProto(id uint64, st room.Status) *pb.RoomStatus {
+	return &pb.RoomStatus{RoomId: id, Nonce: uint64(st.Nonce), Found: st.State != poll.StateNone, State: stateToProto(st.State),
+		Reason: string(st.Reason), PeerReason: string(st.PeerReason), PrefixLen: st.PrefixLen}
+}
+
+// status is one room's PollStatus, for a call's answer: NotFound for a
+// room the daemon does not hold.
+func (r rooms) status(id uint64) (*pb.RoomStatus, error) {
+	var one [1]room.Status
+	st := r.owner.PollStatus([]poll.RoomID{poll.RoomID(id)}, one[:0])[0]
+	if st.State == poll.StateNone {
+		return nil, toStatus(fmt.Errorf("room %d: %w", id, poll.ErrNotFound))
+	}
+	return statusProto(id, st), nil
 }
 
 func (r rooms) abort(ctx context.Context, id uint64) (*pb.RoomStatus, error) {
@@ -191,11 +207,7 @@ func (r rooms) abort(ctx context.Context, id uint64) (*pb.RoomStatus, error) {
 	if err := r.owner.Abort(ctx, poll.RoomID(id), poll.ReasonAbortedLocal); err != nil && !errors.Is(err, poll.ErrTerminal) {
 		return nil, toStatus(err)
 	}
-	in, err := r.owner.Get(poll.RoomID(id))
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	return statusOf(in), nil
+	return r.status(id)
 }
 
 func (r rooms) clear(ids []uint64) ([]*pb.ClearResult, error) {
@@ -293,7 +305,7 @@ func (r rooms) watch(ctx context.Context, f *pb.WatchFilter, subscribed func() e
 			ev := &pb.WatchEvent{Event: &pb.WatchEvent_Transition{Transition: &pb.Transition{
 				RoomId: uint64(tr.Key.Room), Nonce: uint64(tr.Key.Nonce),
 				From: stateToProto(tr.From), To: stateToProto(tr.To),
-				Reason: string(tr.Reason), PeerReason: string(tr.PeerReason), At: timestamppb.New(tr.At),
+				Reason: string(tr.Reason), PeerReason: string(tr.PeerReason), PrefixLen: tr.PrefixLen, At: timestamppb.New(tr.At),
 			}}}
 			if err := send(ev); err != nil {
 				return err

@@ -35,7 +35,7 @@ type core struct {
 	// lk is the room code's way into the link machinery (pkg/conn).
 	lk conn.Link
 
-	// mu guards t, hidden and parked (withTable). While the owner runs
+	// mu guards t, hidden, prefixes and parked (withTable). While the owner runs
 	// only its inputs take it, so it is never contended; once the owner
 	// stopped, inputs run on their callers under it. Transitions are
 	// published inside withTable (takeLocked), on the owner goroutine, so
@@ -43,6 +43,9 @@ type core struct {
 	mu     sync.Mutex
 	t      *poll.Table
 	hidden map[poll.Key]poll.State // Failed rooms not yet visible: their visible "from"
+	// prefixes is decode's prefix of the prefill rooms that have one
+	// (prefix.go); nil on decode.
+	prefixes map[poll.RoomID]roomPrefix
 	// parked are the Abort calls waiting for their room's Failed to become
 	// visible (its fence done), or for the room to go.
 	parked map[poll.Key][]*parkedCall
@@ -184,17 +187,20 @@ func (c *core) publishLocked(effs []poll.Effect) {
 					zap.Stringer("from", e.From), zap.Stringer("to", e.To), zap.String("reason", string(e.Reason)))
 			}
 			if e.Visible {
-				c.publish(Transition{Key: e.Key, From: e.From, To: e.To, Reason: e.Reason, PeerReason: e.PeerReason, At: c.wall(e.At)})
+				c.publish(Transition{Key: e.Key, From: e.From, To: e.To, Reason: e.Reason, PeerReason: e.PeerReason,
+					PrefixLen: c.prefixOfLocked(e.Key), At: c.wall(e.At)})
 			} else {
 				c.hidden[e.Key] = e.From
 			}
 		case poll.EffPublish:
 			from := c.hidden[e.Key]
 			delete(c.hidden, e.Key)
-			c.publish(Transition{Key: e.Key, From: from, To: poll.Failed, Reason: e.Reason, PeerReason: e.PeerReason, At: c.wall(e.At)})
+			c.publish(Transition{Key: e.Key, From: from, To: poll.Failed, Reason: e.Reason, PeerReason: e.PeerReason,
+				PrefixLen: c.prefixOfLocked(e.Key), At: c.wall(e.At)})
 			c.unparkLocked(e.Key)
 		case poll.EffReaped, poll.EffRemoved:
 			delete(c.hidden, e.Key)
+			c.dropPrefix(e.Key) // in the critical section that removed the room (I6)
 			c.unparkLocked(e.Key)
 		}
 	}

@@ -44,6 +44,11 @@
 //	ranks_open.go      one room per request shared by every rank: the
 //	                   first Open creates it, sibling ranks join
 //	rankfence.go       a room's fence over its ranks' data-plane keys
+//	prefix.go          decode's prefix of each prefill room (the fewest
+//	                   positions any decode rank holds), for the room's
+//	                   status: recorded before the binding METADATA is
+//	                   stepped, so its transition carries it; dropped with
+//	                   the room
 //	reasons.go         transfer reasons -> room reasons
 //	convert.go         proto <-> transfer conversions (page lists, layouts,
 //	                   ranks, keys): the service does not import transfer

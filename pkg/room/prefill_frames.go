@@ -28,6 +28,8 @@ func (n *PrefillOwner) handleMetadata(p conn.Target, m *pdlinkv1.Metadata) conn.
 		// prefill rank): the room waits for input once each one arrived.
 		ev.Addressed, ev.Rank = uint8(min(md.Rank.Size, poll.MaxRanks)), uint8(min(md.Rank.TP, poll.MaxRanks))
 	}
+	// Before the step: the transition it publishes carries the prefix.
+	n.withTable(func() { n.notePrefixLocked(md) })
 	a, err := n.stepFrameOwned(ev)
 	if a == conn.AckApplied && (err == nil || errors.Is(err, poll.ErrIllegalTransition)) {
 		n.dp.Bind(info, md)

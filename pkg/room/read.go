@@ -17,7 +17,19 @@ type Transition struct {
 	Reason   poll.Reason
 	// PeerReason is the peer's reason on a move to Failed it caused.
 	PeerReason poll.Reason
-	At         time.Time
+	// PrefixLen is the room's Status.PrefixLen when it moved.
+	PrefixLen uint32
+	At        time.Time
+}
+
+// Status is what a scheduler may see of a room: the table's poll.Status
+// and, on prefill, decode's prefix.
+type Status struct {
+	poll.Status
+	// PrefixLen is how many leading positions decode already holds, once
+	// every decode rank's METADATA is in (prefill; 0 on decode): the
+	// scheduler's Sends may start there (prefix.go).
+	PrefixLen uint32
 }
 
 // Subscription receives a node's transitions. It never blocks the node: a
@@ -82,10 +94,24 @@ func (c *core) Poll(ids []poll.RoomID, out []poll.State) []poll.State {
 	return out
 }
 
-// PollStatus is Poll with each room's nonce and, once Failed is visible,
-// its reasons (see poll.Table.PollStatus); it appends to out[:0].
-func (c *core) PollStatus(ids []poll.RoomID, out []poll.Status) []poll.Status {
-	c.exec(func() { c.withTable(func() { out = c.t.PollStatus(ids, out) }) })
+// PollStatus is Poll with each room's nonce, decode's prefix and, once
+// Failed is visible, its reasons (see poll.Table.PollStatus); it appends
+// to out[:0].
+func (c *core) PollStatus(ids []poll.RoomID, out []Status) []Status {
+	c.exec(func() { c.withTable(func() { out = c.pollStatusLocked(ids, out[:0]) }) })
+	return out
+}
+
+func (c *core) pollStatusLocked(ids []poll.RoomID, out []Status) []Status {
+	var one [1]poll.Status
+	for i := range ids {
+		st := c.t.PollStatus(ids[i:i+1], one[:0])[0]
+		s := Status{Status: st}
+		if st.State != poll.StateNone {
+			s.PrefixLen = c.prefixOfLocked(poll.Key{Room: ids[i], Nonce: st.Nonce})
+		}
+		out = append(out, s)
+	}
 	return out
 }
 

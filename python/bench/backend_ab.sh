@@ -25,7 +25,7 @@ run() { # $1: the directory whose pdlink the bench imports (python -m puts it fi
 		cat "$tmp/out"
 		return 1
 	fi
-	sed -n '/^sglang backend/,/rooms\/s/p' "$tmp/out"
+	sed -n '/^sglang backend/,/rooms\/s/p; /^sglang prefix/,/end of prefix/p' "$tmp/out"
 }
 
 for round in $(seq "$rounds"); do

@@ -246,6 +246,7 @@ class StatusCache:
             state=to,
             reason=tr.reason,
             peer_reason=tr.peer_reason,
+            prefix_len=tr.prefix_len,
         )
         self._written[tr.room_id] = self._seq
         self._terminal_unseen.discard(tr.room_id)

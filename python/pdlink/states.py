@@ -63,7 +63,9 @@ class RoomStatus:
     found is False when the daemon holds no room with this id (never opened,
     cleared, reaped, or lost in a daemon restart). reason and peer_reason are
     set when state is FAILED (the proto's closed set: timeout:<state>,
-    aborted:local, aborted:remote, peer_lost, ...).
+    aborted:local, aborted:remote, peer_lost, ...). prefix_len (prefill) is
+    how many leading page positions decode already holds, set from
+    WAITING_FOR_INPUT on: Sends may start there.
     """
 
     room_id: int
@@ -72,6 +74,7 @@ class RoomStatus:
     state: RoomState = RoomState.UNSPECIFIED
     reason: str = ""
     peer_reason: str = ""
+    prefix_len: int = 0
 
     @classmethod
     def from_proto(cls, s: common_pb2.RoomStatus) -> RoomStatus:
@@ -82,6 +85,7 @@ class RoomStatus:
             state=RoomState.from_proto(s.state),
             reason=s.reason,
             peer_reason=s.peer_reason,
+            prefix_len=s.prefix_len,
         )
 
     @property

@@ -87,6 +87,26 @@ def test_send_in_chunks_with_runs_and_layer_wise_buffers(env):
         assert np.array_equal(env.dst.pages(b)[20:24], env.src.pages(b)[0:4])
 
 
+def test_prefill_status_carries_decodes_prefix_len_from_waiting_for_input(env):
+    """The cache (fed by Watch), Poll and Send's answer all say how many
+    leading positions decode holds, so a scheduler can start its Sends there."""
+    for page in range(4):
+        fill(env.src, 0, page, seed=5)
+        fill(env.src, 1, page, seed=5)
+    env.decode.open(9, env.bootstrap)
+    assert env.prefill.open(9).prefix_len == 0
+    env.decode.send_metadata(9, range(30, 34), prefix_len=3)
+    settle(lambda: state_of(env.prefill, 9) == RoomState.WAITING_FOR_INPUT, "prefill bound")
+    assert env.prefill.status(9).prefix_len == 3
+    assert env.prefill.poll([9])[0].prefix_len == 3
+    sent = env.prefill.send(9, [3], start_position=3, last=True)
+    assert sent.prefix_len == 3
+    settle(lambda: state_of(env.decode, 9) == RoomState.SUCCESS, "decode success")
+    for b in range(2):
+        assert np.array_equal(env.dst.pages(b)[33], env.src.pages(b)[3])
+    assert env.decode.status(9).prefix_len == 0  # a prefill field
+
+
 def test_a_repeated_last_send_answers_ok(env):
     open_bound(env, 8, [1])
     first = env.prefill.send(8, [0], last=True)

@@ -623,7 +623,17 @@ type RoomStatus struct {
 	// the same closed set (collision: another request holds this room id on
 	// the peer; timeout:waiting_for_input: the peer's scheduler never sent;
 	// ...). Empty when this daemon diagnosed the failure itself.
-	PeerReason    string `protobuf:"bytes,6,opt,name=peer_reason,json=peerReason,proto3" json:"peer_reason,omitempty"`
+	PeerReason string `protobuf:"bytes,6,opt,name=peer_reason,json=peerReason,proto3" json:"peer_reason,omitempty"`
+	// prefix_len (prefill only; 0 on decode) is decode's prefix: how many
+	// leading page positions decode already holds (SendMetadataRequest's
+	// prefix_len; the fewest any decode rank holds when several address this
+	// daemon). It is set from the moment the room leaves Bootstrapping, so a
+	// scheduler that reads it when it sees WaitingForInput knows it before
+	// its first Send: it may start sending at this position (SGLang's prefill
+	// starts at decode_prefix_len) and stage nothing below it. 0 means decode
+	// holds none (or the room is still Bootstrapping); sending the prefix's
+	// pages anyway stays legal, they move no bytes.
+	PrefixLen     uint32 `protobuf:"varint,7,opt,name=prefix_len,json=prefixLen,proto3" json:"prefix_len,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -700,6 +710,13 @@ func (x *RoomStatus) GetPeerReason() string {
 	return ""
 }
 
+func (x *RoomStatus) GetPrefixLen() uint32 {
+	if x != nil {
+		return x.PrefixLen
+	}
+	return 0
+}
+
 // Transition is one state change of a room.
 type Transition struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -711,7 +728,11 @@ type Transition struct {
 	At     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=at,proto3" json:"at,omitempty"`
 	// peer_reason is the peer's reason on a move to FAILED with reason
 	// aborted:remote (see RoomStatus.peer_reason).
-	PeerReason    string `protobuf:"bytes,7,opt,name=peer_reason,json=peerReason,proto3" json:"peer_reason,omitempty"`
+	PeerReason string `protobuf:"bytes,7,opt,name=peer_reason,json=peerReason,proto3" json:"peer_reason,omitempty"`
+	// prefix_len is the room's RoomStatus.prefix_len as of this transition
+	// (prefill: set on the move out of Bootstrapping and every later one), so
+	// a Watch-fed cache knows it when it sees WaitingForInput.
+	PrefixLen     uint32 `protobuf:"varint,8,opt,name=prefix_len,json=prefixLen,proto3" json:"prefix_len,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -793,6 +814,13 @@ func (x *Transition) GetPeerReason() string {
 		return x.PeerReason
 	}
 	return ""
+}
+
+func (x *Transition) GetPrefixLen() uint32 {
+	if x != nil {
+		return x.PrefixLen
+	}
+	return 0
 }
 
 // RoomInfo is the operator's view of a room.
@@ -1186,7 +1214,7 @@ const file_pdlink_v1_common_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\v2\x0f.pdlink.v1.RankR\x04rank\x12/\n" +
 	"\abuffers\x18\x02 \x03(\v2\x15.pdlink.v1.BufferSpecR\abuffers\x12$\n" +
 	"\x03aux\x18\x03 \x01(\v2\x12.pdlink.v1.AuxSpecR\x03aux\x122\n" +
-	"\tattention\x18\x04 \x01(\x0e2\x14.pdlink.v1.AttentionR\tattention\"\xb6\x01\n" +
+	"\tattention\x18\x04 \x01(\x0e2\x14.pdlink.v1.AttentionR\tattention\"\xd5\x01\n" +
 	"\n" +
 	"RoomStatus\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12\x14\n" +
@@ -1195,7 +1223,9 @@ const file_pdlink_v1_common_proto_rawDesc = "" +
 	"\x05state\x18\x04 \x01(\x0e2\x14.pdlink.v1.RoomStateR\x05state\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1f\n" +
 	"\vpeer_reason\x18\x06 \x01(\tR\n" +
-	"peerReason\"\xf0\x01\n" +
+	"peerReason\x12\x1d\n" +
+	"\n" +
+	"prefix_len\x18\a \x01(\rR\tprefixLen\"\x8f\x02\n" +
 	"\n" +
 	"Transition\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12\x14\n" +
@@ -1205,7 +1235,9 @@ const file_pdlink_v1_common_proto_rawDesc = "" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12*\n" +
 	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1f\n" +
 	"\vpeer_reason\x18\a \x01(\tR\n" +
-	"peerReason\"\xc4\x04\n" +
+	"peerReason\x12\x1d\n" +
+	"\n" +
+	"prefix_len\x18\b \x01(\rR\tprefixLen\"\xc4\x04\n" +
 	"\bRoomInfo\x12\x17\n" +
 	"\aroom_id\x18\x01 \x01(\x04R\x06roomId\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\x12#\n" +

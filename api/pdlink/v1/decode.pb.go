@@ -411,11 +411,12 @@ type SendMetadataRequest struct {
 	AuxIndex uint32                 `protobuf:"varint,4,opt,name=aux_index,json=auxIndex,proto3" json:"aux_index,omitempty"`
 	// prefix_len is how many leading page positions of dst_pages decode
 	// already holds (SGLang's decode_prefix_len, in pages): those pages are
-	// never written and no bytes move for them. Prefill's scheduler need not
-	// know it: the pages of its Sends at positions below prefix_len are
-	// accepted and skipped; one that knows it may start at prefix_len, as
-	// SGLang's prefill starts sending at decode_prefix_len. When it equals
-	// the page count, the last Send may have no pages (the aux row only).
+	// never written and no bytes move for them. Prefill's scheduler sees it
+	// as its room's RoomStatus.prefix_len once the room is WaitingForInput,
+	// and may start sending at it, as SGLang's prefill starts at
+	// decode_prefix_len; one that ignores it still may send those pages:
+	// they are accepted and skipped. When it equals the page count, the last
+	// Send may have no pages (the aux row only).
 	PrefixLen     uint32 `protobuf:"varint,5,opt,name=prefix_len,json=prefixLen,proto3" json:"prefix_len,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -409,9 +409,13 @@ type SendRequest struct {
 	// room's page sequence (0 for the first chunk). Each buffer has its own
 	// next position: start_position must equal it for every buffer the Send
 	// names, or, while that is below decode's prefix_len, be any later
-	// position up to prefix_len (the prefix is decode's already). Pages at
-	// positions below prefix_len are accepted and move no bytes. A position
-	// counts as sent when every buffer has it.
+	// position up to prefix_len (the prefix is decode's already). The room's
+	// RoomStatus.prefix_len says it from WaitingForInput on (in Poll, Watch
+	// and every answer), so a scheduler can skip the prefix: its first Send
+	// starts at prefix_len and it stages nothing below. Pages at positions
+	// below prefix_len are accepted and move no bytes (a scheduler that
+	// ignores the prefix stays correct). A position counts as sent when
+	// every buffer has it.
 	StartPosition uint32    `protobuf:"varint,3,opt,name=start_position,json=startPosition,proto3" json:"start_position,omitempty"`
 	Pages         *PageList `protobuf:"bytes,4,opt,name=pages,proto3" json:"pages,omitempty"`
 	// last closes the room: legal only when, after this Send, every buffer

@@ -385,6 +385,27 @@ class PdlinkKVSender(_Room, CommonKVSender):
         except PdlinkError as err:
             self._fail(f"pdlink OpenSender of room {bootstrap_room} refused: {err}")
 
+    # Decode's prefix in pages, as SGLang's prefill took it at bootstrap
+    # (pop_decode_prefix_len): SGLang then sends only the pages after it,
+    # so the k-th page this sender is handed is the room's position
+    # prefix_pages + k, and nothing below it is staged.
+    prefix_pages = 0
+
+    def pop_decode_prefix_len(self) -> int:
+        """decode_prefix_len in tokens, read by SGLang's finalize_bootstrap
+        once the room is WaitingForInput: the daemon's prefix_len of the room.
+
+        SGLang starts sending at it (req.start_send_idx) and inits this
+        sender with the pages after it. While the daemon has not said it
+        (a status still Bootstrapping, or a prefilld that does not report
+        it) the answer is 0: SGLang then sends every page, which stays
+        correct (decoded writes none of the prefix), only wasteful.
+        """
+        st = self.kv_mgr.cached_status(self.bootstrap_room)
+        known = st is not None and st.found and st.state != RoomState.BOOTSTRAPPING
+        self.prefix_pages = st.prefix_len if known else 0
+        return self.prefix_pages * int(self.kv_mgr.kv_args.page_size)
+
     def init(self, num_kv_indices: int, aux_index: int | None = None) -> None:
         super().init(num_kv_indices, aux_index)
         if self.conclude_state is not None:
@@ -409,10 +430,10 @@ class PdlinkKVSender(_Room, CommonKVSender):
             self._abort_daemon_room("state_unsupported")
             self._fail("pdlink carries no state components (state_indices given)")
             return
-        start = self.curr_idx
+        first = self.curr_idx
         self.curr_idx += len(kv_indices)
         last = self.curr_idx == self.num_kv_indices
-        slots = self.slots_held[start : self.curr_idx]
+        slots = self.slots_held[first : self.curr_idx]
         mgr = self.kv_mgr
         copy_pages(
             mgr.copy,
@@ -431,7 +452,7 @@ class PdlinkKVSender(_Room, CommonKVSender):
             room_id=self.bootstrap_room,
             pages=slots,
             rank=mgr.rank,
-            start_position=start,
+            start_position=self.prefix_pages + first,
             last=last,
             aux_index=aux_index,
         )
@@ -586,9 +607,9 @@ class PdlinkKVReceiver(_Room, CommonKVReceiver):
         self.dst_pages = np.asarray(kv_indices, dtype=np.int64)
         self.dst_aux_index = aux_index
         try:
-            # Prefill sends every page from position 0 (SGLang's prefill learns
-            # no prefix from this backend): decoded takes the prefix
-            # positions' pages and moves no byte of them.
+            # prefilld reports prefix_pages as the prefill room's prefix_len,
+            # so SGLang's prefill starts sending after it; decoded never
+            # writes a prefix position, whoever sends it.
             self.kv_mgr.client.send_metadata(
                 self.bootstrap_room,
                 dst,

@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdlink/v1/common.proto\x12\tpdlink.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\'\n\x07PageRun\x12\r\n\x05start\x18\x01 \x01(\x05\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\"=\n\x08PageList\x12\x0f\n\x07indices\x18\x01 \x03(\x05\x12 \n\x04runs\x18\x02 \x03(\x0b\x32\x12.pdlink.v1.PageRun\"(\n\x04Rank\x12\x0f\n\x07tp_rank\x18\x01 \x01(\r\x12\x0f\n\x07tp_size\x18\x02 \x01(\r\"\x90\x01\n\nBufferSpec\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x10\n\x08item_len\x18\x03 \x01(\r\x12\x13\n\x0bpage_tokens\x18\x04 \x01(\r\x12\x13\n\x0btotal_heads\x18\x05 \x01(\r\x12\x12\n\nrank_heads\x18\x06 \x01(\r\x12\x12\n\nhead_bytes\x18\x07 \x01(\r\"8\n\x07\x41uxSpec\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0f\n\x07row_len\x18\x02 \x01(\r\x12\x0c\n\x04rows\x18\x03 \x01(\r\"\x9f\x01\n\x0cRegionLayout\x12\x1d\n\x04rank\x18\x01 \x01(\x0b\x32\x0f.pdlink.v1.Rank\x12&\n\x07\x62uffers\x18\x02 \x03(\x0b\x32\x15.pdlink.v1.BufferSpec\x12\x1f\n\x03\x61ux\x18\x03 \x01(\x0b\x32\x12.pdlink.v1.AuxSpec\x12\'\n\tattention\x18\x04 \x01(\x0e\x32\x14.pdlink.v1.Attention\"\x85\x01\n\nRoomStatus\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.pdlink.v1.RoomState\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x13\n\x0bpeer_reason\x18\x06 \x01(\t\"\xbf\x01\n\nTransition\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\"\n\x04\x66rom\x18\x03 \x01(\x0e\x32\x14.pdlink.v1.RoomState\x12 \n\x02to\x18\x04 \x01(\x0e\x32\x14.pdlink.v1.RoomState\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bpeer_reason\x18\x07 \x01(\t\"\xc3\x03\n\x08RoomInfo\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\x1d\n\x04side\x18\x03 \x01(\x0e\x32\x0f.pdlink.v1.Side\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.pdlink.v1.RoomState\x12+\n\rvisible_state\x18\x05 \x01(\x0e\x32\x14.pdlink.v1.RoomState\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0c\n\x04peer\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03\x61ge\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tstate_age\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x08\x64\x65\x61\x64line\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x07history\x18\x0c \x03(\x0b\x32\x15.pdlink.v1.Transition\x12\x17\n\x0fhistory_dropped\x18\r \x01(\r\x12\x13\n\x0bpeer_reason\x18\x0e \x01(\t\"H\n\x0bWatchFilter\x12\'\n\tto_states\x18\x01 \x03(\x0e\x32\x14.pdlink.v1.RoomState\x12\x10\n\x08room_ids\x18\x02 \x03(\x04\"T\n\nWatchEvent\x12+\n\ntransition\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.TransitionH\x00\x12\x10\n\x06missed\x18\x02 \x01(\x04H\x00\x42\x07\n\x05\x65vent\">\n\x0b\x43learResult\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x63leared\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t*\xb3\x01\n\tRoomState\x12\x1a\n\x16ROOM_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18ROOM_STATE_BOOTSTRAPPING\x10\x01\x12 \n\x1cROOM_STATE_WAITING_FOR_INPUT\x10\x02\x12\x1b\n\x17ROOM_STATE_TRANSFERRING\x10\x03\x12\x16\n\x12ROOM_STATE_SUCCESS\x10\x04\x12\x15\n\x11ROOM_STATE_FAILED\x10\x05*?\n\x04Side\x12\x14\n\x10SIDE_UNSPECIFIED\x10\x00\x12\x10\n\x0cSIDE_PREFILL\x10\x01\x12\x0f\n\x0bSIDE_DECODE\x10\x02*L\n\tAttention\x12\x19\n\x15\x41TTENTION_UNSPECIFIED\x10\x00\x12\x11\n\rATTENTION_MHA\x10\x01\x12\x11\n\rATTENTION_MLA\x10\x02\x42\x31Z/github.com/pdlink/pdlink/api/pdlink/v1;pdlinkv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdlink/v1/common.proto\x12\tpdlink.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\'\n\x07PageRun\x12\r\n\x05start\x18\x01 \x01(\x05\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\"=\n\x08PageList\x12\x0f\n\x07indices\x18\x01 \x03(\x05\x12 \n\x04runs\x18\x02 \x03(\x0b\x32\x12.pdlink.v1.PageRun\"(\n\x04Rank\x12\x0f\n\x07tp_rank\x18\x01 \x01(\r\x12\x0f\n\x07tp_size\x18\x02 \x01(\r\"\x90\x01\n\nBufferSpec\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x10\n\x08item_len\x18\x03 \x01(\r\x12\x13\n\x0bpage_tokens\x18\x04 \x01(\r\x12\x13\n\x0btotal_heads\x18\x05 \x01(\r\x12\x12\n\nrank_heads\x18\x06 \x01(\r\x12\x12\n\nhead_bytes\x18\x07 \x01(\r\"8\n\x07\x41uxSpec\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0f\n\x07row_len\x18\x02 \x01(\r\x12\x0c\n\x04rows\x18\x03 \x01(\r\"\x9f\x01\n\x0cRegionLayout\x12\x1d\n\x04rank\x18\x01 \x01(\x0b\x32\x0f.pdlink.v1.Rank\x12&\n\x07\x62uffers\x18\x02 \x03(\x0b\x32\x15.pdlink.v1.BufferSpec\x12\x1f\n\x03\x61ux\x18\x03 \x01(\x0b\x32\x12.pdlink.v1.AuxSpec\x12\'\n\tattention\x18\x04 \x01(\x0e\x32\x14.pdlink.v1.Attention\"\x99\x01\n\nRoomStatus\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.pdlink.v1.RoomState\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x13\n\x0bpeer_reason\x18\x06 \x01(\t\x12\x12\n\nprefix_len\x18\x07 \x01(\r\"\xd3\x01\n\nTransition\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\"\n\x04\x66rom\x18\x03 \x01(\x0e\x32\x14.pdlink.v1.RoomState\x12 \n\x02to\x18\x04 \x01(\x0e\x32\x14.pdlink.v1.RoomState\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bpeer_reason\x18\x07 \x01(\t\x12\x12\n\nprefix_len\x18\x08 \x01(\r\"\xc3\x03\n\x08RoomInfo\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\x1d\n\x04side\x18\x03 \x01(\x0e\x32\x0f.pdlink.v1.Side\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.pdlink.v1.RoomState\x12+\n\rvisible_state\x18\x05 \x01(\x0e\x32\x14.pdlink.v1.RoomState\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0c\n\x04peer\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03\x61ge\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tstate_age\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x08\x64\x65\x61\x64line\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x07history\x18\x0c \x03(\x0b\x32\x15.pdlink.v1.Transition\x12\x17\n\x0fhistory_dropped\x18\r \x01(\r\x12\x13\n\x0bpeer_reason\x18\x0e \x01(\t\"H\n\x0bWatchFilter\x12\'\n\tto_states\x18\x01 \x03(\x0e\x32\x14.pdlink.v1.RoomState\x12\x10\n\x08room_ids\x18\x02 \x03(\x04\"T\n\nWatchEvent\x12+\n\ntransition\x18\x01 \x01(\x0b\x32\x15.pdlink.v1.TransitionH\x00\x12\x10\n\x06missed\x18\x02 \x01(\x04H\x00\x42\x07\n\x05\x65vent\">\n\x0b\x43learResult\x12\x0f\n\x07room_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x63leared\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t*\xb3\x01\n\tRoomState\x12\x1a\n\x16ROOM_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18ROOM_STATE_BOOTSTRAPPING\x10\x01\x12 \n\x1cROOM_STATE_WAITING_FOR_INPUT\x10\x02\x12\x1b\n\x17ROOM_STATE_TRANSFERRING\x10\x03\x12\x16\n\x12ROOM_STATE_SUCCESS\x10\x04\x12\x15\n\x11ROOM_STATE_FAILED\x10\x05*?\n\x04Side\x12\x14\n\x10SIDE_UNSPECIFIED\x10\x00\x12\x10\n\x0cSIDE_PREFILL\x10\x01\x12\x0f\n\x0bSIDE_DECODE\x10\x02*L\n\tAttention\x12\x19\n\x15\x41TTENTION_UNSPECIFIED\x10\x00\x12\x11\n\rATTENTION_MHA\x10\x01\x12\x11\n\rATTENTION_MLA\x10\x02\x42\x31Z/github.com/pdlink/pdlink/api/pdlink/v1;pdlinkv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,12 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdlink.v1.common_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z/github.com/pdlink/pdlink/api/pdlink/v1;pdlinkv1'
-  _globals['_ROOMSTATE']._serialized_start=1624
-  _globals['_ROOMSTATE']._serialized_end=1803
-  _globals['_SIDE']._serialized_start=1805
-  _globals['_SIDE']._serialized_end=1868
-  _globals['_ATTENTION']._serialized_start=1870
-  _globals['_ATTENTION']._serialized_end=1946
+  _globals['_ROOMSTATE']._serialized_start=1664
+  _globals['_ROOMSTATE']._serialized_end=1843
+  _globals['_SIDE']._serialized_start=1845
+  _globals['_SIDE']._serialized_end=1908
+  _globals['_ATTENTION']._serialized_start=1910
+  _globals['_ATTENTION']._serialized_end=1986
   _globals['_PAGERUN']._serialized_start=102
   _globals['_PAGERUN']._serialized_end=141
   _globals['_PAGELIST']._serialized_start=143
@@ -53,15 +53,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGIONLAYOUT']._serialized_start=454
   _globals['_REGIONLAYOUT']._serialized_end=613
   _globals['_ROOMSTATUS']._serialized_start=616
-  _globals['_ROOMSTATUS']._serialized_end=749
-  _globals['_TRANSITION']._serialized_start=752
-  _globals['_TRANSITION']._serialized_end=943
-  _globals['_ROOMINFO']._serialized_start=946
-  _globals['_ROOMINFO']._serialized_end=1397
-  _globals['_WATCHFILTER']._serialized_start=1399
-  _globals['_WATCHFILTER']._serialized_end=1471
-  _globals['_WATCHEVENT']._serialized_start=1473
-  _globals['_WATCHEVENT']._serialized_end=1557
-  _globals['_CLEARRESULT']._serialized_start=1559
-  _globals['_CLEARRESULT']._serialized_end=1621
+  _globals['_ROOMSTATUS']._serialized_end=769
+  _globals['_TRANSITION']._serialized_start=772
+  _globals['_TRANSITION']._serialized_end=983
+  _globals['_ROOMINFO']._serialized_start=986
+  _globals['_ROOMINFO']._serialized_end=1437
+  _globals['_WATCHFILTER']._serialized_start=1439
+  _globals['_WATCHFILTER']._serialized_end=1511
+  _globals['_WATCHEVENT']._serialized_start=1513
+  _globals['_WATCHEVENT']._serialized_end=1597
+  _globals['_CLEARRESULT']._serialized_start=1599
+  _globals['_CLEARRESULT']._serialized_end=1661
 # @@protoc_insertion_point(module_scope)

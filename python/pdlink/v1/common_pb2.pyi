@@ -109,23 +109,25 @@ class RegionLayout(_message.Message):
     def __init__(self, rank: _Optional[_Union[Rank, _Mapping]] = ..., buffers: _Optional[_Iterable[_Union[BufferSpec, _Mapping]]] = ..., aux: _Optional[_Union[AuxSpec, _Mapping]] = ..., attention: _Optional[_Union[Attention, str]] = ...) -> None: ...
 
 class RoomStatus(_message.Message):
-    __slots__ = ("room_id", "nonce", "found", "state", "reason", "peer_reason")
+    __slots__ = ("room_id", "nonce", "found", "state", "reason", "peer_reason", "prefix_len")
     ROOM_ID_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     PEER_REASON_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
     room_id: int
     nonce: int
     found: bool
     state: RoomState
     reason: str
     peer_reason: str
-    def __init__(self, room_id: _Optional[int] = ..., nonce: _Optional[int] = ..., found: _Optional[bool] = ..., state: _Optional[_Union[RoomState, str]] = ..., reason: _Optional[str] = ..., peer_reason: _Optional[str] = ...) -> None: ...
+    prefix_len: int
+    def __init__(self, room_id: _Optional[int] = ..., nonce: _Optional[int] = ..., found: _Optional[bool] = ..., state: _Optional[_Union[RoomState, str]] = ..., reason: _Optional[str] = ..., peer_reason: _Optional[str] = ..., prefix_len: _Optional[int] = ...) -> None: ...
 
 class Transition(_message.Message):
-    __slots__ = ("room_id", "nonce", "to", "reason", "at", "peer_reason")
+    __slots__ = ("room_id", "nonce", "to", "reason", "at", "peer_reason", "prefix_len")
     ROOM_ID_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     FROM_FIELD_NUMBER: _ClassVar[int]
@@ -133,13 +135,15 @@ class Transition(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     PEER_REASON_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
     room_id: int
     nonce: int
     to: RoomState
     reason: str
     at: _timestamp_pb2.Timestamp
     peer_reason: str
-    def __init__(self, room_id: _Optional[int] = ..., nonce: _Optional[int] = ..., to: _Optional[_Union[RoomState, str]] = ..., reason: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., peer_reason: _Optional[str] = ..., **kwargs) -> None: ...
+    prefix_len: int
+    def __init__(self, room_id: _Optional[int] = ..., nonce: _Optional[int] = ..., to: _Optional[_Union[RoomState, str]] = ..., reason: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., peer_reason: _Optional[str] = ..., prefix_len: _Optional[int] = ..., **kwargs) -> None: ...
 
 class RoomInfo(_message.Message):
     __slots__ = ("room_id", "nonce", "side", "state", "visible_state", "reason", "peer", "created_at", "age", "state_age", "deadline", "history", "history_dropped", "peer_reason")

@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from sglang_harness import WAIT, free_port, kv_class, require_sglang, sglang_process
 
@@ -55,6 +56,7 @@ require_sglang()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
 from sglang.srt.disaggregation.decode import (  # noqa: E402
     DecodePreallocQueue,
     DecodeReqToTokenPool,
@@ -746,4 +748,122 @@ def test_decode_abort_before_prefill_bootstraps_fails_the_bootstrap_queue_by_sta
     assert s.disagg_prefill_bootstrap_queue.pop_bootstrapped() == []
     assert "aborted:remote" in abort_message(flow.prefill)
     assert s.output_streamer.streamed == [flow.prefill]
+    assert_all_returned(c)
+
+
+@dataclass
+class PrefillTraffic:
+    """What the prefill manager moved: bytes copied into staging (KV pages
+    and aux rows) and the Sends its worker made."""
+
+    staged_bytes: int = 0
+    sends: list = field(default_factory=list)  # (start_position, pages, last)
+
+
+def watch_prefill_traffic(c: Cluster, monkeypatch) -> PrefillTraffic:
+    mgr = c.prefill.disagg_prefill_bootstrap_queue.kv_manager
+    traffic = PrefillTraffic()
+    copy, send = mgr.copy, mgr.client.send
+
+    def counting_copy(dst: int, src: int, n: int) -> None:
+        traffic.staged_bytes += n
+        copy(dst, src, n)
+
+    def recording_send(**kw):
+        traffic.sends.append((kw["start_position"], len(kw["pages"]), kw["last"]))
+        return send(**kw)
+
+    monkeypatch.setattr(mgr, "copy", counting_copy)
+    monkeypatch.setattr(mgr.client, "send", recording_send)
+    return traffic
+
+
+def decode_with_prefix(c: Cluster, flow: Flow, prefix_pages: int):
+    """Decode's side of a request whose first prefix_pages pages its radix
+    cache holds: pages for the whole prompt from decode's real allocator,
+    decode's own bytes in the prefix pages, and the receiver's send_metadata
+    with the pages after them and decode_prefix_len, as DecodePreallocQueue
+    sends them on a radix hit (stood in: this test's decode radix cache is
+    disabled, like the fixture's). Returns the receiver, the pages and the
+    metadata row."""
+    mgr = c.decode.disagg_decode_prealloc_queue.kv_manager
+    mem = c.decode_mem
+    tokens = mem.allocator.alloc(flow.prompt_len)
+    pages = (tokens[::PAGE_SIZE] // PAGE_SIZE).tolist()
+    own = torch.arange(prefix_pages * PAGE_SIZE)
+    for layer in range(LAYERS):
+        for which, buf in ((0, mem.kv.k_buffer), (1, mem.kv.v_buffer)):
+            buf[layer][tokens[: len(own)]] = pattern(flow.room + 1, layer, which, own)
+    row = mem.metadata_rows.alloc()
+    receiver = kv_class(KVClassType.RECEIVER)(mgr, f"127.0.0.1:{c.bootstrap_port}", flow.room)
+    assert mgr.try_ensure_parallel_info(f"127.0.0.1:{c.bootstrap_port}")
+    receiver.init(0)
+    until(lambda: None, lambda: receiver.poll() == KVPoll.WaitingForInput, "decode handshake")
+    receiver.send_metadata(
+        np.asarray(pages[prefix_pages:], dtype=np.int32),
+        row,
+        decode_prefix_len=prefix_pages * PAGE_SIZE,
+    )
+    return receiver, tokens, row
+
+
+def run_with_decode_prefix(c: Cluster, room: int, npages: int, prefix: int) -> Req:
+    """One request through SGLang's prefill queues, chunked, while decode
+    holds its first prefix pages; checks decode's bytes and frees decode's
+    side. Returns prefill's Req."""
+    flow = c.new_flow(room, npages * PAGE_SIZE)
+    c.prefill.disagg_prefill_bootstrap_queue.add(flow.prefill, num_kv_heads=HEAD_NUM)
+    receiver, tokens, row = decode_with_prefix(c, flow, prefix)
+    (req,) = pop_bootstrapped(c, 1)
+    prefill_request(c, req, chunk_tokens=4 * PAGE_SIZE)
+    drain_inflight_queue(c, "prefill inflight queue concludes the request")
+    assert not isinstance(req.finished_reason, FINISH_ABORT), req.finished_reason
+    until(lambda: None, lambda: receiver.poll() == KVPoll.Success, "decode Success")
+    mem = c.decode_mem
+    held = prefix * PAGE_SIZE
+    positions = torch.arange(flow.prompt_len)
+    for layer in range(LAYERS):
+        for which, buf in ((0, mem.kv.k_buffer), (1, mem.kv.v_buffer)):
+            own = pattern(room + 1, layer, which, positions[:held])
+            sent = pattern(room, layer, which, positions[held:])
+            assert torch.equal(buf[layer][tokens[:held]], own), (room, layer, which, "prefix")
+            assert torch.equal(buf[layer][tokens[held:]], sent), (room, layer, which)
+    assert int(mem.metadata.output_ids[row][0]) == first_token(room)
+    receiver.clear()
+    mem.allocator.free(tokens)
+    mem.metadata_rows.free(row)
+    return req
+
+
+@pytest.mark.parametrize("prefix_known", [True, False], ids=["prefix_skipped", "prefix_ignored"])
+def test_a_decode_prefix_is_neither_staged_nor_sent_by_sglangs_prefill(
+    cluster, monkeypatch, prefix_known
+):
+    """SGLang's own prefill path (PrefillBootstrapQueue.finalize_bootstrap ->
+    pop_decode_prefix_len -> init, the mixin's chunked send_kv_chunk) with a
+    75% decode prefix: it stages and sends only the pages after it, and
+    decode ends with its own prefix bytes and prefill's for the rest.
+
+    prefix_ignored plays a prefill that never learns the prefix (the sender
+    answers 0, as before prefilld reported it): every page is staged and
+    sent, decoded skips the prefix's, and the bytes are as right. Each
+    prints what prefill staged and sent per request."""
+    c = cluster
+    if not prefix_known:
+        monkeypatch.setattr(kv_class(KVClassType.SENDER), "pop_decode_prefix_len", lambda self: 0)
+    pmgr = c.prefill.disagg_prefill_bootstrap_queue.kv_manager
+    npages, prefix = 16, 12
+    staged_pages = npages - prefix if prefix_known else npages
+    traffic = watch_prefill_traffic(c, monkeypatch)
+    for room in range(4200, 4203):
+        traffic.staged_bytes, traffic.sends = 0, []
+        run_with_decode_prefix(c, room, npages, prefix)
+        assert traffic.staged_bytes == staged_pages * sum(pmgr.item_lens) + sum(pmgr.aux_item_lens)
+        assert traffic.sends[0][0] == (prefix if prefix_known else 0), traffic.sends
+        assert sum(n for _, n, _ in traffic.sends) == staged_pages, traffic.sends
+        assert [last for *_, last in traffic.sends] == [False] * (len(traffic.sends) - 1) + [True]
+    print(
+        f"\nprefix {prefix}/{npages} pages ({'skipped' if prefix_known else 'ignored'}): "
+        f"staged {traffic.staged_bytes} bytes and {len(traffic.sends)} Sends a request"
+    )
     assert_all_returned(c)

@@ -215,11 +215,13 @@ def drive(s: TPServers, req: Req, chunks: int) -> None:
         )
     for rank, snd in enumerate(req.senders):
         wait_poll(snd, {KVPoll.WaitingForInput}, f"prefill rank {rank} bootstrap")
-        snd.init(req.npages, req.aux_src)
+        # finalize_bootstrap: every rank learns decode's prefix, sends the rest.
+        assert snd.pop_decode_prefix_len() == req.prefix * PAGE_SIZE, rank
+        snd.init(req.npages - req.prefix, req.aux_src)
     fill(s, req)
     step = max(1, -(-req.npages // chunks))
     # The ranks' schedulers run side by side: their chunks interleave.
-    for i in range(0, req.npages, step):
+    for i in range(req.prefix, req.npages, step):
         for rank, snd in enumerate(req.senders):
             snd.send(torch.tensor(req.src[rank][i : i + step], dtype=torch.int32).numpy())
 

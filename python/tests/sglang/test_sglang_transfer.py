@@ -14,6 +14,7 @@ read and clear on Success.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -215,11 +216,17 @@ def test_decode_reports_success_only_after_the_copy_out_of_staging(servers):
     req.receiver.clear()
 
 
-def test_decode_prefix_pages_keep_their_own_bytes_and_the_rest_is_verified(servers):
+@pytest.mark.parametrize(
+    "takes_prefix", [True, False], ids=["prefill_skips_it", "prefill_sends_it"]
+)
+def test_decode_prefix_pages_keep_their_own_bytes_and_the_rest_is_verified(servers, takes_prefix):
     """decode_prefix_len (tokens decode's radix cache holds): kv_indices are the pages after it.
 
-    SGLang's prefill learns no prefix from this backend (pop_decode_prefix_len
-    is 0), so it sends every page; decoded moves none of the prefix's.
+    prefilld reports it as the prefill room's prefix_len, and the sender's
+    pop_decode_prefix_len answers it at bootstrap: SGLang's prefill then
+    inits the sender with the pages after it and sends only those, staging
+    nothing below it. A scheduler that ignores it (never asks) sends every
+    page, which stays correct: decoded moves none of the prefix's.
     """
     s = servers
     # (pages, prefix pages): partial prefixes, and the whole request cached.
@@ -241,11 +248,19 @@ def test_decode_prefix_pages_keep_their_own_bytes_and_the_rest_is_verified(serve
             decode_prefix_len=p * PAGE_SIZE,
         )
         wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
-        assert req.sender.pop_decode_prefix_len() == 0
-        req.sender.init(n, req.aux_src)
+        sent = src
+        if takes_prefix:
+            # finalize_bootstrap's order: the prefix, then init with the rest.
+            assert req.sender.pop_decode_prefix_len() == p * PAGE_SIZE
+            sent = src[p:]
+        req.sender.init(len(sent), req.aux_src)
+        assert len(s.prefill_mgr.slots.held(room)) == len(sent)
         fill_source(s, req)
-        for i in range(0, n, 3):
-            req.sender.send(torch.tensor(src[i : i + 3], dtype=torch.int32).numpy())
+        for i in range(0, len(sent), 3):
+            req.sender.send(torch.tensor(sent[i : i + 3], dtype=torch.int32).numpy())
+        if not sent:
+            # The whole request cached: SGLang's last send has no pages.
+            req.sender.send(np.array([], dtype=np.int32))
         assert wait_poll(req.sender, {KVPoll.Success}, "prefill") == KVPoll.Success
         held = s.decode_mgr.slots.held(room)
         assert wait_poll(req.receiver, {KVPoll.Success}, "decode") == KVPoll.Success
@@ -550,4 +565,81 @@ def test_poll_of_256_rooms_and_send_latency_and_rooms_per_second(servers):
         f"send() calls with a GC {gc_in_send} of {ROOMS} (collections in the loop "
         f"{len(collections)})\n"
         f"  {rooms_per_s:.0f} rooms/s one at a time"
+    )
+
+
+@pytest.mark.bench
+def test_a_75_percent_decode_prefix_staging_and_send_time(servers, monkeypatch):
+    """Not a pass/fail test: what prefill stages and what its send() calls
+    cost for a request decode holds 75% of, in finalize_bootstrap's order
+    (pop_decode_prefix_len, init with the pages after it, chunked sends).
+
+    Run against main's pdlink (backend_ab.sh) it is the before: the sender
+    answered 0, so every page was staged and sent. Beside it, in the same
+    loop: a memmove of every page's bytes (the staging copy's floor for
+    them, one call) and a Poll RPC of the room.
+    """
+    import ctypes
+
+    import pdlink
+
+    s = servers
+    npages, prefix, chunk = 32, 24, 4
+    staged = [0]
+    copy = s.prefill_mgr.copy
+
+    def counting_copy(dst: int, src: int, n: int) -> None:
+        staged[0] += n
+        copy(dst, src, n)
+
+    monkeypatch.setattr(s.prefill_mgr, "copy", counting_copy)
+    all_bytes = npages * ITEM_LEN * BUFFERS
+    a, b = ctypes.create_string_buffer(all_bytes), ctypes.create_string_buffer(all_bytes)
+    sends, memmoves, polls, per_room = [], [], [], []
+    rooms = 40
+    for k in range(rooms):
+        room = 70_000 + k
+        gen = torch.Generator().manual_seed(k)
+        src = torch.randperm(POOL_PAGES, generator=gen)[:npages].tolist()
+        dst = torch.randperm(POOL_PAGES, generator=gen)[:npages].tolist()
+        req = open_request(s, room, src, dst, k % AUX_ROWS, (k + 3) % AUX_ROWS)
+        req.receiver.send_metadata(
+            torch.tensor(dst[prefix:], dtype=torch.int32).numpy(),
+            req.aux_dst,
+            decode_prefix_len=prefix * PAGE_SIZE,
+        )
+        wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
+        skip = req.sender.pop_decode_prefix_len() // PAGE_SIZE
+        req.sender.init(npages - skip, req.aux_src)
+        fill_source(s, req)
+        staged[0] = 0
+        spent = 0.0
+        for i in range(skip, npages, chunk):
+            pages = torch.tensor(src[i : i + chunk], dtype=torch.int32).numpy()
+            t0 = time.perf_counter()
+            req.sender.send(pages)
+            spent += time.perf_counter() - t0
+        sends.append(spent)
+        per_room.append(staged[0])
+        t0 = time.perf_counter()
+        ctypes.memmove(a, b, all_bytes)
+        memmoves.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        s.prefill_mgr.client.poll([room])
+        polls.append(time.perf_counter() - t0)
+        assert wait_poll(req.sender, {KVPoll.Success}, "prefill") == KVPoll.Success
+        assert wait_poll(req.receiver, {KVPoll.Success}, "decode") == KVPoll.Success
+        verify(s, replace(req, src_pages=src[prefix:], dst_pages=dst[prefix:]))
+        req.sender.clear()
+        req.receiver.clear()
+    print(
+        f"\nsglang prefix ({pdlink.__file__}): decode holds {prefix} of {npages} pages "
+        f"({BUFFERS} buffers of {ITEM_LEN} B pages), {rooms} requests, chunks of {chunk}\n"
+        f"  staged a request: {int(statistics.median(per_room))} bytes "
+        f"(every page and the aux row: {all_bytes + sum(s.prefill_mgr.aux_item_lens)})\n"
+        f"  send() calls a request (us): {_spread(sends, 1e6)}\n"
+        f"  reference, same loop: memmove of every page's bytes (us): {_spread(memmoves, 1e6)}; "
+        f"Poll RPC (us): {_spread(polls, 1e6)}\n"
+        f"  send() a request / Poll RPC: p50 {_pct(sends, 0.5) / _pct(polls, 0.5):.2f}x; "
+        f"/ memmove: p50 {_pct(sends, 0.5) / _pct(memmoves, 0.5):.1f}x (end of prefix)"
     )
