@@ -131,7 +131,11 @@ func (c *rxConn) shmOffer(h *Header) error {
 		r.log.Warn("same-host pages refused, tcp for this rank", zap.Stringer("remote", c.raw.RemoteAddr()),
 			zap.Uint16("rank", h.Rank.TP), zap.String("region", o.ID.Path), zap.String("reason", code.String()), zap.Error(err))
 	}
-	return c.reply(&Header{Type: FrameShmAnswer, Rank: h.Rank, Seq: h.Seq, Status: uint32(code)})
+	answer := Header{Type: FrameShmAnswer, Rank: h.Rank, Seq: h.Seq, Status: uint32(code)}
+	if code == ShmAccepted {
+		answer.Pages = r.shmCaps.Load()
+	}
+	return c.reply(&answer)
 }
 
 // closeShm unmaps the connection's prefill mappings once its goroutine ended.

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"go.uber.org/zap"
 )
 
 // Head slices on the same-host path (doc.go, "Same-host pages" and "Head slices"). A sliced
@@ -91,6 +93,14 @@ func (tc *txConn) encodeShmSliceRuns(c *chunkPlan, offer uint32) {
 // answered with COPIED.
 func (c *rxConn) shmSlicedChunk(h *Header) error {
 	r := c.r
+	if ShmCaps(r.shmCaps.Load())&ShmCapSlices == 0 {
+		// Never advertised (a test answering as the previous build, which refused the
+		// flag pair in DecodeHeader): the same refusal, so a sender that ignores the
+		// answer fails here as it would there.
+		err := fmt.Errorf("%w: sliced shm chunk, head slices not offered by this receiver", ErrBadFrameType)
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
+		return err
+	}
 	n := int(h.NumRuns) * shmSliceRunSize
 	if cap(c.runBuf) < n {
 		c.runBuf = make([]byte, n)

@@ -25,7 +25,8 @@ import (
 //	 30    1 from_tp   chunk, done, result: the prefill rank of a sliced stream (Key.From)
 //	 31    1 from_size 0 for a whole-page stream (from_tp then 0 too)
 //	 32    4 runs    chunk: number of entries in the run list
-//	 36    4 pages   chunk: page-buffer pairs in this chunk (sliced: page-slice pairs); done: in the stream
+//	 36    4 pages   chunk: page-buffer pairs in this chunk (sliced: page-slice pairs); done: in the stream;
+//	                 shm answer: the decode's ShmCaps (shm_wire.go)
 //	 40    2 tp_rank chunk, done, result: the rank the frame is about
 //	 42    2 tp_size
 //	 44    8 payload length in bytes (chunk: the pages' bytes; done: the aux row)
@@ -205,7 +206,7 @@ func DecodeHeader(b []byte) (Header, error) {
 			return h, fmt.Errorf("%w: malformed shm offer", ErrBadFrameType)
 		}
 	case FrameShmAnswer, FrameCopied:
-		if h.NumRuns != 0 || h.PayloadLen != 0 || h.Flags != 0 || h.Status > uint32(maxShmFallback) ||
+		if h.NumRuns != 0 || h.PayloadLen != 0 || h.Flags != 0 || h.Status > uint32(maxShmAnswer) ||
 			(h.Type == FrameCopied && h.Status != 0) {
 			return h, fmt.Errorf("%w: malformed shm answer", ErrBadFrameType)
 		}
