@@ -119,7 +119,7 @@ const (
 	ShmOpen                  // decode cannot open the path (permissions, another mount namespace)
 	ShmIdentity              // the file decode opened is another file (device or inode) or too small
 	ShmMap                   // mmap failed, or the offer's layout cannot be served
-	maxShmAnswer = ShmMap
+	maxShmAnswer             = ShmMap
 	// ShmNoSlices (prefill only): decode accepted the offer without ShmCapSlices (a build
 	// before head slices went by shared memory), so the rank's sliced streams go by tcp on
 	// the connection while its whole pages still go by shared memory.
