@@ -114,7 +114,7 @@ type Expectation struct {
 type ReceiverStats struct {
 	DiscardedChunks   uint64 // chunks for unknown, fenced or terminal rooms, drained unread
 	DiscardedBytes    uint64
-	RejectedFrames    uint64 // frames that failed a room as invalid, or broke a connection
+	RejectedFrames    uint64 // frames that failed a room (invalid, checksum), or broke a connection: Refused's sum
 	StalledInterrupts uint64 // reads interrupted because a fenced room's piece did not land within FenceGrace
 }
 

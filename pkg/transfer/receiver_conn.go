@@ -333,7 +333,9 @@ func (c *rxConn) land(h *Header, room *rxRoom, fill func(*rxRoom, [][]byte, uint
 		return err
 	}
 	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
-		r.fail(room, ReasonChecksum, fmt.Errorf("%w: seq %d", ErrChecksum, h.Seq))
+		err := fmt.Errorf("%w: seq %d", ErrChecksum, h.Seq)
+		r.refuse(RefusedChecksum, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key))
+		r.fail(room, ReasonChecksum, err)
 		return c.result(room.key, ReasonChecksum)
 	}
 	room.mu.Lock()
@@ -484,7 +486,9 @@ func (c *rxConn) done(h *Header) error {
 		return err
 	}
 	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
-		r.fail(room, ReasonChecksum, fmt.Errorf("%w: aux row", ErrChecksum))
+		err := fmt.Errorf("%w: aux row", ErrChecksum)
+		r.refuse(RefusedChecksum, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key))
+		r.fail(room, ReasonChecksum, err)
 		return c.result(room.key, ReasonChecksum)
 	}
 	room.mu.Lock()

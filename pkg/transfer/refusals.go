@@ -29,10 +29,13 @@ const (
 	// RefusedBadFrame: a header, frame type or run list that fails its checks; the
 	// connection cannot be trusted further and breaks, its rooms fail transfer_error.
 	RefusedBadFrame
+	// RefusedChecksum: a chunk's bytes (its payload on tcp, decode's copy on the same
+	// host) did not match the crc32c prefill sent; the room failed checksum.
+	RefusedChecksum
 	numRefusals
 )
 
-var refusalNames = [numRefusals]string{"unknown_room", "invalid", "bad_frame"}
+var refusalNames = [numRefusals]string{"unknown_room", "invalid", "bad_frame", "checksum"}
 
 func (r Refusal) String() string {
 	if r < numRefusals {

@@ -2,7 +2,6 @@ package transfer
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 
 	"go.uber.org/zap"
@@ -86,11 +85,10 @@ func (tc *txConn) encodeShmSliceRuns(c *chunkPlan, offer uint32) {
 }
 
 // shmSlicedChunk lands a sliced shm chunk: the claim of a TCP sliced chunk (claimSlices),
-// each entry's source pages checked against the proven mapping, the prefill file stat'ed,
-// and only then the copy of every (page, token, slice) from the source rows into the
-// destination rows by copyPages (the fence protocol and touchRegion per piece, as for
-// whole pages), its crc32c over the destination bytes in wire order. Every such chunk is
-// answered with COPIED.
+// each entry's source pages checked against the proven mapping, then copyShmChunk's stat
+// and copy of every (page, token, slice) from the source rows into the destination rows,
+// its crc32c over the destination bytes in wire order. Every such chunk is answered with
+// COPIED.
 func (c *rxConn) shmSlicedChunk(h *Header) error {
 	r := c.r
 	if ShmCaps(r.shmCaps.Load())&ShmCapSlices == 0 {
@@ -110,14 +108,13 @@ func (c *rxConn) shmSlicedChunk(h *Header) error {
 	}
 	runs, err := DecodeShmSliceRuns(c.shm.sliceRuns, c.runBuf[:n], h.NumRuns, h.RunsCRC)
 	if err != nil {
-		r.rejected.Add(1)
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err
 	}
 	c.shm.sliceRuns = runs
 	room := r.lookup(h.Key())
 	if room == nil {
-		r.discardedChunks.Add(1)
-		return c.copied(h)
+		return c.shmDiscard(h)
 	}
 	layout := room.region.Layout()
 	// claimSlices checks the bytes a TCP sliced chunk would carry against PayloadLen: here
@@ -139,8 +136,7 @@ func (c *rxConn) shmSlicedChunk(h *Header) error {
 	room.mu.Lock()
 	if room.state != live {
 		room.mu.Unlock()
-		r.discardedChunks.Add(1)
-		return c.copied(h)
+		return c.shmDiscard(h)
 	}
 	switch {
 	case h.Flags&FlagPayloadCRC == 0 && r.cfg.Checksum == ChecksumCRC32C:
@@ -152,33 +148,21 @@ func (c *rxConn) shmSlicedChunk(h *Header) error {
 	if err != nil {
 		return c.shmRefuse(room, h, ReasonInvalid, err)
 	}
-	c.dsts, c.shm.srcs = c.dsts[:0], c.shm.srcs[:0]
-	refuse := func(reason Reason, err error) error {
-		clear(c.dsts)
-		clear(c.shm.srcs)
-		return c.shmRefuse(room, h, reason, err)
-	}
+	c.shmChunkEnded()
 	for _, run := range runs {
-		src := c.shm.byOffer[run.Offer]
-		switch {
-		case src == nil:
-			return refuse(ReasonInvalid, fmt.Errorf("%w: offer %d", ErrShmSource, run.Offer))
-		case src.gone != nil:
-			return refuse(goneReason(src.gone), src.gone)
+		src, reason, err := c.shmSource(run.Offer)
+		if err != nil {
+			return c.shmRefuse(room, h, reason, err)
 		}
 		b := &room.bufs[run.Buffer] // claimSlices checked the buffer and the slice
 		cp := b.slices[matchSlice(b.slices, run.SliceRun)]
 		s, err := sourcePages(src.m, run.Buffer, Run{Start: run.SrcStart, Count: run.Count}, int64(cp.SrcItemLen()))
 		if err != nil {
-			return refuse(ReasonInvalid, err)
+			return c.shmRefuse(room, h, ReasonInvalid, err)
 		}
 		dst := room.region.Pages(int(run.Buffer), run.Run)
 		if dst == nil || int64(len(dst)) != int64(run.Count)*int64(cp.DstItemLen()) {
-			// Claimed against a mapping the region no longer serves: the room is fenced.
-			clear(c.dsts)
-			clear(c.shm.srcs)
-			r.discardedChunks.Add(1)
-			return c.copied(h)
+			return c.shmDiscard(h) // claimed against a mapping the region no longer serves: the room is fenced
 		}
 		// Both sides' rows in wire order, page by page, token by token; a side whose
 		// slice is its whole row is one piece per run, so whole pages copy in one go.
@@ -186,45 +170,5 @@ func (c *rxConn) shmSlicedChunk(h *Header) error {
 		c.shm.srcs = sliceRows(c.shm.srcs, s, int64(run.Count), cp.SrcRow, cp.SrcHead*hb, width, cp.PageTokens)
 		c.dsts = sliceRows(c.dsts, dst, int64(run.Count), cp.DstRow, cp.DstHead*hb, width, cp.PageTokens)
 	}
-	// The prefill file must still be the one proven: one stat per offer the chunk names.
-	for i, run := range runs {
-		if i > 0 && run.Offer == runs[i-1].Offer {
-			continue
-		}
-		src := c.shm.byOffer[run.Offer]
-		if err := src.m.Check(); err != nil {
-			if isRegionGone(err) {
-				src.close()
-				src.gone = err
-			}
-			return refuse(goneReason(err), err)
-		}
-	}
-	c.addPending(room)
-	crc, err := c.copyPages(room)
-	clear(c.dsts)
-	clear(c.shm.srcs)
-	switch {
-	case err == errFenced:
-		r.discardedChunks.Add(1)
-		return c.copied(h)
-	case errors.Is(err, ErrRegionFault):
-		r.fail(room, ReasonTransferError, err)
-		if err := c.copied(h); err != nil {
-			return err
-		}
-		return c.result(room.key, ReasonTransferError)
-	case h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC:
-		r.fail(room, ReasonChecksum, fmt.Errorf("%w: seq %d (shm, sliced)", ErrChecksum, h.Seq))
-		if err := c.copied(h); err != nil {
-			return err
-		}
-		return c.result(room.key, ReasonChecksum)
-	}
-	room.mu.Lock()
-	room.verified += int64(h.Pages)
-	room.mu.Unlock()
-	r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.copied.Add(claimed.PayloadLen) })
-	r.events.Progress(room.key, int64(claimed.PayloadLen))
-	return c.copied(h)
+	return c.copyShmChunk(h, room, claimed.PayloadLen)
 }
