@@ -13,8 +13,8 @@ import (
 
 // Refusal is why decode's receiver refused a data frame: the closed set of the reason label
 // of pdlink_data_refused_total (Receiver.Refused). Each refusal is counted and logged
-// (rate limited per reason), so a room that ends on prefill as "receiver rejected the room"
-// or "fenced" has its cause on decode too.
+// (rate limited per reason), so a room that prefill saw rejected or fenced by the receiver
+// has its cause on decode too.
 type Refusal uint8
 
 const (
