@@ -163,6 +163,15 @@ func (c *rxConn) readFull(p []byte) error {
 	return err
 }
 
+// readRunList reads h's run list of entry bytes per entry into the connection's buffer.
+func (c *rxConn) readRunList(h *Header, entry int) ([]byte, error) {
+	n := int(h.NumRuns) * entry
+	if cap(c.runBuf) < n {
+		c.runBuf = make([]byte, n)
+	}
+	return c.runBuf[:n], c.readFull(c.runBuf[:n])
+}
+
 // readPages reads exactly len(p) bytes of a payload into p: first what the buffering
 // already holds, then straight from the connection whatever the sizes of the reads the
 // socket returns. Through the buffering every read short of readBufBytes (the tail of each
@@ -273,14 +282,11 @@ func (c *rxConn) chunk(h *Header) error {
 		return c.shmSlicedChunk(h)
 	}
 	r := c.r
-	n := int(h.NumRuns) * runSize
-	if cap(c.runBuf) < n {
-		c.runBuf = make([]byte, n)
-	}
-	if err := c.readFull(c.runBuf[:n]); err != nil {
+	b, err := c.readRunList(h, runSize)
+	if err != nil {
 		return err
 	}
-	runs, err := DecodeRuns(c.runs, c.runBuf[:n], h.NumRuns, h.RunsCRC)
+	runs, err := DecodeRuns(c.runs, b, h.NumRuns, h.RunsCRC)
 	if err != nil {
 		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err // a run list that fails its checksum cannot be trusted to delimit the payload

@@ -167,14 +167,11 @@ func (c *rxConn) copied(h *Header) error {
 // proven source mapping (copyShmChunk). Every shm chunk is answered with COPIED.
 func (c *rxConn) shmChunk(h *Header) error {
 	r := c.r
-	n := int(h.NumRuns) * shmRunSize
-	if cap(c.runBuf) < n {
-		c.runBuf = make([]byte, n)
-	}
-	if err := c.readFull(c.runBuf[:n]); err != nil {
+	b, err := c.readRunList(h, shmRunSize)
+	if err != nil {
 		return err
 	}
-	runs, err := DecodeShmRuns(c.shm.runs, c.runBuf[:n], h.NumRuns, h.RunsCRC)
+	runs, err := DecodeShmRuns(c.shm.runs, b, h.NumRuns, h.RunsCRC)
 	if err != nil {
 		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err
@@ -195,22 +192,9 @@ func (c *rxConn) shmChunk(h *Header) error {
 			claimed.PayloadLen += uint64(run.Count) * uint64(layout.Buffers[run.Buffer].ItemLen)
 		}
 	}
-	room.mu.Lock()
-	if room.state != live {
-		room.mu.Unlock()
-		return c.shmDiscard(h)
+	if ok, err := c.shmClaim(h, room, func() error { return room.claim(&claimed, c.runs, layout) }); !ok {
+		return err
 	}
-	switch {
-	case h.Flags&FlagPayloadCRC == 0 && r.cfg.Checksum == ChecksumCRC32C:
-		err = fmt.Errorf("%w: chunk without checksum", ErrRejected)
-	default:
-		err = room.claim(&claimed, c.runs, layout)
-	}
-	room.mu.Unlock()
-	if err != nil {
-		return c.shmRefuse(room, h, ReasonInvalid, err)
-	}
-	c.shmChunkEnded()
 	for _, run := range runs {
 		src, reason, err := c.shmSource(run.Offer)
 		if err != nil {
@@ -228,6 +212,30 @@ func (c *rxConn) shmChunk(h *Header) error {
 		c.dsts, c.shm.srcs = append(c.dsts, dst), append(c.shm.srcs, s)
 	}
 	return c.copyShmChunk(h, room, claimed.PayloadLen)
+}
+
+// shmClaim runs claim (the chunk's claim of its room's pages or slices) under the room's
+// lock, as a TCP chunk's: unless the room is no longer live (the chunk is discarded), and
+// refusing a chunk without the checksum decode requires or whose claim fails (the room
+// fails invalid). false: the chunk was answered, with the answer's error.
+func (c *rxConn) shmClaim(h *Header, room *rxRoom, claim func() error) (bool, error) {
+	room.mu.Lock()
+	if room.state != live {
+		room.mu.Unlock()
+		return false, c.shmDiscard(h)
+	}
+	var err error
+	if h.Flags&FlagPayloadCRC == 0 && c.r.cfg.Checksum == ChecksumCRC32C {
+		err = fmt.Errorf("%w: chunk without checksum", ErrRejected)
+	} else {
+		err = claim()
+	}
+	room.mu.Unlock()
+	if err != nil {
+		return false, c.shmRefuse(room, h, ReasonInvalid, err)
+	}
+	c.shmChunkEnded()
+	return true, nil
 }
 
 // shmSource is the proven source of offer for the chunk being landed, added to the

@@ -31,7 +31,7 @@ type ShmSliceRun struct {
 func AppendShmSliceRuns(dst []byte, runs []ShmSliceRun) []byte {
 	le := binary.LittleEndian
 	for _, r := range runs {
-		dst = AppendSliceRuns(dst, []SliceRun{r.SliceRun})
+		dst = appendSliceRun(dst, r.SliceRun)
 		dst = le.AppendUint32(dst, uint32(r.SrcStart))
 		dst = le.AppendUint32(dst, r.Offer)
 	}
@@ -42,27 +42,14 @@ func AppendShmSliceRuns(dst []byte, runs []ShmSliceRun) []byte {
 // after checking them against crc: each entry's slice as DecodeSliceRuns checks it, and a
 // non-negative source start. It appends to dst[:0] and never panics.
 func DecodeShmSliceRuns(dst []ShmSliceRun, b []byte, n uint32, crc uint32) ([]ShmSliceRun, error) {
-	if n == 0 || n > maxRunsPerFrame {
-		return dst[:0], fmt.Errorf("%w: %d runs", ErrFrameTooLarge, n)
-	}
-	if uint64(len(b)) != uint64(n)*shmSliceRunSize {
-		return dst[:0], ErrShortFrame
-	}
-	if RunsChecksum(b) != crc {
-		return dst[:0], ErrRunsChecksum
+	if err := checkRunList(b, n, crc, shmSliceRunSize); err != nil {
+		return dst[:0], err
 	}
 	out := dst[:0]
 	le := binary.LittleEndian
 	for i := 0; i+shmSliceRunSize <= len(b); i += shmSliceRunSize {
 		e := b[i : i+shmSliceRunSize]
-		r := ShmSliceRun{
-			SliceRun: SliceRun{
-				ChunkRun: ChunkRun{Buffer: le.Uint32(e), Run: Run{Start: int32(le.Uint32(e[4:])), Count: int32(le.Uint32(e[8:]))}},
-				SrcHead:  le.Uint32(e[12:]), DstHead: le.Uint32(e[16:]), Heads: le.Uint32(e[20:]),
-				HeadBytes: le.Uint32(e[24:]), RowBytes: le.Uint32(e[28:]),
-			},
-			SrcStart: int32(le.Uint32(e[32:])), Offer: le.Uint32(e[36:]),
-		}
+		r := ShmSliceRun{SliceRun: decodeSliceRun(e), SrcStart: int32(le.Uint32(e[32:])), Offer: le.Uint32(e[36:])}
 		if r.Start < 0 || r.Count <= 0 || r.SrcStart < 0 {
 			return out[:0], fmt.Errorf("%w: buffer %d run {start %d, count %d, src %d}", ErrEmptyRun, r.Buffer, r.Start, r.Count, r.SrcStart)
 		}
@@ -99,14 +86,11 @@ func (c *rxConn) shmSlicedChunk(h *Header) error {
 		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err
 	}
-	n := int(h.NumRuns) * shmSliceRunSize
-	if cap(c.runBuf) < n {
-		c.runBuf = make([]byte, n)
-	}
-	if err := c.readFull(c.runBuf[:n]); err != nil {
+	b, err := c.readRunList(h, shmSliceRunSize)
+	if err != nil {
 		return err
 	}
-	runs, err := DecodeShmSliceRuns(c.shm.sliceRuns, c.runBuf[:n], h.NumRuns, h.RunsCRC)
+	runs, err := DecodeShmSliceRuns(c.shm.sliceRuns, b, h.NumRuns, h.RunsCRC)
 	if err != nil {
 		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err
@@ -133,22 +117,9 @@ func (c *rxConn) shmSlicedChunk(h *Header) error {
 		tokens := layout.Buffers[run.Buffer].ItemLen / int64(run.RowBytes)
 		claimed.PayloadLen += uint64(run.Count) * uint64(run.sliceBytes(tokens))
 	}
-	room.mu.Lock()
-	if room.state != live {
-		room.mu.Unlock()
-		return c.shmDiscard(h)
+	if ok, err := c.shmClaim(h, room, func() error { return room.claimSlices(&claimed, c.sliceRuns, layout) }); !ok {
+		return err
 	}
-	switch {
-	case h.Flags&FlagPayloadCRC == 0 && r.cfg.Checksum == ChecksumCRC32C:
-		err = fmt.Errorf("%w: chunk without checksum", ErrRejected)
-	default:
-		err = room.claimSlices(&claimed, c.sliceRuns, layout)
-	}
-	room.mu.Unlock()
-	if err != nil {
-		return c.shmRefuse(room, h, ReasonInvalid, err)
-	}
-	c.shmChunkEnded()
 	for _, run := range runs {
 		src, reason, err := c.shmSource(run.Offer)
 		if err != nil {

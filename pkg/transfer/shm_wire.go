@@ -192,23 +192,14 @@ func AppendShmRuns(dst []byte, runs []ShmRun) []byte {
 // them against crc: non-negative starts and a positive count. It appends to dst[:0] and
 // never panics.
 func DecodeShmRuns(dst []ShmRun, b []byte, n uint32, crc uint32) ([]ShmRun, error) {
-	if n == 0 || n > maxRunsPerFrame {
-		return dst[:0], fmt.Errorf("%w: %d runs", ErrFrameTooLarge, n)
-	}
-	if uint64(len(b)) != uint64(n)*shmRunSize {
-		return dst[:0], ErrShortFrame
-	}
-	if RunsChecksum(b) != crc {
-		return dst[:0], ErrRunsChecksum
+	if err := checkRunList(b, n, crc, shmRunSize); err != nil {
+		return dst[:0], err
 	}
 	out := dst[:0]
 	le := binary.LittleEndian
 	for i := 0; i+shmRunSize <= len(b); i += shmRunSize {
 		e := b[i : i+shmRunSize]
-		r := ShmRun{
-			ChunkRun: ChunkRun{Buffer: le.Uint32(e), Run: Run{Start: int32(le.Uint32(e[4:])), Count: int32(le.Uint32(e[8:]))}},
-			SrcStart: int32(le.Uint32(e[12:])), Offer: le.Uint32(e[16:]),
-		}
+		r := ShmRun{ChunkRun: decodeChunkRun(e), SrcStart: int32(le.Uint32(e[12:])), Offer: le.Uint32(e[16:])}
 		if r.Start < 0 || r.Count <= 0 || r.SrcStart < 0 {
 			return out[:0], fmt.Errorf("%w: buffer %d run {start %d, count %d, src %d}", ErrEmptyRun, r.Buffer, r.Start, r.Count, r.SrcStart)
 		}
