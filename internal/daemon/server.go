@@ -437,7 +437,7 @@ func shmCollectors(role Role) []prometheus.Collector {
 		reason := f.String()
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "pdlink_shm_fallback_total",
-			Help:        "Same-host offers refused, by reason (disabled, open, identity, map): that rank's pages go over TCP, or fail under --data-transport=shm.",
+			Help:        "Same-host offers refused, by reason (disabled, open, identity, map): that rank's pages go over TCP, or fail under --data-transport=shm; no_slices (prefill): accepted by a decode that does not copy head slices, so that rank's sliced streams go over TCP.",
 			ConstLabels: prometheus.Labels{"side": side, "reason": reason},
 		}, func() float64 { return float64(transfer.ShmTotals(decode).Fallbacks[reason]) }))
 	}

@@ -64,7 +64,7 @@ type Sources struct {
 	// pair of layouts, not per room.
 	PeerLayoutRefused func() []Count
 	// DataRefused returns data frames decode's receiver refused, by (reason)
-	// (transfer.AllRefusals: unknown_room, invalid, bad_frame).
+	// (transfer.AllRefusals: unknown_room, invalid, bad_frame, checksum).
 	DataRefused func() []Count
 }
 
@@ -138,7 +138,7 @@ func NewCollector(side string, src Sources) *Collector {
 		authRejected:      d("auth_rejected_total", "Control frames and data connections refused by authentication, by reason.", "reason"),
 		authReloads:       d("auth_token_reloads_total", "Token file reloads (SIGHUP), by result.", "result"),
 		peerLayoutRefused: d("peer_layout_refused_total", "Decode peer layouts (from REGISTER) that cannot map onto this side's, by the reason pkg/rankmap or the opaque comparison gave: page_size, dtype, head_count, tp_not_divisible, opaque_tp, ...; counted once per pair of layouts, and each room bound to the peer then fails with reason invalid.", "reason"),
-		dataRefused:       d("data_refused_total", "Data frames decode's receiver refused, by reason: unknown_room (a stream's DONE for a key not expected: never, when the daemons planned the room's streams apart, or no longer, after its fence), invalid (a chunk or DONE that did not match its room, which failed invalid), bad_frame (a header, frame type or run list that failed its checks; the connection broke). Each is logged, rate limited per reason.", "reason"),
+		dataRefused:       d("data_refused_total", "Data frames decode's receiver refused, by reason: unknown_room (a stream's DONE for a key not expected: never, when the daemons planned the room's streams apart, or no longer, after its fence), invalid (a chunk or DONE that did not match its room, which failed invalid), bad_frame (a header, frame type, run list or shm offer that failed its checks; the connection broke), checksum (a chunk or aux row, sent or copied on the same host, that failed its crc32c; the room failed checksum). Each is logged, rate limited per reason.", "reason"),
 		regionRefused:     d("region_refused_total", "RegisterRegion paths refused (PermissionDenied), by the rule they broke: relative, not_clean, outside_dirs, symlink, not_regular, group, changed.", "rule"),
 	}
 }

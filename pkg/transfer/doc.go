@@ -110,10 +110,15 @@
 // decoded's pdlink_data_refused_total{reason}): unknown_room (a DONE for a key not
 // expected: never, or no longer after its fence; logged at info with the keys expected
 // for that room and decode rank instead), invalid (a chunk or DONE that does not match its
-// room, which fails invalid) and bad_frame (a header, frame type or run list that fails its
-// checks; the connection breaks). Each is logged "data frame refused" with the room, the
-// remote end and the error, one line per reason per second (the next says how many it
-// stood for). The same-host path's refusals are its own (shm_receiver.go).
+// room, which fails invalid), bad_frame (a header, frame type, run list or shm offer that
+// fails its checks; the connection breaks) and checksum (a chunk's bytes or aux row that
+// fail prefill's crc32c; the room fails checksum). Each is logged "data frame refused"
+// with the room, the remote end and the error, one line per reason per second (the next
+// says how many it stood for). The same-host path counts its refusals the same way: a shm
+// chunk naming an offer never made or retired, source pages outside the offered buffer, a
+// claim that fails (invalid), entries that do not decode (bad_frame), a copy that fails its
+// crc32c (checksum). A prefill file found replaced or truncated at a chunk's stat is not a
+// refusal: the frame was right, the file changed (region_replaced, transfer_error).
 //
 // Cost (BenchmarkSlicedTransfer, 64 MiB rooms of 32 KiB per page and buffer over loopback,
 // median of 6 on the shared 2-core machine at load 6-7, so +-30%): whole pages 2.36 GB/s
@@ -268,7 +273,12 @@
 // MADV_POPULATE_READ (before 5.14) leave every source to fault in on first copy. Any
 // failure answers a fallback reason (disabled, open, identity, map) and the sender sends
 // that rank's chunks with payload on the same connection, logged once per connection and
-// rank and counted (pdlink_shm_fallback_total{side,reason}). With --data-transport=shm a
+// rank and counted (pdlink_shm_fallback_total{side,reason}). An accepted answer also says
+// what decode copies besides whole pages (ShmCaps, in the answer's pages field): a decode
+// of the build before head slices went by shared memory sends none and refuses a sliced
+// shm chunk as a bad frame, so the sender sends a rank's sliced streams by tcp to it (its
+// whole pages still by shm), logged once per connection and rank and counted as prefill's
+// no_slices fallback. With --data-transport=shm a
 // refused offer fails the stream instead (transfer_error, ErrShmRefused): a peer that
 // cannot prove the file never runs over TCP. tcp never offers, and a tcp decoded declines
 // every offer.
@@ -353,7 +363,9 @@
 // whichever transport carried them: a page the engine rewrote before decode copied it, or
 // an entry that reads the wrong heads, fails the room checksum. COPIED names the stream's
 // From, so the hold of a stream of one of several prefill ranks (MHA 4 -> 2) is found.
-// Under --data-transport=shm a refused offer fails a sliced stream as it fails whole pages.
+// Only a decode whose answer carries ShmCapSlices gets them (the Same-host pages
+// negotiation above); under --data-transport=shm a refused offer, or an answer without
+// it, fails a sliced stream as a refused offer fails whole pages.
 //
 // Cost (BenchmarkShmSlicedTransfer beside BenchmarkSlicedTransfer and
 // BenchmarkMemcpyReference, 64 MiB rooms of 32 KiB per page and buffer, medians of 3

@@ -1,6 +1,9 @@
 package transfer
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Layout and region errors.
 var (
@@ -68,7 +71,8 @@ var (
 	ErrChecksum = errors.New("transfer: payload checksum mismatch")
 	// ErrConnBroken means the data connection carrying the room failed (reason "transfer_error").
 	ErrConnBroken = errors.New("transfer: data connection broken")
-	// ErrRejected means the receiver refused the room's frames (reason "invalid").
+	// ErrRejected means the receiver refused the room's frames (reason "invalid"); a
+	// RESULT that refused the room (ResultError: invalid or fenced) matches it too.
 	ErrRejected = errors.New("transfer: receiver rejected the room")
 	// ErrNoRankRegion means a stream or expectation named a rank the daemon holds no region for.
 	ErrNoRankRegion = errors.New("transfer: no region for the key's rank")
@@ -100,3 +104,39 @@ var (
 	// ErrShmSource: a shm chunk names an offer or source pages the connection has not proven.
 	ErrShmSource = errors.New("transfer: shm chunk source not proven on this connection")
 )
+
+// ResultError is a room's failure as the receiver's RESULT frame named it: Code is the
+// wire reason code, Reason its name. Its message says what decode did: fenced (decode
+// ended the room, or does not expect this stream) or rejected as invalid; a checksum,
+// transfer_error or region_replaced result wraps that reason's sentinel (ErrChecksum,
+// ErrConnBroken, ErrRegionReplaced), and fenced or invalid match ErrRejected.
+type ResultError struct {
+	Code   uint32
+	Reason Reason
+}
+
+func (e *ResultError) Error() string {
+	switch e.Reason {
+	case ReasonFenced:
+		return fmt.Sprintf("transfer: receiver fenced the room (result code %d): decode ended it (abort, timeout, "+
+			"shutdown) or does not expect this stream", e.Code)
+	case ReasonInvalid:
+		return fmt.Sprintf("transfer: receiver rejected the room's frames as invalid (result code %d)", e.Code)
+	}
+	return fmt.Sprintf("%v (reported by receiver, result code %d)", e.sentinel(), e.Code)
+}
+
+// sentinel is the package error the result stands for.
+func (e *ResultError) sentinel() error {
+	switch e.Reason {
+	case ReasonChecksum:
+		return ErrChecksum
+	case ReasonTransferError:
+		return ErrConnBroken
+	case ReasonRegionReplaced:
+		return ErrRegionReplaced
+	}
+	return ErrRejected
+}
+
+func (e *ResultError) Unwrap() error { return e.sentinel() }

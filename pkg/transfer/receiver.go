@@ -114,7 +114,7 @@ type Expectation struct {
 type ReceiverStats struct {
 	DiscardedChunks   uint64 // chunks for unknown, fenced or terminal rooms, drained unread
 	DiscardedBytes    uint64
-	RejectedFrames    uint64 // frames that failed a room as invalid, or broke a connection
+	RejectedFrames    uint64 // frames that failed a room (invalid, checksum), or broke a connection: Refused's sum
 	StalledInterrupts uint64 // reads interrupted because a fenced room's piece did not land within FenceGrace
 }
 
@@ -147,6 +147,9 @@ type Receiver struct {
 	populate func(m *Mapping, off, n int64) error
 	// beforeCheck, for tests, runs before each stat of a prefill file a shm chunk copies from.
 	beforeCheck func()
+	// shmCaps is the ShmCaps an accepted offer's answer says this receiver copies
+	// (shmCapsBuilt; tests answer as an older build, whichever goroutine they run on).
+	shmCaps atomic.Uint32
 }
 
 var _ Sink = (*Receiver)(nil)
@@ -160,11 +163,13 @@ func NewReceiver(regions RegionSet, cfg ReceiverConfig, events Events) (*Receive
 	if events == nil {
 		events = NopEvents{}
 	}
-	return &Receiver{
+	r := &Receiver{
 		regions: regions, cfg: cfg, events: events, log: cfg.Logger,
 		rooms: make(map[Key]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
 		populate: populateRange,
-	}, nil
+	}
+	r.shmCaps.Store(uint32(shmCapsBuilt))
+	return r, nil
 }
 
 // Stats returns the discard and reject counters.

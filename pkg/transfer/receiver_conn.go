@@ -163,6 +163,15 @@ func (c *rxConn) readFull(p []byte) error {
 	return err
 }
 
+// readRunList reads h's run list of entry bytes per entry into the connection's buffer.
+func (c *rxConn) readRunList(h *Header, entry int) ([]byte, error) {
+	n := int(h.NumRuns) * entry
+	if cap(c.runBuf) < n {
+		c.runBuf = make([]byte, n)
+	}
+	return c.runBuf[:n], c.readFull(c.runBuf[:n])
+}
+
 // readPages reads exactly len(p) bytes of a payload into p: first what the buffering
 // already holds, then straight from the connection whatever the sizes of the reads the
 // socket returns. Through the buffering every read short of readBufBytes (the tail of each
@@ -273,14 +282,11 @@ func (c *rxConn) chunk(h *Header) error {
 		return c.shmSlicedChunk(h)
 	}
 	r := c.r
-	n := int(h.NumRuns) * runSize
-	if cap(c.runBuf) < n {
-		c.runBuf = make([]byte, n)
-	}
-	if err := c.readFull(c.runBuf[:n]); err != nil {
+	b, err := c.readRunList(h, runSize)
+	if err != nil {
 		return err
 	}
-	runs, err := DecodeRuns(c.runs, c.runBuf[:n], h.NumRuns, h.RunsCRC)
+	runs, err := DecodeRuns(c.runs, b, h.NumRuns, h.RunsCRC)
 	if err != nil {
 		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err // a run list that fails its checksum cannot be trusted to delimit the payload
@@ -333,7 +339,9 @@ func (c *rxConn) land(h *Header, room *rxRoom, fill func(*rxRoom, [][]byte, uint
 		return err
 	}
 	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
-		r.fail(room, ReasonChecksum, fmt.Errorf("%w: seq %d", ErrChecksum, h.Seq))
+		err := fmt.Errorf("%w: seq %d", ErrChecksum, h.Seq)
+		r.refuse(RefusedChecksum, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key))
+		r.fail(room, ReasonChecksum, err)
 		return c.result(room.key, ReasonChecksum)
 	}
 	room.mu.Lock()
@@ -484,7 +492,9 @@ func (c *rxConn) done(h *Header) error {
 		return err
 	}
 	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
-		r.fail(room, ReasonChecksum, fmt.Errorf("%w: aux row", ErrChecksum))
+		err := fmt.Errorf("%w: aux row", ErrChecksum)
+		r.refuse(RefusedChecksum, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key))
+		r.fail(room, ReasonChecksum, err)
 		return c.result(room.key, ReasonChecksum)
 	}
 	room.mu.Lock()

@@ -13,8 +13,8 @@ import (
 
 // Refusal is why decode's receiver refused a data frame: the closed set of the reason label
 // of pdlink_data_refused_total (Receiver.Refused). Each refusal is counted and logged
-// (rate limited per reason), so a room that ends on prefill as "receiver rejected the room"
-// or "fenced" has its cause on decode too.
+// (rate limited per reason), so a room that prefill saw rejected or fenced by the receiver
+// has its cause on decode too.
 type Refusal uint8
 
 const (
@@ -29,10 +29,13 @@ const (
 	// RefusedBadFrame: a header, frame type or run list that fails its checks; the
 	// connection cannot be trusted further and breaks, its rooms fail transfer_error.
 	RefusedBadFrame
+	// RefusedChecksum: a chunk's bytes (its payload on tcp, decode's copy on the same
+	// host) did not match the crc32c prefill sent; the room failed checksum.
+	RefusedChecksum
 	numRefusals
 )
 
-var refusalNames = [numRefusals]string{"unknown_room", "invalid", "bad_frame"}
+var refusalNames = [numRefusals]string{"unknown_room", "invalid", "bad_frame", "checksum"}
 
 func (r Refusal) String() string {
 	if r < numRefusals {

@@ -777,7 +777,12 @@ func (j *job) finalize(err error, callDone bool) {
 			return
 		}
 		if err != nil {
-			j.s.log.Warn("room transfer failed", zap.Stringer("room", j.st.Key), zap.String("peer", j.st.Peer), zap.Error(err))
+			fields := []zap.Field{zap.Stringer("room", j.st.Key), zap.String("peer", j.st.Peer),
+				zap.String("reason", string(ReasonOf(err)))}
+			if re := (*ResultError)(nil); errors.As(err, &re) {
+				fields = append(fields, zap.Uint32("result_code", re.Code)) // decode said so
+			}
+			j.s.log.Warn("room transfer failed", append(fields, zap.Error(err))...)
 		}
 		if j.st.Done != nil {
 			j.st.Done(err)

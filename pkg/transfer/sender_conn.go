@@ -963,18 +963,12 @@ func (tc *txConn) readLoop() error {
 	}
 }
 
-// resultError maps a result frame's status to the room's outcome.
+// resultError maps a result frame's status to the room's outcome: nil, or the reason
+// with a ResultError naming the code.
 func resultError(status uint32) error {
-	switch r := reasonFromCode(status); {
-	case status == uint32(codeOK):
+	if status == uint32(codeOK) {
 		return nil
-	case r == ReasonChecksum:
-		return fail(r, fmt.Errorf("%w (reported by receiver)", ErrChecksum))
-	case r == ReasonTransferError:
-		return fail(r, fmt.Errorf("%w (reported by receiver)", ErrConnBroken))
-	case r == ReasonRegionReplaced:
-		return fail(r, fmt.Errorf("%w (reported by receiver)", ErrRegionReplaced))
-	default:
-		return fail(r, ErrRejected)
 	}
+	r := reasonFromCode(status)
+	return fail(r, &ResultError{Code: status, Reason: r})
 }

@@ -109,6 +109,8 @@ func FuzzShmHeaders(f *testing.F) {
 		{Type: FrameShmOffer, Flags: FlagPayloadCRC, Rank: k.Rank, Seq: 1, PayloadLen: uint64(len(payload)),
 			PayloadCRC: crc32.Checksum(payload, castagnoli)},
 		{Type: FrameShmAnswer, Rank: k.Rank, Seq: 1, Status: uint32(ShmIdentity)},
+		{Type: FrameShmAnswer, Rank: k.Rank, Seq: 2, Pages: uint32(ShmCapSlices)},
+		{Type: FrameShmAnswer, Rank: k.Rank, Seq: 3, Pages: ^uint32(0)}, // caps of a later build
 		{Type: FrameCopied, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, Seq: 4},
 		{Type: FrameChunk, Flags: FlagPayloadCRC | FlagShm, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank, NumRuns: 1, Pages: 2},
 		{Type: FrameChunk, Flags: FlagPayloadCRC | FlagShm | FlagSliced, Room: k.Room, Nonce: k.Nonce, Rank: k.Rank,
@@ -132,7 +134,7 @@ func FuzzShmHeaders(f *testing.F) {
 			t.Fatalf("shm flag accepted on %+v", h)
 		case h.Type == FrameCopied && (h.Status != 0 || h.PayloadLen != 0):
 			t.Fatalf("copied frame with status or payload: %+v", h)
-		case h.Type == FrameShmAnswer && h.Status > uint32(maxShmFallback):
+		case h.Type == FrameShmAnswer && h.Status > uint32(maxShmAnswer):
 			t.Fatalf("answer with unknown status: %+v", h)
 		case h.Type == FrameShmOffer && (h.PayloadLen < shmOfferFixed || h.PayloadLen > maxShmOffer):
 			t.Fatalf("offer of %d bytes accepted", h.PayloadLen)

@@ -66,7 +66,7 @@ type rxShm struct {
 	srcs      [][]byte
 	runs      []ShmRun
 	sliceRuns []ShmSliceRun
-	checked   []*shmSource // the sources of the chunk being copied whose file was stat'ed
+	checked   []*shmSource // the sources the chunk being landed copies from, each once: stat'ed before the copy
 	counted   bool         // this connection counts in shmCounters.conns
 }
 
@@ -91,12 +91,13 @@ func (c *rxConn) shmOffer(h *Header) error {
 		return err
 	}
 	if crc32.Checksum(buf, castagnoli) != h.PayloadCRC {
-		r.rejected.Add(1)
-		return fmt.Errorf("%w: payload checksum", ErrBadShmOffer)
+		err := fmt.Errorf("%w: payload checksum", ErrBadShmOffer)
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Uint16("rank", h.Rank.TP))
+		return err
 	}
 	o, err := DecodeShmOffer(buf)
 	if err != nil {
-		r.rejected.Add(1)
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Uint16("rank", h.Rank.TP))
 		return err
 	}
 	if c.shm.byOffer == nil {
@@ -131,7 +132,11 @@ func (c *rxConn) shmOffer(h *Header) error {
 		r.log.Warn("same-host pages refused, tcp for this rank", zap.Stringer("remote", c.raw.RemoteAddr()),
 			zap.Uint16("rank", h.Rank.TP), zap.String("region", o.ID.Path), zap.String("reason", code.String()), zap.Error(err))
 	}
-	return c.reply(&Header{Type: FrameShmAnswer, Rank: h.Rank, Seq: h.Seq, Status: uint32(code)})
+	answer := Header{Type: FrameShmAnswer, Rank: h.Rank, Seq: h.Seq, Status: uint32(code)}
+	if code == ShmAccepted {
+		answer.Pages = r.shmCaps.Load()
+	}
+	return c.reply(&answer)
 }
 
 // closeShm unmaps the connection's prefill mappings once its goroutine ended.
@@ -159,27 +164,22 @@ func (c *rxConn) copied(h *Header) error {
 }
 
 // shmChunk lands a shm chunk: the same claim as a TCP chunk's, then the copy from the
-// proven source mapping, piece by piece under the fence protocol, its crc32c over the
-// destination bytes as they land. Every shm chunk is answered with COPIED.
+// proven source mapping (copyShmChunk). Every shm chunk is answered with COPIED.
 func (c *rxConn) shmChunk(h *Header) error {
 	r := c.r
-	n := int(h.NumRuns) * shmRunSize
-	if cap(c.runBuf) < n {
-		c.runBuf = make([]byte, n)
-	}
-	if err := c.readFull(c.runBuf[:n]); err != nil {
+	b, err := c.readRunList(h, shmRunSize)
+	if err != nil {
 		return err
 	}
-	runs, err := DecodeShmRuns(c.shm.runs, c.runBuf[:n], h.NumRuns, h.RunsCRC)
+	runs, err := DecodeShmRuns(c.shm.runs, b, h.NumRuns, h.RunsCRC)
 	if err != nil {
-		r.rejected.Add(1)
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err
 	}
 	c.shm.runs = runs
 	room := r.lookup(h.Key())
 	if room == nil {
-		r.discardedChunks.Add(1)
-		return c.copied(h)
+		return c.shmDiscard(h)
 	}
 	layout := room.region.Layout()
 	// The claim of a TCP chunk, over the destination runs, for the bytes they will copy.
@@ -192,82 +192,97 @@ func (c *rxConn) shmChunk(h *Header) error {
 			claimed.PayloadLen += uint64(run.Count) * uint64(layout.Buffers[run.Buffer].ItemLen)
 		}
 	}
-	room.mu.Lock()
-	if room.state != live {
-		room.mu.Unlock()
-		r.discardedChunks.Add(1)
-		return c.copied(h)
+	if ok, err := c.shmClaim(h, room, func() error { return room.claim(&claimed, c.runs, layout) }); !ok {
+		return err
 	}
-	switch {
-	case h.Flags&FlagPayloadCRC == 0 && r.cfg.Checksum == ChecksumCRC32C:
-		err = fmt.Errorf("%w: chunk without checksum", ErrRejected)
-	default:
-		err = room.claim(&claimed, c.runs, layout)
-	}
-	room.mu.Unlock()
-	if err != nil {
-		return c.shmRefuse(room, h, ReasonInvalid, err)
-	}
-	c.dsts, c.shm.srcs = c.dsts[:0], c.shm.srcs[:0]
 	for _, run := range runs {
-		src := c.shm.byOffer[run.Offer]
-		if src == nil {
-			clear(c.dsts)
-			return c.shmRefuse(room, h, ReasonInvalid, fmt.Errorf("%w: offer %d", ErrShmSource, run.Offer))
-		}
-		if src.gone != nil {
-			clear(c.dsts)
-			clear(c.shm.srcs)
-			return c.shmRefuse(room, h, goneReason(src.gone), src.gone)
+		src, reason, err := c.shmSource(run.Offer)
+		if err != nil {
+			return c.shmRefuse(room, h, reason, err)
 		}
 		spec := layout.Buffers[run.Buffer] // claim checked the buffer
 		s, err := sourcePages(src.m, run.Buffer, Run{Start: run.SrcStart, Count: run.Count}, spec.ItemLen)
 		if err != nil {
-			clear(c.dsts)
 			return c.shmRefuse(room, h, ReasonInvalid, err)
 		}
 		dst := room.region.Pages(int(run.Buffer), run.Run)
 		if dst == nil { // claimed against a mapping since replaced: the room is fenced
-			clear(c.dsts)
-			r.discardedChunks.Add(1)
-			return c.copied(h)
+			return c.shmDiscard(h)
 		}
 		c.dsts, c.shm.srcs = append(c.dsts, dst), append(c.shm.srcs, s)
 	}
-	// The prefill file must still be the one proven (one stat per source per chunk, not per
-	// run: a chunk of 16 scattered runs spent a fifth of decode's CPU in stat): a file
-	// deleted, replaced or truncated since is never copied from.
-	checked := c.shm.checked[:0]
-	for _, run := range runs {
-		src := c.shm.byOffer[run.Offer]
-		if slices.Contains(checked, src) {
-			continue
-		}
-		checked = append(checked, src)
+	return c.copyShmChunk(h, room, claimed.PayloadLen)
+}
+
+// shmClaim runs claim (the chunk's claim of its room's pages or slices) under the room's
+// lock, as a TCP chunk's: unless the room is no longer live (the chunk is discarded), and
+// refusing a chunk without the checksum decode requires or whose claim fails (the room
+// fails invalid). false: the chunk was answered, with the answer's error.
+func (c *rxConn) shmClaim(h *Header, room *rxRoom, claim func() error) (bool, error) {
+	room.mu.Lock()
+	if room.state != live {
+		room.mu.Unlock()
+		return false, c.shmDiscard(h)
+	}
+	var err error
+	if h.Flags&FlagPayloadCRC == 0 && c.r.cfg.Checksum == ChecksumCRC32C {
+		err = fmt.Errorf("%w: chunk without checksum", ErrRejected)
+	} else {
+		err = claim()
+	}
+	room.mu.Unlock()
+	if err != nil {
+		return false, c.shmRefuse(room, h, ReasonInvalid, err)
+	}
+	c.shmChunkEnded()
+	return true, nil
+}
+
+// shmSource is the proven source of offer for the chunk being landed, added to the
+// sources its copy stats (rxShm.checked, each once); else why the chunk fails: an offer
+// never made or retired by a newer one (invalid), or one whose file a stat found gone
+// (that stat's reason).
+func (c *rxConn) shmSource(offer uint32) (*shmSource, Reason, error) {
+	src := c.shm.byOffer[offer]
+	switch {
+	case src == nil:
+		return nil, ReasonInvalid, fmt.Errorf("%w: offer %d", ErrShmSource, offer)
+	case src.gone != nil:
+		return nil, goneReason(src.gone), src.gone
+	}
+	if !slices.Contains(c.shm.checked, src) {
+		c.shm.checked = append(c.shm.checked, src)
+	}
+	return src, "", nil
+}
+
+// copyShmChunk ends landing a claimed shm chunk whose pieces are in c.shm.srcs and
+// c.dsts, whole pages or head slices alike: each prefill file the chunk copies from is
+// stat'ed once (one stat per source per chunk, not per run: a chunk of 16 scattered runs
+// spent a fifth of decode's CPU in stat), so a file deleted, replaced or truncated since
+// it was proven is never copied from; then the copy, piece by piece under the fence
+// protocol, its crc32c over the destination bytes compared with prefill's. landed is the
+// bytes the chunk lands (the progress and copied counters). Every outcome answers COPIED.
+func (c *rxConn) copyShmChunk(h *Header, room *rxRoom, landed uint64) error {
+	r := c.r
+	for _, src := range c.shm.checked {
 		if r.beforeCheck != nil {
 			r.beforeCheck()
 		}
 		if err := src.m.Check(); err != nil {
-			clear(c.dsts)
-			clear(c.shm.srcs)
 			if isRegionGone(err) {
 				src.close()
 				src.gone = err
 			}
-			clear(checked)
 			return c.shmRefuse(room, h, goneReason(err), err)
 		}
 	}
-	clear(checked)
-	c.shm.checked = checked
 	c.addPending(room)
 	crc, err := c.copyPages(room)
-	clear(c.dsts)
-	clear(c.shm.srcs)
+	c.shmChunkEnded()
 	switch {
 	case err == errFenced:
-		r.discardedChunks.Add(1)
-		return c.copied(h)
+		return c.shmDiscard(h)
 	case errors.Is(err, ErrRegionFault):
 		r.fail(room, ReasonTransferError, err)
 		if err := c.copied(h); err != nil {
@@ -275,17 +290,30 @@ func (c *rxConn) shmChunk(h *Header) error {
 		}
 		return c.result(room.key, ReasonTransferError)
 	case h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC:
-		r.fail(room, ReasonChecksum, fmt.Errorf("%w: seq %d (shm)", ErrChecksum, h.Seq))
-		if err := c.copied(h); err != nil {
-			return err
-		}
-		return c.result(room.key, ReasonChecksum)
+		return c.shmRefuse(room, h, ReasonChecksum, fmt.Errorf("%w: seq %d (shm)", ErrChecksum, h.Seq))
 	}
 	room.mu.Lock()
 	room.verified += int64(h.Pages)
 	room.mu.Unlock()
-	r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.copied.Add(claimed.PayloadLen) })
-	r.events.Progress(room.key, int64(claimed.PayloadLen))
+	r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.copied.Add(landed) })
+	r.events.Progress(room.key, int64(landed))
+	return c.copied(h)
+}
+
+// shmChunkEnded lets go of the landed chunk's pieces and sources (no reference into a
+// mapping outlives its chunk).
+func (c *rxConn) shmChunkEnded() {
+	clear(c.dsts)
+	clear(c.shm.srcs)
+	clear(c.shm.checked)
+	c.dsts, c.shm.srcs, c.shm.checked = c.dsts[:0], c.shm.srcs[:0], c.shm.checked[:0]
+}
+
+// shmDiscard answers a shm chunk that copies nothing (its room unknown, ended, or fenced
+// mid-copy) with COPIED.
+func (c *rxConn) shmDiscard(h *Header) error {
+	c.shmChunkEnded()
+	c.r.discardedChunks.Add(1)
 	return c.copied(h)
 }
 
@@ -314,10 +342,16 @@ func (s *shmSource) close() {
 }
 
 // shmRefuse fails room with reason, answers the chunk COPIED (nothing more of it is read)
-// and the room's RESULT.
+// and the room's RESULT. A chunk that does not match its room (invalid) or whose copy
+// fails its crc32c is a refusal, counted and logged as a TCP chunk's; a prefill file
+// found gone is not the frame's fault.
 func (c *rxConn) shmRefuse(room *rxRoom, h *Header, reason Reason, err error) error {
-	if reason == ReasonInvalid {
-		c.r.rejected.Add(1)
+	c.shmChunkEnded()
+	switch reason {
+	case ReasonInvalid:
+		c.r.refuse(RefusedInvalid, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key), zap.Bool("shm", true))
+	case ReasonChecksum:
+		c.r.refuse(RefusedChecksum, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key), zap.Bool("shm", true))
 	}
 	c.r.fail(room, reason, err)
 	if err := c.copied(h); err != nil {

@@ -24,6 +24,10 @@ type shmOfferState struct {
 	id       RegionID
 	offer    uint32
 	accepted bool
+	caps     ShmCaps // the accepting decode's
+	// saidNoSlices: a sliced stream of the rank was sent by tcp for want of ShmCapSlices,
+	// logged and counted (once per connection, rank and offer).
+	saidNoSlices bool
 }
 
 type shmAckKey struct {
@@ -61,7 +65,8 @@ func shmOfferWait(base time.Duration, size int64) time.Duration {
 // shmSourceFor returns the offer id this connection copies w's pages by, negotiating it
 // first when the stream's source rank has no answer on the connection for its region's
 // current file (a first chunk, or a new generation). false: the pages go as payload (tcp,
-// no pages, or the peer refused). An error is the connection's.
+// no pages, the peer refused, or a stream of head slices and a peer that copies whole
+// pages only). An error is the connection's.
 func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 	s := tc.p.s
 	if s.cfg.Transport == KindTCP || len(w.plans) == 0 {
@@ -75,10 +80,32 @@ func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 	if m == nil {
 		return 0, false, nil
 	}
-	id := m.ID()
-	if st, ok := tc.shm.ranks[src]; ok && st.id == id {
-		return st.offer, st.accepted, nil
+	st, ok := tc.shm.ranks[src]
+	if !ok || st.id != m.ID() {
+		var err error
+		if st, err = tc.offerShm(src, m); err != nil {
+			return 0, false, err
+		}
 	}
+	if st.accepted && w.plans[0].sliced && st.caps&ShmCapSlices == 0 {
+		if !st.saidNoSlices {
+			st.saidNoSlices = true
+			tc.shm.ranks[src] = st
+			s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.fallbacks[ShmNoSlices].Add(1) })
+			s.log.Warn("same-host head slices not copied by the peer, tcp for this rank's sliced streams",
+				zap.String("peer", tc.p.addr), zap.Uint16("rank", src.TP), zap.String("region", st.id.Path),
+				zap.String("reason", ShmNoSlices.String()), zap.String("transport", string(s.cfg.Transport)))
+		}
+		return 0, false, nil
+	}
+	return st.offer, st.accepted, nil
+}
+
+// offerShm sends m's SHM_OFFER for source rank src and waits for its answer, which it
+// records for the rank. An error is the connection's.
+func (tc *txConn) offerShm(src Rank, m *Mapping) (shmOfferState, error) {
+	s := tc.p.s
+	id := m.ID()
 	tc.shm.next++
 	offer := tc.shm.next
 	o := NewShmOffer(m)
@@ -87,7 +114,7 @@ func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 	(&Header{Type: FrameShmOffer, Flags: FlagPayloadCRC, Rank: src, Seq: offer, PayloadLen: uint64(len(payload)),
 		PayloadCRC: crc32.Checksum(payload, castagnoli)}).Encode(hdr[:])
 	if err := tc.write([][]byte{hdr[:], payload}, HeaderSize+int64(len(payload))); err != nil {
-		return 0, false, err
+		return shmOfferState{}, err
 	}
 	wait := shmOfferWait(s.cfg.ShmOfferTimeout, o.Size)
 	t := time.NewTimer(wait)
@@ -99,7 +126,11 @@ func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 				continue // the answer to an offer this writer gave up on
 			}
 			code := ShmFallback(a.Status)
-			tc.shm.ranks[src] = shmOfferState{id: id, offer: offer, accepted: code == ShmAccepted}
+			st := shmOfferState{id: id, offer: offer, accepted: code == ShmAccepted}
+			if st.accepted {
+				st.caps = ShmCaps(a.Pages)
+			}
+			tc.shm.ranks[src] = st
 			if code == ShmAccepted {
 				s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.accepted.Add(1) })
 				if !tc.shm.counted {
@@ -107,20 +138,21 @@ func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 					s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.conns.Add(1) })
 				}
 				s.log.Info("same-host pages accepted", zap.String("peer", tc.p.addr), zap.Uint16("rank", src.TP),
-					zap.String("region", id.Path), zap.Uint64("generation", id.Generation))
-				return offer, true, nil
+					zap.String("region", id.Path), zap.Uint64("generation", id.Generation),
+					zap.Bool("head_slices", st.caps&ShmCapSlices != 0))
+				return st, nil
 			}
 			s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.fallbacks[code].Add(1) })
 			s.log.Warn("same-host pages refused by the peer, tcp for this rank", zap.String("peer", tc.p.addr),
 				zap.Uint16("rank", src.TP), zap.String("region", id.Path), zap.String("reason", code.String()),
 				zap.String("transport", string(s.cfg.Transport)))
-			return 0, false, nil
+			return st, nil
 		case <-t.C:
-			return 0, false, fmt.Errorf("%w: no answer to the shm offer within %v", ErrConnBroken, wait)
+			return shmOfferState{}, fmt.Errorf("%w: no answer to the shm offer within %v", ErrConnBroken, wait)
 		case <-tc.dead:
-			return 0, false, tc.readErr
+			return shmOfferState{}, tc.readErr
 		case <-tc.p.done:
-			return 0, false, tc.p.closeErr
+			return shmOfferState{}, tc.p.closeErr
 		}
 	}
 }

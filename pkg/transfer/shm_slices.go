@@ -2,8 +2,9 @@ package transfer
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
+
+	"go.uber.org/zap"
 )
 
 // Head slices on the same-host path (doc.go, "Same-host pages" and "Head slices"). A sliced
@@ -30,7 +31,7 @@ type ShmSliceRun struct {
 func AppendShmSliceRuns(dst []byte, runs []ShmSliceRun) []byte {
 	le := binary.LittleEndian
 	for _, r := range runs {
-		dst = AppendSliceRuns(dst, []SliceRun{r.SliceRun})
+		dst = appendSliceRun(dst, r.SliceRun)
 		dst = le.AppendUint32(dst, uint32(r.SrcStart))
 		dst = le.AppendUint32(dst, r.Offer)
 	}
@@ -41,27 +42,14 @@ func AppendShmSliceRuns(dst []byte, runs []ShmSliceRun) []byte {
 // after checking them against crc: each entry's slice as DecodeSliceRuns checks it, and a
 // non-negative source start. It appends to dst[:0] and never panics.
 func DecodeShmSliceRuns(dst []ShmSliceRun, b []byte, n uint32, crc uint32) ([]ShmSliceRun, error) {
-	if n == 0 || n > maxRunsPerFrame {
-		return dst[:0], fmt.Errorf("%w: %d runs", ErrFrameTooLarge, n)
-	}
-	if uint64(len(b)) != uint64(n)*shmSliceRunSize {
-		return dst[:0], ErrShortFrame
-	}
-	if RunsChecksum(b) != crc {
-		return dst[:0], ErrRunsChecksum
+	if err := checkRunList(b, n, crc, shmSliceRunSize); err != nil {
+		return dst[:0], err
 	}
 	out := dst[:0]
 	le := binary.LittleEndian
 	for i := 0; i+shmSliceRunSize <= len(b); i += shmSliceRunSize {
 		e := b[i : i+shmSliceRunSize]
-		r := ShmSliceRun{
-			SliceRun: SliceRun{
-				ChunkRun: ChunkRun{Buffer: le.Uint32(e), Run: Run{Start: int32(le.Uint32(e[4:])), Count: int32(le.Uint32(e[8:]))}},
-				SrcHead:  le.Uint32(e[12:]), DstHead: le.Uint32(e[16:]), Heads: le.Uint32(e[20:]),
-				HeadBytes: le.Uint32(e[24:]), RowBytes: le.Uint32(e[28:]),
-			},
-			SrcStart: int32(le.Uint32(e[32:])), Offer: le.Uint32(e[36:]),
-		}
+		r := ShmSliceRun{SliceRun: decodeSliceRun(e), SrcStart: int32(le.Uint32(e[32:])), Offer: le.Uint32(e[36:])}
 		if r.Start < 0 || r.Count <= 0 || r.SrcStart < 0 {
 			return out[:0], fmt.Errorf("%w: buffer %d run {start %d, count %d, src %d}", ErrEmptyRun, r.Buffer, r.Start, r.Count, r.SrcStart)
 		}
@@ -84,30 +72,33 @@ func (tc *txConn) encodeShmSliceRuns(c *chunkPlan, offer uint32) {
 }
 
 // shmSlicedChunk lands a sliced shm chunk: the claim of a TCP sliced chunk (claimSlices),
-// each entry's source pages checked against the proven mapping, the prefill file stat'ed,
-// and only then the copy of every (page, token, slice) from the source rows into the
-// destination rows by copyPages (the fence protocol and touchRegion per piece, as for
-// whole pages), its crc32c over the destination bytes in wire order. Every such chunk is
-// answered with COPIED.
+// each entry's source pages checked against the proven mapping, then copyShmChunk's stat
+// and copy of every (page, token, slice) from the source rows into the destination rows,
+// its crc32c over the destination bytes in wire order. Every such chunk is answered with
+// COPIED.
 func (c *rxConn) shmSlicedChunk(h *Header) error {
 	r := c.r
-	n := int(h.NumRuns) * shmSliceRunSize
-	if cap(c.runBuf) < n {
-		c.runBuf = make([]byte, n)
-	}
-	if err := c.readFull(c.runBuf[:n]); err != nil {
+	if ShmCaps(r.shmCaps.Load())&ShmCapSlices == 0 {
+		// Never advertised (a test answering as the previous build, which refused the
+		// flag pair in DecodeHeader): the same refusal, so a sender that ignores the
+		// answer fails here as it would there.
+		err := fmt.Errorf("%w: sliced shm chunk, head slices not offered by this receiver", ErrBadFrameType)
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err
 	}
-	runs, err := DecodeShmSliceRuns(c.shm.sliceRuns, c.runBuf[:n], h.NumRuns, h.RunsCRC)
+	b, err := c.readRunList(h, shmSliceRunSize)
 	if err != nil {
-		r.rejected.Add(1)
+		return err
+	}
+	runs, err := DecodeShmSliceRuns(c.shm.sliceRuns, b, h.NumRuns, h.RunsCRC)
+	if err != nil {
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err
 	}
 	c.shm.sliceRuns = runs
 	room := r.lookup(h.Key())
 	if room == nil {
-		r.discardedChunks.Add(1)
-		return c.copied(h)
+		return c.shmDiscard(h)
 	}
 	layout := room.region.Layout()
 	// claimSlices checks the bytes a TCP sliced chunk would carry against PayloadLen: here
@@ -126,49 +117,23 @@ func (c *rxConn) shmSlicedChunk(h *Header) error {
 		tokens := layout.Buffers[run.Buffer].ItemLen / int64(run.RowBytes)
 		claimed.PayloadLen += uint64(run.Count) * uint64(run.sliceBytes(tokens))
 	}
-	room.mu.Lock()
-	if room.state != live {
-		room.mu.Unlock()
-		r.discardedChunks.Add(1)
-		return c.copied(h)
-	}
-	switch {
-	case h.Flags&FlagPayloadCRC == 0 && r.cfg.Checksum == ChecksumCRC32C:
-		err = fmt.Errorf("%w: chunk without checksum", ErrRejected)
-	default:
-		err = room.claimSlices(&claimed, c.sliceRuns, layout)
-	}
-	room.mu.Unlock()
-	if err != nil {
-		return c.shmRefuse(room, h, ReasonInvalid, err)
-	}
-	c.dsts, c.shm.srcs = c.dsts[:0], c.shm.srcs[:0]
-	refuse := func(reason Reason, err error) error {
-		clear(c.dsts)
-		clear(c.shm.srcs)
-		return c.shmRefuse(room, h, reason, err)
+	if ok, err := c.shmClaim(h, room, func() error { return room.claimSlices(&claimed, c.sliceRuns, layout) }); !ok {
+		return err
 	}
 	for _, run := range runs {
-		src := c.shm.byOffer[run.Offer]
-		switch {
-		case src == nil:
-			return refuse(ReasonInvalid, fmt.Errorf("%w: offer %d", ErrShmSource, run.Offer))
-		case src.gone != nil:
-			return refuse(goneReason(src.gone), src.gone)
+		src, reason, err := c.shmSource(run.Offer)
+		if err != nil {
+			return c.shmRefuse(room, h, reason, err)
 		}
 		b := &room.bufs[run.Buffer] // claimSlices checked the buffer and the slice
 		cp := b.slices[matchSlice(b.slices, run.SliceRun)]
 		s, err := sourcePages(src.m, run.Buffer, Run{Start: run.SrcStart, Count: run.Count}, int64(cp.SrcItemLen()))
 		if err != nil {
-			return refuse(ReasonInvalid, err)
+			return c.shmRefuse(room, h, ReasonInvalid, err)
 		}
 		dst := room.region.Pages(int(run.Buffer), run.Run)
 		if dst == nil || int64(len(dst)) != int64(run.Count)*int64(cp.DstItemLen()) {
-			// Claimed against a mapping the region no longer serves: the room is fenced.
-			clear(c.dsts)
-			clear(c.shm.srcs)
-			r.discardedChunks.Add(1)
-			return c.copied(h)
+			return c.shmDiscard(h) // claimed against a mapping the region no longer serves: the room is fenced
 		}
 		// Both sides' rows in wire order, page by page, token by token; a side whose
 		// slice is its whole row is one piece per run, so whole pages copy in one go.
@@ -176,45 +141,5 @@ func (c *rxConn) shmSlicedChunk(h *Header) error {
 		c.shm.srcs = sliceRows(c.shm.srcs, s, int64(run.Count), cp.SrcRow, cp.SrcHead*hb, width, cp.PageTokens)
 		c.dsts = sliceRows(c.dsts, dst, int64(run.Count), cp.DstRow, cp.DstHead*hb, width, cp.PageTokens)
 	}
-	// The prefill file must still be the one proven: one stat per offer the chunk names.
-	for i, run := range runs {
-		if i > 0 && run.Offer == runs[i-1].Offer {
-			continue
-		}
-		src := c.shm.byOffer[run.Offer]
-		if err := src.m.Check(); err != nil {
-			if isRegionGone(err) {
-				src.close()
-				src.gone = err
-			}
-			return refuse(goneReason(err), err)
-		}
-	}
-	c.addPending(room)
-	crc, err := c.copyPages(room)
-	clear(c.dsts)
-	clear(c.shm.srcs)
-	switch {
-	case err == errFenced:
-		r.discardedChunks.Add(1)
-		return c.copied(h)
-	case errors.Is(err, ErrRegionFault):
-		r.fail(room, ReasonTransferError, err)
-		if err := c.copied(h); err != nil {
-			return err
-		}
-		return c.result(room.key, ReasonTransferError)
-	case h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC:
-		r.fail(room, ReasonChecksum, fmt.Errorf("%w: seq %d (shm, sliced)", ErrChecksum, h.Seq))
-		if err := c.copied(h); err != nil {
-			return err
-		}
-		return c.result(room.key, ReasonChecksum)
-	}
-	room.mu.Lock()
-	room.verified += int64(h.Pages)
-	room.mu.Unlock()
-	r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.copied.Add(claimed.PayloadLen) })
-	r.events.Progress(room.key, int64(claimed.PayloadLen))
-	return c.copied(h)
+	return c.copyShmChunk(h, room, claimed.PayloadLen)
 }

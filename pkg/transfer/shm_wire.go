@@ -12,7 +12,7 @@ const (
 	// on the connection), the payload a ShmOffer (PayloadCRC always set).
 	FrameShmOffer FrameType = 6
 	// FrameShmAnswer (receiver -> sender): Seq the offer id, Status 0 accepted, else a
-	// ShmFallback code.
+	// ShmFallback code; Pages, when accepted, the ShmCaps of the decode that answers.
 	FrameShmAnswer FrameType = 7
 	// FrameCopied (receiver -> sender): the shm chunk Key/Seq was copied, refused or
 	// discarded; its bytes go back to the sender's budget.
@@ -111,14 +111,35 @@ func DecodeShmOffer(b []byte) (ShmOffer, error) {
 // pdlink_shm_fallback_total reason label.
 type ShmFallback uint32
 
-// Fallback reasons (0 is accepted).
+// Fallback reasons (0 is accepted). Those up to maxShmAnswer travel as a SHM_ANSWER's
+// status; the others are prefill's own.
 const (
-	ShmAccepted    ShmFallback = iota
-	ShmDisabled                // decode runs --data-transport=tcp
-	ShmOpen                    // decode cannot open the path (permissions, another mount namespace)
-	ShmIdentity                // the file decode opened is another file (device or inode) or too small
-	ShmMap                     // mmap failed, or the offer's layout cannot be served
-	maxShmFallback = ShmMap
+	ShmAccepted  ShmFallback = iota
+	ShmDisabled              // decode runs --data-transport=tcp
+	ShmOpen                  // decode cannot open the path (permissions, another mount namespace)
+	ShmIdentity              // the file decode opened is another file (device or inode) or too small
+	ShmMap                   // mmap failed, or the offer's layout cannot be served
+	maxShmAnswer             = ShmMap
+	// ShmNoSlices (prefill only): decode accepted the offer without ShmCapSlices (a build
+	// before head slices went by shared memory), so the rank's sliced streams go by tcp on
+	// the connection while its whole pages still go by shared memory.
+	ShmNoSlices    ShmFallback = maxShmAnswer + 1
+	maxShmFallback             = ShmNoSlices
+)
+
+// ShmCaps is what a decode that accepted an offer copies besides whole pages: a bit set in
+// the SHM_ANSWER's pages field (header bytes 36-39). The build before head slices went by
+// shared memory writes that field zero and never reads it, so each side of a mixed pair
+// reads the other right: an old decode's answer says no slices, and an old prefill ignores
+// the bits. Bits this build does not know are ignored, for the builds after it.
+type ShmCaps uint32
+
+const (
+	// ShmCapSlices: decode copies sliced shm chunks (FlagShm|FlagSliced, ShmSliceRuns).
+	// Without it prefill sends the rank's sliced streams with payload on the connection.
+	ShmCapSlices ShmCaps = 1 << iota
+	// shmCapsBuilt is what this build's decode copies.
+	shmCapsBuilt = ShmCapSlices
 )
 
 // String is the reason label.
@@ -134,12 +155,16 @@ func (f ShmFallback) String() string {
 		return "identity"
 	case ShmMap:
 		return "map"
+	case ShmNoSlices:
+		return "no_slices"
 	}
 	return "unknown"
 }
 
 // AllShmFallbacks is every refusal reason, for metrics that list their labels up front.
-func AllShmFallbacks() []ShmFallback { return []ShmFallback{ShmDisabled, ShmOpen, ShmIdentity, ShmMap} }
+func AllShmFallbacks() []ShmFallback {
+	return []ShmFallback{ShmDisabled, ShmOpen, ShmIdentity, ShmMap, ShmNoSlices}
+}
 
 // ShmRun is one entry of a shm chunk's run list: Count destination pages of Buffer from
 // Start, copied from the source pages from SrcStart of the same buffer of the region the
@@ -167,23 +192,14 @@ func AppendShmRuns(dst []byte, runs []ShmRun) []byte {
 // them against crc: non-negative starts and a positive count. It appends to dst[:0] and
 // never panics.
 func DecodeShmRuns(dst []ShmRun, b []byte, n uint32, crc uint32) ([]ShmRun, error) {
-	if n == 0 || n > maxRunsPerFrame {
-		return dst[:0], fmt.Errorf("%w: %d runs", ErrFrameTooLarge, n)
-	}
-	if uint64(len(b)) != uint64(n)*shmRunSize {
-		return dst[:0], ErrShortFrame
-	}
-	if RunsChecksum(b) != crc {
-		return dst[:0], ErrRunsChecksum
+	if err := checkRunList(b, n, crc, shmRunSize); err != nil {
+		return dst[:0], err
 	}
 	out := dst[:0]
 	le := binary.LittleEndian
 	for i := 0; i+shmRunSize <= len(b); i += shmRunSize {
 		e := b[i : i+shmRunSize]
-		r := ShmRun{
-			ChunkRun: ChunkRun{Buffer: le.Uint32(e), Run: Run{Start: int32(le.Uint32(e[4:])), Count: int32(le.Uint32(e[8:]))}},
-			SrcStart: int32(le.Uint32(e[12:])), Offer: le.Uint32(e[16:]),
-		}
+		r := ShmRun{ChunkRun: decodeChunkRun(e), SrcStart: int32(le.Uint32(e[12:])), Offer: le.Uint32(e[16:])}
 		if r.Start < 0 || r.Count <= 0 || r.SrcStart < 0 {
 			return out[:0], fmt.Errorf("%w: buffer %d run {start %d, count %d, src %d}", ErrEmptyRun, r.Buffer, r.Start, r.Count, r.SrcStart)
 		}

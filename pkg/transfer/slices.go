@@ -298,14 +298,11 @@ func (room *rxRoom) unclaimSlices(runs []SliceRun) {
 // the slice fills whole destination pages).
 func (c *rxConn) slicedChunk(h *Header) error {
 	r := c.r
-	n := int(h.NumRuns) * sliceRunSize
-	if cap(c.runBuf) < n {
-		c.runBuf = make([]byte, n)
-	}
-	if err := c.readFull(c.runBuf[:n]); err != nil {
+	b, err := c.readRunList(h, sliceRunSize)
+	if err != nil {
 		return err
 	}
-	runs, err := DecodeSliceRuns(c.sliceRuns, c.runBuf[:n], h.NumRuns, h.RunsCRC)
+	runs, err := DecodeSliceRuns(c.sliceRuns, b, h.NumRuns, h.RunsCRC)
 	if err != nil {
 		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
 		return err // a run list that fails its checks cannot be trusted to delimit the payload

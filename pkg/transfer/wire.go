@@ -25,7 +25,8 @@ import (
 //	 30    1 from_tp   chunk, done, result: the prefill rank of a sliced stream (Key.From)
 //	 31    1 from_size 0 for a whole-page stream (from_tp then 0 too)
 //	 32    4 runs    chunk: number of entries in the run list
-//	 36    4 pages   chunk: page-buffer pairs in this chunk (sliced: page-slice pairs); done: in the stream
+//	 36    4 pages   chunk: page-buffer pairs in this chunk (sliced: page-slice pairs); done: in the stream;
+//	                 shm answer: the decode's ShmCaps (shm_wire.go)
 //	 40    2 tp_rank chunk, done, result: the rank the frame is about
 //	 42    2 tp_size
 //	 44    8 payload length in bytes (chunk: the pages' bytes; done: the aux row)
@@ -205,7 +206,7 @@ func DecodeHeader(b []byte) (Header, error) {
 			return h, fmt.Errorf("%w: malformed shm offer", ErrBadFrameType)
 		}
 	case FrameShmAnswer, FrameCopied:
-		if h.NumRuns != 0 || h.PayloadLen != 0 || h.Flags != 0 || h.Status > uint32(maxShmFallback) ||
+		if h.NumRuns != 0 || h.PayloadLen != 0 || h.Flags != 0 || h.Status > uint32(maxShmAnswer) ||
 			(h.Type == FrameCopied && h.Status != 0) {
 			return h, fmt.Errorf("%w: malformed shm answer", ErrBadFrameType)
 		}
@@ -244,23 +245,37 @@ func RunsChecksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 // and repeat checks against a region are the receiver's job. It appends to dst[:0] to reuse
 // its storage. It never panics.
 func DecodeRuns(dst []ChunkRun, b []byte, n uint32, crc uint32) ([]ChunkRun, error) {
-	if n == 0 || n > maxRunsPerFrame {
-		return dst[:0], fmt.Errorf("%w: %d runs", ErrFrameTooLarge, n)
-	}
-	if uint64(len(b)) != uint64(n)*runSize {
-		return dst[:0], ErrShortFrame
-	}
-	if RunsChecksum(b) != crc {
-		return dst[:0], ErrRunsChecksum
+	if err := checkRunList(b, n, crc, runSize); err != nil {
+		return dst[:0], err
 	}
 	out := dst[:0]
-	le := binary.LittleEndian
 	for i := 0; i+runSize <= len(b); i += runSize {
-		r := ChunkRun{Buffer: le.Uint32(b[i:]), Run: Run{Start: int32(le.Uint32(b[i+4:])), Count: int32(le.Uint32(b[i+8:]))}}
+		r := decodeChunkRun(b[i:])
 		if r.Start < 0 || r.Count <= 0 {
 			return out[:0], fmt.Errorf("%w: buffer %d run {start %d, count %d}", ErrEmptyRun, r.Buffer, r.Start, r.Count)
 		}
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// checkRunList is every run-list decoder's check of the list as a whole: 1 to
+// maxRunsPerFrame entries of entry bytes each, exactly, matching crc.
+func checkRunList(b []byte, n uint32, crc uint32, entry int) error {
+	if n == 0 || n > maxRunsPerFrame {
+		return fmt.Errorf("%w: %d runs", ErrFrameTooLarge, n)
+	}
+	if uint64(len(b)) != uint64(n)*uint64(entry) {
+		return ErrShortFrame
+	}
+	if RunsChecksum(b) != crc {
+		return ErrRunsChecksum
+	}
+	return nil
+}
+
+// decodeChunkRun reads the {buffer, start, count} every run-list entry starts with.
+func decodeChunkRun(e []byte) ChunkRun {
+	le := binary.LittleEndian
+	return ChunkRun{Buffer: le.Uint32(e), Run: Run{Start: int32(le.Uint32(e[4:])), Count: int32(le.Uint32(e[8:]))}}
 }

@@ -40,18 +40,30 @@ func (r SliceRun) sliceBytes(pageTokens int64) int64 {
 
 // AppendSliceRuns appends the wire form of a sliced chunk's run list to dst.
 func AppendSliceRuns(dst []byte, runs []SliceRun) []byte {
-	le := binary.LittleEndian
 	for _, r := range runs {
-		dst = le.AppendUint32(dst, r.Buffer)
-		dst = le.AppendUint32(dst, uint32(r.Start))
-		dst = le.AppendUint32(dst, uint32(r.Count))
-		dst = le.AppendUint32(dst, r.SrcHead)
-		dst = le.AppendUint32(dst, r.DstHead)
-		dst = le.AppendUint32(dst, r.Heads)
-		dst = le.AppendUint32(dst, r.HeadBytes)
-		dst = le.AppendUint32(dst, r.RowBytes)
+		dst = appendSliceRun(dst, r)
 	}
 	return dst
+}
+
+// appendSliceRun appends one SliceRun's 32 bytes.
+func appendSliceRun(dst []byte, r SliceRun) []byte {
+	le := binary.LittleEndian
+	dst = le.AppendUint32(dst, r.Buffer)
+	dst = le.AppendUint32(dst, uint32(r.Start))
+	dst = le.AppendUint32(dst, uint32(r.Count))
+	dst = le.AppendUint32(dst, r.SrcHead)
+	dst = le.AppendUint32(dst, r.DstHead)
+	dst = le.AppendUint32(dst, r.Heads)
+	dst = le.AppendUint32(dst, r.HeadBytes)
+	return le.AppendUint32(dst, r.RowBytes)
+}
+
+// decodeSliceRun reads one SliceRun's 32 bytes; checkShape checks them.
+func decodeSliceRun(e []byte) SliceRun {
+	le := binary.LittleEndian
+	return SliceRun{ChunkRun: decodeChunkRun(e), SrcHead: le.Uint32(e[12:]), DstHead: le.Uint32(e[16:]),
+		Heads: le.Uint32(e[20:]), HeadBytes: le.Uint32(e[24:]), RowBytes: le.Uint32(e[28:])}
 }
 
 // DecodeSliceRuns parses n sliced run-list entries from b (exactly n*32 bytes) after
@@ -61,24 +73,12 @@ func AppendSliceRuns(dst []byte, runs []SliceRun) []byte {
 // (ErrBadSlice). Whether the slice is one its room expects, and whether RowBytes is the
 // region's row, is the receiver's check. It appends to dst[:0] and never panics.
 func DecodeSliceRuns(dst []SliceRun, b []byte, n uint32, crc uint32) ([]SliceRun, error) {
-	if n == 0 || n > maxRunsPerFrame {
-		return dst[:0], fmt.Errorf("%w: %d runs", ErrFrameTooLarge, n)
-	}
-	if uint64(len(b)) != uint64(n)*sliceRunSize {
-		return dst[:0], ErrShortFrame
-	}
-	if RunsChecksum(b) != crc {
-		return dst[:0], ErrRunsChecksum
+	if err := checkRunList(b, n, crc, sliceRunSize); err != nil {
+		return dst[:0], err
 	}
 	out := dst[:0]
-	le := binary.LittleEndian
 	for i := 0; i+sliceRunSize <= len(b); i += sliceRunSize {
-		e := b[i : i+sliceRunSize]
-		r := SliceRun{
-			ChunkRun: ChunkRun{Buffer: le.Uint32(e), Run: Run{Start: int32(le.Uint32(e[4:])), Count: int32(le.Uint32(e[8:]))}},
-			SrcHead:  le.Uint32(e[12:]), DstHead: le.Uint32(e[16:]), Heads: le.Uint32(e[20:]),
-			HeadBytes: le.Uint32(e[24:]), RowBytes: le.Uint32(e[28:]),
-		}
+		r := decodeSliceRun(b[i:])
 		if r.Start < 0 || r.Count <= 0 {
 			return out[:0], fmt.Errorf("%w: buffer %d run {start %d, count %d}", ErrEmptyRun, r.Buffer, r.Start, r.Count)
 		}
