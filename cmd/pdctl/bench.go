@@ -27,14 +27,22 @@ type benchResult struct {
 	Requests int `json:"requests"`
 	// PrefillTP and DecodeTP are the engines' TP sizes; MLA whether the
 	// layout is MLA (every rank the whole latent).
-	PrefillTP   int     `json:"prefill_tp"`
-	DecodeTP    int     `json:"decode_tp"`
-	MLA         bool    `json:"mla"`
-	Concurrency int     `json:"concurrency"`
-	Buffers     int     `json:"buffers"`
-	PageBytes   int64   `json:"page_bytes"` // one page of one buffer on a decode rank
-	ChunkPages  int     `json:"chunk_pages"`
-	Bytes       int64   `json:"bytes"`
+	PrefillTP   int   `json:"prefill_tp"`
+	DecodeTP    int   `json:"decode_tp"`
+	MLA         bool  `json:"mla"`
+	Concurrency int   `json:"concurrency"`
+	Buffers     int   `json:"buffers"`
+	PageBytes   int64 `json:"page_bytes"` // one page of one buffer on a decode rank
+	ChunkPages  int   `json:"chunk_pages"`
+	Bytes       int64 `json:"bytes"`
+	// SentPages and SentBytes are what the prefill schedulers handed over in
+	// Sends (page positions summed over ranks, and those pages' bytes);
+	// LandedPages the positions that landed on decode (Bytes' pages);
+	// PrefixPages those decode already held, which moved nothing.
+	SentPages   int64   `json:"sent_pages"`
+	SentBytes   int64   `json:"sent_bytes"`
+	LandedPages int64   `json:"landed_pages"`
+	PrefixPages int64   `json:"prefix_pages"`
 	Seconds     float64 `json:"seconds"`
 	GBps        float64 `json:"gb_per_s"`
 	RoomsPerSec float64 `json:"rooms_per_s"`
@@ -109,6 +117,7 @@ func newBenchCommand() *cobra.Command {
 			}
 			fmt.Fprintf(out, "moved %.2f GB in %.2fs: %.2f GB/s, %.1f rooms/s (forward passes at %.0f tokens/s%s)\n",
 				float64(res.Bytes)/1e9, res.Seconds, res.GBps, res.RoomsPerSec, res.PrefillTokensPerS, describeRanks(cfg))
+			fmt.Fprintf(out, "pages: prefill sent %d (%.3f GB), decode wrote %d, decode's prefix %d\n", res.SentPages, float64(res.SentBytes)/1e9, res.LandedPages, res.PrefixPages)
 			printRanks(out, res.Ranks["prefill"], res.Ranks["decode"])
 			fmt.Fprintf(out, "decode Success after the last chunk p50 %.1fms p99 %.1fms, after the first Send p50 %.1fms p99 %.1fms\n",
 				res.P50ms, res.P99ms, res.FirstSendP50ms, res.FirstSendP99ms)
@@ -231,7 +240,8 @@ func runBench(cmd *cobra.Command, binDir, profileDir, transport string, cfg sim.
 	res := &benchResult{
 		Requests: cfg.Requests, PrefillTP: cfg.PrefillTP, DecodeTP: cfg.DecodeTP, MLA: cfg.Layout.MLA, Concurrency: cfg.Concurrency, Buffers: len(tl.Buffers), PageBytes: tl.Buffers[0].ItemLen,
 		ChunkPages: cfg.ChunkPages, PrefillTokensPerS: cfg.PrefillTokensPerS,
-		Bytes: rep.Bytes, Seconds: rep.Elapsed.Seconds(), GBps: rep.GBps(),
+		Bytes: rep.Bytes, SentPages: rep.SentPages, SentBytes: rep.SentBytes, LandedPages: rep.LandedPages, PrefixPages: rep.PrefixPages,
+		Seconds: rep.Elapsed.Seconds(), GBps: rep.GBps(),
 		RoomsPerSec: float64(rep.Requests) / rep.Elapsed.Seconds(),
 		Ranks: map[string][]rankResult{"prefill": rankResults(rep.PrefillRanks, rep.Elapsed),
 			"decode": rankResults(rep.DecodeRanks, rep.Elapsed)},

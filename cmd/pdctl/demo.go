@@ -205,11 +205,25 @@ func printReport(out io.Writer, rep *sim.Report, procs []*proc.Process) {
 	fmt.Fprintf(out, "worst time to terminal: %v\n", rep.WorstTerminal.Round(time.Millisecond))
 	fmt.Fprintf(out, "goodput:      %.2f GB/s (%.2f GB in successful rooms), %.1f rooms/s\n", rep.GBps(), float64(rep.Bytes)/1e9,
 		float64(rep.Outcomes["decode:success"])/rep.Elapsed.Seconds())
+	fmt.Fprintln(out, describePages(rep))
 	printRanks(out, rankResults(rep.PrefillRanks, rep.Elapsed), rankResults(rep.DecodeRanks, rep.Elapsed))
 	fmt.Fprintf(out, "last chunk -> decode Success: p50 %v  p99 %v\n", rep.Percentile(50).Round(time.Microsecond), rep.Percentile(99).Round(time.Microsecond))
 	for _, p := range procs {
 		fmt.Fprintf(out, "%s: inflight now %s; metrics http://%s/metrics\n", p.Name, scrape(p.HTTPAddr, "pdlink_inflight_rooms"), p.HTTPAddr)
 	}
+}
+
+// describePages is the report's line on what each side's engine moved in
+// the successful rooms: the pages (positions, summed over ranks) and bytes
+// prefill's schedulers handed over in Sends beside those that landed on
+// decode, and the prefix positions decode held, which moved nothing.
+func describePages(rep *sim.Report) string {
+	line := fmt.Sprintf("pages:        prefill sent %d (%.3f GB), decode wrote %d (%.3f GB)",
+		rep.SentPages, float64(rep.SentBytes)/1e9, rep.LandedPages, float64(rep.Bytes)/1e9)
+	if rep.PrefixPages > 0 {
+		line += fmt.Sprintf("; %d prefix pages decode held moved nothing", rep.PrefixPages)
+	}
+	return line
 }
 
 func scrape(addr, metric string) string {

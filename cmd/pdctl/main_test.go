@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -74,7 +75,7 @@ func TestSingleDashHelpPrintsTheHelpOfEachCommand(t *testing.T) {
 // `pdctl demo --prefix-fraction 0.5 --layer-wise` checks every room byte
 // for byte: the half of each room's pages decode holds stay untouched (a
 // corrupt room otherwise), every other page arrives through a Send per
-// layer.
+// layer; its report shows prefill sending only the pages decode wrote.
 func TestDemoVerifiesEveryByteWithPrefixSkipAndLayerWise(t *testing.T) {
 	bin, shm := daemons(t), t.TempDir()
 	root := newRootCommand()
@@ -89,6 +90,10 @@ func TestDemoVerifiesEveryByteWithPrefixSkipAndLayerWise(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "verified:     12 rooms byte for byte, 0 corrupt") {
 		t.Fatalf("pdctl demo did not verify every room:\n%s", out.String())
+	}
+	pages := regexp.MustCompile(`pages: +prefill sent (\d+) \(([0-9.]+) GB\), decode wrote (\d+) \(([0-9.]+) GB\); (\d+) prefix pages`).FindStringSubmatch(out.String())
+	if pages == nil || pages[1] != pages[3] || pages[2] != pages[4] || pages[1] == "0" || pages[5] == "0" {
+		t.Fatalf("pdctl demo's pages line does not show prefill sending just what decode wrote beside a prefix (got %q):\n%s", pages, out.String())
 	}
 	if !strings.Contains(out.String(), "1 kv heads x 128 x 2 B") {
 		t.Fatalf("pdctl demo did not describe its heads (256-byte rows of bf16 heads of 128):\n%s", out.String())

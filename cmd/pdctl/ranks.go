@@ -42,20 +42,22 @@ func describeRanks(cfg sim.Config) string {
 }
 
 // rankResult is one rank's share of a run in `pdctl bench --json`: the
-// successful rooms it moved bytes for, and those bytes (sent by a prefill
-// rank, landed on a decode rank).
+// successful rooms it moved bytes for, those bytes (sent by a prefill
+// rank, landed on a decode rank), and the page positions (its scheduler
+// handed over in Sends, landed).
 type rankResult struct {
 	Rank        int     `json:"rank"`
 	Rooms       int     `json:"rooms"`
 	RoomsPerSec float64 `json:"rooms_per_s"`
 	Bytes       int64   `json:"bytes"`
+	Pages       int64   `json:"pages"`
 	GBps        float64 `json:"gb_per_s"`
 }
 
 func rankResults(ranks []sim.RankReport, elapsed time.Duration) []rankResult {
 	out := make([]rankResult, len(ranks))
 	for i, r := range ranks {
-		out[i] = rankResult{Rank: r.Rank, Rooms: r.Rooms, Bytes: r.Bytes, GBps: r.GBps(elapsed)}
+		out[i] = rankResult{Rank: r.Rank, Rooms: r.Rooms, Bytes: r.Bytes, Pages: r.Pages, GBps: r.GBps(elapsed)}
 		if elapsed > 0 {
 			out[i].RoomsPerSec = float64(r.Rooms) / elapsed.Seconds()
 		}

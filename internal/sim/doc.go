@@ -9,7 +9,10 @@
 // tag (unique even when room ids repeat), the buffer and the page position
 // before they are sent, and decode checks every destination byte (and the
 // aux row) after Success, so a misplaced, short, stale or foreign page is
-// caught. Pages of a room that ended Failed are checked to hold no byte
+// caught. Decode's prefix (Config.PrefixFraction) is told to decoded in
+// SendMetadata; the prefill scheduler learns it as SGLang's does, from its
+// own room's prefix_len once it is WaitingForInput, and stages and sends
+// only the pages after it (Report.SentPages beside LandedPages). Pages of a room that ended Failed are checked to hold no byte
 // written after the failure was visible (R7), and pages of a request whose
 // decode room never opened to hold none at all.
 //

@@ -54,6 +54,8 @@ type sentChunk struct {
 	last  bool
 	rank  *pb.Rank
 	first int32 // the first page index
+	// buffers is how many buffers the Send named (0: all).
+	buffers int
 }
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -61,7 +63,12 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 func (p *recordingPrefill) Send(_ context.Context, in *pb.SendRequest, _ ...grpc.CallOption) (*pb.SendResponse, error) {
 	p.clock.mu.Lock()
 	defer p.clock.mu.Unlock()
-	p.sends = append(p.sends, sentChunk{at: p.clock.now.Sub(epoch), start: in.StartPosition, pages: len(in.Pages.Indices), last: in.Last, rank: in.Rank, first: in.Pages.Indices[0]})
+	first := int32(-1) // a last Send of no pages: decode holds every position
+	if len(in.Pages.Indices) > 0 {
+		first = in.Pages.Indices[0]
+	}
+	p.sends = append(p.sends, sentChunk{at: p.clock.now.Sub(epoch), start: in.StartPosition, pages: len(in.Pages.Indices), last: in.Last, rank: in.Rank,
+		first: first, buffers: len(in.Buffers)})
 	p.clock.now = p.clock.now.Add(p.sendTakes)
 	return &pb.SendResponse{}, nil
 }
@@ -91,9 +98,9 @@ func TestEachChunksSendComesAfterItsForwardPass(t *testing.T) {
 	// 1000 tokens on 16-token pages: 63 pages, chunks of 16, 16, 16, 15
 	// pages holding 256, 256, 256 and 232 tokens.
 	rq := request{room: 1, tokens: 1000, pages: 63}
-	first, last := r.sendChunks(context.Background(), rq, [][]int32{pagesOf(63)}, []int32{0})
-	if first.IsZero() || last.IsZero() {
-		t.Fatalf("sendChunks = %v, %v: want both times", first, last)
+	sent := r.sendChunks(context.Background(), rq, [][]int32{pagesOf(63)}, []int32{0}, 0)
+	if sent.first.IsZero() || sent.last.IsZero() {
+		t.Fatalf("sendChunks = %v, %v: want both times", sent.first, sent.last)
 	}
 	ms := func(x float64) time.Duration { return time.Duration(math.Round(x * float64(time.Millisecond))) }
 	want := []sentChunk{
@@ -116,7 +123,7 @@ func TestEachChunksSendComesAfterItsForwardPass(t *testing.T) {
 // for and every chunk goes at once, back to back, as before the model.
 func TestNoForwardPassModelSendsChunksBackToBack(t *testing.T) {
 	r, pre, clk := pacedRun(0)
-	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, [][]int32{pagesOf(63)}, []int32{0})
+	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, [][]int32{pagesOf(63)}, []int32{0}, 0)
 	if clk.sleeps != 0 || len(pre.sends) != 4 {
 		t.Fatalf("%d forward passes waited for, %d chunks sent; want 0 and 4", clk.sleeps, len(pre.sends))
 	}
@@ -133,7 +140,7 @@ func TestNoForwardPassModelSendsChunksBackToBack(t *testing.T) {
 func TestForwardPassesRunWhileChunksAreHandedOver(t *testing.T) {
 	r, pre, _ := pacedRun(20000)
 	pre.sendTakes = 20 * time.Millisecond // passes take 12.8 ms
-	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, [][]int32{pagesOf(63)}, []int32{0})
+	r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, [][]int32{pagesOf(63)}, []int32{0}, 0)
 	ms := func(x float64) time.Duration { return time.Duration(math.Round(x * float64(time.Millisecond))) }
 	want := []time.Duration{ms(12.8), ms(32.8), ms(52.8), ms(72.8)}
 	if len(pre.sends) != len(want) {
@@ -181,8 +188,8 @@ func TestForwardPassEndsWhenTheRunStops(t *testing.T) {
 	}
 	r, pre, _ := pacedRun(1)
 	r.gpu = g
-	if first, last := r.sendChunks(ctx, request{room: 1, tokens: 100, pages: 7}, [][]int32{pagesOf(7)}, []int32{0}); !first.IsZero() || !last.IsZero() || len(pre.sends) != 0 {
-		t.Errorf("stopped run sent %d chunks (%v, %v), want none", len(pre.sends), first, last)
+	if sent := r.sendChunks(ctx, request{room: 1, tokens: 100, pages: 7}, [][]int32{pagesOf(7)}, []int32{0}, 0); !sent.first.IsZero() || !sent.last.IsZero() || len(pre.sends) != 0 {
+		t.Errorf("stopped run sent %d chunks (%v, %v), want none", len(pre.sends), sent.first, sent.last)
 	}
 }
 
@@ -202,9 +209,9 @@ func TestEachPrefillRankSendsItsOwnPagesOnTheSharedForwardPasses(t *testing.T) {
 	for i := range src[1] {
 		src[1][i] += 100 // rank 1's own pages
 	}
-	first, last := r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, src, []int32{0, 1})
-	if first.IsZero() || last.IsZero() {
-		t.Fatalf("sendChunks = %v, %v: want both times", first, last)
+	sent := r.sendChunks(context.Background(), request{room: 1, tokens: 1000, pages: 63}, src, []int32{0, 1}, 0)
+	if sent.first.IsZero() || sent.last.IsZero() {
+		t.Fatalf("sendChunks = %v, %v: want both times", sent.first, sent.last)
 	}
 	if clk.sleeps != 8 {
 		t.Errorf("%d forward passes waited for, want 4 per rank", clk.sleeps)

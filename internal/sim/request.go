@@ -163,17 +163,6 @@ func (s *run) serve(ctx context.Context, rq request) {
 	}
 
 	prefix := int(float64(rq.pages) * s.cfg.PrefixFraction) // positions decode holds
-	for _, e := range s.pre {
-		if s.cfg.NoVerify {
-			break
-		}
-		for b := range e.tl.Buffers {
-			for pos, p := range h.src[e.rank] {
-				fillPage(e.region.Pages(b, runOf(p)), rankTag(rq.tag, e.rank), b, pos)
-			}
-		}
-		fillPage(e.region.AuxRow(int64(h.srcAux[e.rank])), rankTag(rq.tag, e.rank), auxBuffer, 0)
-	}
 	for _, e := range s.dec {
 		for b := range e.tl.Buffers {
 			for pos, p := range h.dst[e.rank] {
@@ -292,7 +281,7 @@ func (s *run) serve(ctx context.Context, rq request) {
 
 	var ps, ds *pb.RoomStatus
 	sent := false
-	var firstSend, lastChunk time.Time
+	var handed sends
 	var decodeDone time.Time
 	tick := time.NewTicker(s.cfg.Tick)
 	defer tick.Stop()
@@ -309,7 +298,12 @@ func (s *run) serve(ctx context.Context, rq request) {
 		}
 		if !sent && ps.GetState() == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT {
 			sent = true
-			firstSend, lastChunk = s.sendChunks(ctx, rq, h.src, h.srcAux)
+			// Prefill learns decode's prefix from its own room, as SGLang's
+			// prefill does at bootstrap, and stages and sends only what
+			// follows it; the sim's own prefix is decode's knowledge.
+			from := min(int(ps.GetPrefixLen()), rq.pages)
+			s.stage(rq, h, from)
+			handed = s.sendChunks(ctx, rq, h.src, h.srcAux, from)
 		}
 		if terminal(ps.GetState()) && terminal(ds.GetState()) {
 			break
@@ -357,11 +351,11 @@ func (s *run) serve(ctx context.Context, rq request) {
 					r.DecodeRanks[d].Corrupt++
 				}
 			} else {
-				s.count(r, rq.pages-prefix)
+				s.count(r, rq.pages, prefix, handed)
 			}
-			if !lastChunk.IsZero() && decodeDone.After(lastChunk) {
-				r.LastChunkToSuccess = append(r.LastChunkToSuccess, decodeDone.Sub(lastChunk))
-				r.FirstSendToSuccess = append(r.FirstSendToSuccess, decodeDone.Sub(firstSend))
+			if !handed.last.IsZero() && decodeDone.After(handed.last) {
+				r.LastChunkToSuccess = append(r.LastChunkToSuccess, decodeDone.Sub(handed.last))
+				r.FirstSendToSuccess = append(r.FirstSendToSuccess, decodeDone.Sub(handed.first))
 			}
 		})
 	case pb.RoomState_ROOM_STATE_FAILED:
@@ -480,47 +474,103 @@ func (s *run) maybeAbort(ctx context.Context, rq request, stage Stage) {
 	}
 }
 
-// sendChunks hands the room's pages over in chunks, each once its forward
-// pass of chunked prefill finished, every prefill rank its own pages at
-// once (the ranks run the same forward passes in lockstep, each Sends from
-// its own process), and returns when the first Send was issued and when
-// the last Send returned (zero times when some rank did not get that far).
-func (s *run) sendChunks(ctx context.Context, rq request, src [][]int32, srcAux []int32) (first, lastReturned time.Time) {
+// stage writes what the prefill engine computed into the source pages
+// the scheduler will hand over: each rank's pages from position from on
+// (decode holds the rest, so a real engine copies nothing of them out of
+// the GPU) and its aux row.
+func (s *run) stage(rq request, h *held, from int) {
+	if s.cfg.NoVerify {
+		return
+	}
+	for _, e := range s.pre {
+		tag := rankTag(rq.tag, e.rank)
+		for b := range e.tl.Buffers {
+			for pos := from; pos < len(h.src[e.rank]); pos++ {
+				fillPage(e.region.Pages(b, runOf(h.src[e.rank][pos])), tag, b, pos)
+			}
+		}
+		fillPage(e.region.AuxRow(int64(h.srcAux[e.rank])), tag, auxBuffer, 0)
+	}
+}
+
+// sends is what a room's prefill schedulers handed over: when the first
+// Send was issued and the last one returned (zero when some rank did not
+// get that far), and per prefill rank the page positions and the pages of
+// every buffer its Sends named (a position sent layer by layer is one
+// position and an item per buffer).
+type sends struct {
+	first, last  time.Time
+	pages, items []int64 // by prefill rank; each rank's goroutine writes only its own entry
+}
+
+// segment is one Send's share of a chunk: positions [start, end) of the
+// chunk of chunked prefill numbered chunk.
+type segment struct{ chunk, start, end int }
+
+// segments cuts a room of pages positions into its Sends: one per chunk,
+// starting at from (decode's prefix: the chunks it covers send nothing).
+// A room decode holds whole is one last Send of no pages at the end, which
+// carries the aux row once the last chunk was computed.
+func (s *run) segments(pages, from int) []segment {
+	var out []segment
+	for i, pos := 0, 0; pos < pages; i, pos = i+1, pos+s.cfg.ChunkPages {
+		if end := min(pos+s.cfg.ChunkPages, pages); end > from {
+			out = append(out, segment{i, max(pos, from), end})
+		}
+	}
+	if len(out) == 0 {
+		out = []segment{{(pages - 1) / s.cfg.ChunkPages, pages, pages}}
+	}
+	return out
+}
+
+// sendChunks hands the room's pages from position from on over in chunks,
+// each once its forward pass of chunked prefill finished (every chunk is
+// computed: decode's prefix saves the transfer, not the prefill), every
+// prefill rank its own pages at once (the ranks run the same forward
+// passes in lockstep, each Sends from its own process).
+func (s *run) sendChunks(ctx context.Context, rq request, src [][]int32, srcAux []int32, from int) sends {
 	var chunks []int
 	for pos := 0; pos < rq.pages; pos += s.cfg.ChunkPages {
 		chunks = append(chunks, s.chunkTokens(rq, pos, min(pos+s.cfg.ChunkPages, rq.pages)))
 	}
 	computed := s.gpu.book(chunks)
-	if len(src) == 1 {
-		return s.sendRank(ctx, rq, 0, 1, chunks, computed, src[0], srcAux[0])
-	}
+	segs := s.segments(rq.pages, from)
+	out := sends{pages: make([]int64, len(src)), items: make([]int64, len(src))}
 	firsts, lasts := make([]time.Time, len(src)), make([]time.Time, len(src))
-	var wg sync.WaitGroup
-	for rank := range src {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			firsts[rank], lasts[rank] = s.sendRank(ctx, rq, rank, len(src), chunks, computed, src[rank], srcAux[rank])
-		}()
+	if len(src) == 1 {
+		firsts[0], lasts[0] = s.sendRank(ctx, rq, 0, 1, chunks, computed, segs, src[0], srcAux[0], &out)
+	} else {
+		var wg sync.WaitGroup
+		for rank := range src {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				firsts[rank], lasts[rank] = s.sendRank(ctx, rq, rank, len(src), chunks, computed, segs, src[rank], srcAux[rank], &out)
+			}()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	for rank := range src {
 		if firsts[rank].IsZero() || lasts[rank].IsZero() {
-			return time.Time{}, time.Time{}
+			out.first, out.last = time.Time{}, time.Time{}
+			return out
 		}
-		if first.IsZero() || firsts[rank].Before(first) {
-			first = firsts[rank]
+		if out.first.IsZero() || firsts[rank].Before(out.first) {
+			out.first = firsts[rank]
 		}
-		if lasts[rank].After(lastReturned) {
-			lastReturned = lasts[rank]
+		if lasts[rank].After(out.last) {
+			out.last = lasts[rank]
 		}
 	}
-	return first, lastReturned
+	return out
 }
 
-// sendRank is one prefill rank's scheduler sending its pages (src) chunk
-// by chunk, each once computed. Rank 0 alone plays the request's abort.
-func (s *run) sendRank(ctx context.Context, rq request, rank, size int, chunks []int, computed []time.Time, src []int32, auxRow int32) (first, lastReturned time.Time) {
+// sendRank is one prefill rank's scheduler sending its pages (src) segment
+// by segment, each once its chunk is computed, and adding what each Send
+// handed over to its rank's entries of handed. Rank 0 alone plays the
+// request's abort.
+func (s *run) sendRank(ctx context.Context, rq request, rank, size int, chunks []int, computed []time.Time, segs []segment, src []int32, auxRow int32, handed *sends) (first, lastReturned time.Time) {
 	groups := s.sendGroups()
 	// ran waits until group g of chunk i is computed: its layers' share of
 	// the chunk's forward pass (the whole pass when one Send is for all).
@@ -542,47 +592,57 @@ func (s *run) sendRank(ctx context.Context, rq request, rank, size int, chunks [
 			s.maybeAbort(ctx, rq, stage)
 		}
 	}
+	buffersOf := func(named []uint32) int64 {
+		if named == nil {
+			return int64(2 * s.cfg.Layout.Layers)
+		}
+		return int64(len(named))
+	}
 	r := rankProto(rank, size)
-	for i, pos := 0, 0; pos < len(src); i, pos = i+1, pos+s.cfg.ChunkPages {
-		end := min(pos+s.cfg.ChunkPages, len(src))
-		last := end == len(src)
-		if !ran(i, 0) {
+	for j, seg := range segs {
+		last := seg.end == len(src)
+		if !ran(seg.chunk, 0) {
 			return time.Time{}, time.Time{}
 		}
 		if first.IsZero() {
 			first = time.Now()
 		}
 		if last && rq.fault == faultStallPrefill {
-			if pos == 0 {
+			if j == 0 && seg.start < seg.end {
 				// Hand over one page so the room is Transferring on
 				// prefill, then never the rest.
 				_ = s.call(ctx, func(ctx context.Context) error {
-					_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, Rank: r, StartPosition: 0,
-						Pages: &pb.PageList{Indices: src[:1]}})
+					_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, Rank: r, StartPosition: uint32(seg.start),
+						Pages: &pb.PageList{Indices: src[seg.start : seg.start+1]}})
 					return err
 				})
 			}
 			return time.Time{}, time.Time{}
 		}
-		if rq.stage == StageMidSend && pos > 0 {
+		if rq.stage == StageMidSend && j > 0 {
 			abort(StageMidSend)
 		}
-		for g, buffers := range groups {
-			if g > 0 && !ran(i, g) || !lag() {
+		for g, named := range groups {
+			if g > 0 && !ran(seg.chunk, g) || !lag() {
 				return time.Time{}, time.Time{}
 			}
+			pages := src[seg.start:seg.end]
 			err := s.call(ctx, func(ctx context.Context) error {
-				_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, Rank: r, StartPosition: uint32(pos), Buffers: buffers,
-					Pages: &pb.PageList{Indices: src[pos:end]}, Last: last && g == len(groups)-1, AuxIndex: uint32(auxRow)})
+				_, err := s.prefill.Send(ctx, &pb.SendRequest{RoomId: rq.room, Rank: r, StartPosition: uint32(seg.start), Buffers: named,
+					Pages: &pb.PageList{Indices: pages}, Last: last && g == len(groups)-1, AuxIndex: uint32(auxRow)})
 				return err
 			})
 			if err != nil {
 				s.refused("Send", rank, err)
 				return time.Time{}, time.Time{}
 			}
+			if g == 0 {
+				handed.pages[rank] += int64(len(pages))
+			}
+			handed.items[rank] += int64(len(pages)) * buffersOf(named)
 		}
 	}
-	if rq.stage == StageMidSend && len(src) <= s.cfg.ChunkPages {
+	if rq.stage == StageMidSend && len(segs) == 1 {
 		abort(StageMidSend)
 	}
 	return first, time.Now()
@@ -713,24 +773,36 @@ func PageLanded(dr rankmap.DecodeRank, buf int, page []byte, source func(from in
 	return covered == len(page) && bytes.Equal(page, want)
 }
 
-// count adds a verified room's bytes to the report: what landed on each
-// decode rank, and what each prefill rank's copies sent.
-func (s *run) count(r *Report, pages int) {
+// count adds a verified room of pages positions, prefix of them decode's
+// already, to the report: what landed on each decode rank, what each
+// prefill rank's copies sent (from the mapping), and what each prefill
+// rank's scheduler handed over in its Sends.
+func (s *run) count(r *Report, pages, prefix int, handed sends) {
+	moved := int64(pages - prefix)
 	fed := map[int]bool{}
 	for _, e := range s.dec {
 		var landed int64
 		for _, c := range s.plan.DecodeRanks[e.rank].Copies {
-			n := int64(pages) * int64(c.Heads*c.HeadBytes*c.PageTokens)
+			n := moved * int64(c.Heads*c.HeadBytes*c.PageTokens)
 			landed += n
 			r.PrefillRanks[c.From].Bytes += n
 			fed[c.From] = true
 		}
 		r.DecodeRanks[e.rank].Rooms++
 		r.DecodeRanks[e.rank].Bytes += landed
+		r.DecodeRanks[e.rank].Pages += moved
 		r.Bytes += landed
+		r.LandedPages += moved
+		r.PrefixPages += int64(prefix)
 	}
 	for from := range fed {
 		r.PrefillRanks[from].Rooms++
+	}
+	for rank := range handed.pages {
+		r.PrefillRanks[rank].Pages += handed.pages[rank]
+		r.SentPages += handed.pages[rank]
+		// Every buffer of a sim region has one page size (UniformLayout).
+		r.SentBytes += handed.items[rank] * s.pre[rank].tl.Buffers[0].ItemLen
 	}
 }
 

@@ -59,8 +59,10 @@ type Config struct {
 	LayerWise bool
 	// PrefixFraction is the fraction of each request's pages decode
 	// already holds (SendMetadataRequest.prefix_len, rounded down): those
-	// pages must stay untouched, and only the others move. Prefill still
-	// sends every page (the daemon skips the prefix).
+	// pages must stay untouched, and only the others move. The prefill
+	// scheduler learns the prefix as SGLang's does, from its room's
+	// RoomStatus.prefix_len once it is WaitingForInput, and stages and
+	// sends only the pages after it.
 	PrefixFraction float64
 	Tick           time.Duration
 	// PinBound is the longest a room may take to reach a terminal state
@@ -163,8 +165,16 @@ type Report struct {
 	// other requests and room id reuse they must all succeed.
 	CleanFailed map[string]int
 	// Bytes is KV bytes moved by rooms that succeeded: what landed on every decode rank.
-	Bytes   int64
-	Elapsed time.Duration
+	Bytes int64
+	// LandedPages is the page positions those bytes filled, summed over the decode ranks;
+	// PrefixPages the positions they already held (prefix_len), which moved nothing.
+	LandedPages, PrefixPages int64
+	// SentPages and SentBytes are what the prefill schedulers handed over in their Sends
+	// for those rooms, summed over the prefill ranks: page positions, and those pages'
+	// bytes in every buffer a Send named (what an engine stages). A scheduler that skips
+	// decode's prefix sends LandedPages at equal TP; one that sends it too, more.
+	SentPages, SentBytes int64
+	Elapsed              time.Duration
 	// PrefillRanks and DecodeRanks are each rank's share of the rooms that succeeded,
 	// indexed by rank.
 	PrefillRanks, DecodeRanks []RankReport
@@ -188,11 +198,12 @@ type Report struct {
 type RankReport struct {
 	Rank int
 	// Rooms counts the successful rooms this rank moved bytes for (a prefill rank that only
-	// answers as a dummy counts none); Bytes is what it sent (prefill) or what landed in
-	// its pages (decode); Corrupt counts rooms whose pages on this decode rank differ from
-	// what the mapping says its sources hold.
+	// answers as a dummy counts none); Bytes is what its copies sent (prefill) or what
+	// landed in its pages (decode); Pages is the page positions its scheduler handed over
+	// in Sends (prefill) or that landed (decode); Corrupt counts rooms whose pages on this
+	// decode rank differ from what the mapping says its sources hold.
 	Rooms, Corrupt int
-	Bytes          int64
+	Bytes, Pages   int64
 }
 
 // GBps is the rank's goodput over the run's elapsed time.
@@ -487,7 +498,7 @@ func (s *Sim) Run(ctx context.Context, w Config) (*Report, error) {
 	cfg := s.cfg
 	cfg.Requests, cfg.MinTokens, cfg.MaxTokens, cfg.Concurrency = w.Requests, w.MinTokens, w.MaxTokens, w.Concurrency
 	cfg.ChunkPages, cfg.Tick, cfg.PinBound, cfg.Seed, cfg.Faults = w.ChunkPages, w.Tick, w.PinBound, w.Seed, w.Faults
-	cfg.PrefillTokensPerS = w.PrefillTokensPerS
+	cfg.PrefillTokensPerS, cfg.LayerWise, cfg.PrefixFraction = w.PrefillTokensPerS, w.LayerWise, w.PrefixFraction
 	cfg.NoVerify = w.NoVerify
 	cfg.NoClear, cfg.Reuse, cfg.ReuseChain, cfg.RelayNonce, cfg.CheckPages = w.NoClear, w.Reuse, w.ReuseChain, w.RelayNonce, w.CheckPages
 	cfg.Progress, cfg.Stop, cfg.SendDelay = w.Progress, w.Stop, w.SendDelay
