@@ -617,10 +617,7 @@ func (d *PrefillData) takeShare(ctx context.Context, req sendOf, region *transfe
 		// wire at once, each later Send's continue it, the last closes it.
 		// Its destination starts after decode's prefix: the k-th page sent
 		// of a buffer goes to its (prefix+k)-th destination position.
-		var bytes int64
-		for _, b := range region.Layout().Buffers {
-			bytes += (r.dstPages - r.prefix) * b.ItemLen
-		}
+		bytes := streamBytes(region.Layout(), r.copies, r.dstPages-r.prefix)
 		rank, dst, srcRank := r.rank.TP, r.dstRank.TP, r.rank
 		err := sender.Open(transfer.Stream{Peer: r.peerAddr, Key: tk, Source: r.rank, Copies: r.copies, Dst: transfer.SamePages(nbuf, runsFrom(r.dst, r.prefix)),
 			Done: func(err error) { d.done(key, srcRank, bytes, err) },
@@ -852,4 +849,20 @@ func (n *PrefillOwner) PeerLayoutsRefused(reason string) uint64 {
 		return 0
 	}
 	return n.data.plans.refusals(reason)
+}
+
+// streamBytes is what a stream lands over pages destination positions: each buffer's
+// whole page, or, for head slices, each copy's heads of every token of the page (a
+// prefill rank's share of a decode page, not the source page it reads them from).
+func streamBytes(l transfer.Layout, copies []rankmap.Copy, pages int64) int64 {
+	var per int64
+	if copies == nil {
+		for _, b := range l.Buffers {
+			per += b.ItemLen
+		}
+	}
+	for _, c := range copies {
+		per += int64(c.PageTokens * c.Heads * c.HeadBytes)
+	}
+	return pages * per
 }
