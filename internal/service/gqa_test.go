@@ -8,7 +8,6 @@ import (
 	"time"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
-	"github.com/pdlink/pdlink/internal/daemon"
 	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
@@ -105,11 +104,7 @@ func TestGQAWithReplicatedHeadsMovesEveryHeadToEveryReplica(t *testing.T) {
 		{2, 4, 2}, {1, 2, 1}, {2, 4, 1}, {4, 8, 2},
 	} {
 		t.Run(fmt.Sprintf("%dheads_%d->%d", s.heads, s.pre, s.dec), func(t *testing.T) {
-			p := startMappedPairWith(t, s.pre, s.dec, s.layout, func(pre, dec *daemon.Config) {
-				// Up to 10 ranks' regions under -race on the shared machine: a
-				// starved 200 ms heartbeat must not read as a lost peer.
-				pre.HeartbeatInterval, dec.HeartbeatInterval = time.Second, time.Second
-			})
+			p := startMappedPairWith(t, s.pre, s.dec, s.layout, nil)
 			src := func(r int) []int32 { return []int32{int32(3 + r), 20, int32(30 + r)} }
 			dst := func(r int) []int32 { return []int32{int32(50 + r), 9, int32(40 - r)} }
 			s.fill(p, src)
