@@ -26,12 +26,7 @@ func TestShmChunkStatsEachPrefillFileOncePerChunk(t *testing.T) {
 	}
 	src, dst := SamePages(2, srcRuns), SamePages(2, dstRuns)
 	k := Key{Room: 1, Nonce: 1}
-	if err := waitDone(t, g.expectSend(t, k, src, dst, nil, -1)); err != nil {
-		t.Fatal(err)
-	}
-	if r := g.ev.wait(t, k); r != "" {
-		t.Fatalf("receiver outcome %q", r)
-	}
+	g.waitComplete(t, k, g.expectSend(t, k, src, dst, nil, -1))
 	for b := range src {
 		for i := range src[b] {
 			if string(g.src.Pages(b, src[b][i])) != string(g.dst.Pages(b, dst[b][i])) {
@@ -140,25 +135,13 @@ func loggedShmRig(t *testing.T, l Layout, sc SenderConfig, rc ReceiverConfig) (*
 func TestShmCopiedFramesGoSeveralPerWriteBudgetExact(t *testing.T) {
 	l := faultLayout() // 8 chunks of 1 MiB
 	g, log := loggedShmRig(t, l, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 1 << 20, MaxInflightBytes: 8 << 20}, ReceiverConfig{})
-	hook, held, release := holdFirst()
-	g.rcv.beforeTouch = hook
-	letGo := releaseOnCleanup(t, release)
-	all := SamePages(2, []Run{{0, 64}})
+	held, letGo := holdFirstCopy(t, g.rcv)
 	k := Key{Room: 1, Nonce: 1}
-	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
-		t.Fatal(err)
-	}
-	done := g.openStream(t, k, all)
-	g.append(t, k, Piece{Src: all, Last: true})
+	all, done := g.sendWholeRoom(t, k)
 	waitClosed(t, held, "first chunk copied")
 	announced := waitAnnounced(t, g, 8)
 	letGo()
-	if err := waitDone(t, done); err != nil {
-		t.Fatal(err)
-	}
-	if r := g.ev.wait(t, k); r != "" {
-		t.Fatalf("receiver outcome %q", r)
-	}
+	g.waitComplete(t, k, done)
 	equalPages(t, g, all, all)
 	g.rcv.Fence(k)
 	waitBudget(t, g, 0)
@@ -225,13 +208,8 @@ func TestShmCopiedQueuedWhenTheConnectionDiesGiveTheBudgetBack(t *testing.T) {
 		}
 	}
 	letGo := releaseOnCleanup(t, release)
-	all := SamePages(2, []Run{{0, 64}})
 	k := Key{Room: 1, Nonce: 1}
-	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
-		t.Fatal(err)
-	}
-	done := g.openStream(t, k, all)
-	g.append(t, k, Piece{Src: all, Last: true})
+	_, done := g.sendWholeRoom(t, k)
 	waitClosed(t, held, "first chunk copied")
 	announced := waitAnnounced(t, g, 8)
 	letGo()

@@ -226,23 +226,14 @@ func TestShmSlicedFenceMidCopyLandsNoLaterByte_R7(t *testing.T) {
 			fenced := make(chan Key, 1)
 			sp := newSlicedPair(t, 2, 4, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: chunk},
 				ReceiverConfig{PieceBytes: piece, CopyWorkers: workers, OnFenced: func(k Key) { fenced <- k }})
-			hook, held, release := holdFirst()
-			sp.rcv.beforeTouch = hook
-			letGo := releaseOnCleanup(t, release)
+			held, letGo := holdFirstCopy(t, sp.rcv)
 			k, done := sp.sendRoom(t, 1)
 			waitClosed(t, held, "first piece of slices copied from the prefill mapping")
 			if sp.rcv.Fence(k) {
 				t.Fatal("fence done while a piece was being copied")
 			}
 			letGo()
-			select {
-			case got := <-fenced:
-				if got != k {
-					t.Fatalf("OnFenced(%v), want %v", got, k)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("no OnFenced within 10s")
-			}
+			waitFenced(t, fenced, k)
 			snapshot := bytes.Clone(sp.dst.Buffer(0))
 			if err := waitDone(t, done); err == nil {
 				t.Fatal("fenced room reported success to the sender")
@@ -419,37 +410,7 @@ func TestShmSlicedChunkLandsOnlyItsHeads(t *testing.T) {
 	if r, ok := ev.get(sk); !ok || r != "" {
 		t.Fatalf("outcome %q (reported %v), want complete", r, ok)
 	}
-	off := 0
-	for _, cp := range fuzzSlices {
-		page := dst.Pages(cp.Buffer, Run{int32(6 + cp.Buffer), 1})
-		n := cp.Heads * cp.HeadBytes
-		for tok := range cp.PageTokens {
-			row := page[tok*cp.DstRow : (tok+1)*cp.DstRow]
-			at := cp.DstHead * cp.HeadBytes
-			if !bytes.Equal(row[at:at+n], payload[off:off+n]) {
-				t.Fatalf("buffer %d token %d: heads not at head %d", cp.Buffer, tok, cp.DstHead)
-			}
-			if !untouched(row[:at]) || !untouched(row[at+n:]) {
-				t.Fatalf("buffer %d token %d: bytes outside the slice written", cp.Buffer, tok)
-			}
-			off += n
-		}
-	}
-}
-
-// slicedReceiverOn is slicedReceiver with the receiver on transport kind.
-func slicedReceiverOn(t *testing.T, kind Kind) (*Receiver, *Region, *events, string, Key) {
-	rcv, dst, ev, addr := rawReceiver(t, UniformLayout(2, 8, 512, 1, 16), ReceiverConfig{Transport: kind})
-	memset(dst.Buffer(0), 0xAA)
-	memset(dst.Buffer(1), 0xAA)
-	if err := rcv.Expect(Expectation{Key: fuzzSlicedKey, Dst: [][]Run{{{6, 1}}, {{7, 1}}}, AuxRow: -1, Copies: fuzzSlices}); err != nil {
-		t.Fatal(err)
-	}
-	whole := Key{Room: 43, Nonce: 1}
-	if err := rcv.Expect(Expectation{Key: whole, Dst: SamePages(2, []Run{{5, 1}}), AuxRow: -1}); err != nil {
-		t.Fatal(err)
-	}
-	return rcv, dst, ev, addr, whole
+	headsLanded(t, dst, payload)
 }
 
 // TestShmSlicedChunkRefusesBadEntriesBeforeAByteLands: a sliced shm chunk naming source

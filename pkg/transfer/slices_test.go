@@ -531,7 +531,12 @@ func TestSlicedMappingsRefusedWhenLayoutsCannotMap(t *testing.T) {
 // read as 4 tokens of 128-byte rows) expecting fuzzSlicedKey's slices, and a whole-page
 // room on page 5 of each buffer.
 func slicedReceiver(t *testing.T) (*Receiver, *Region, *events, string, Key) {
-	rcv, dst, ev, addr := rawReceiver(t, UniformLayout(2, 8, 512, 1, 16), ReceiverConfig{})
+	return slicedReceiverOn(t, ReceiverConfig{}.Transport)
+}
+
+// slicedReceiverOn is slicedReceiver with the receiver on transport kind.
+func slicedReceiverOn(t *testing.T, kind Kind) (*Receiver, *Region, *events, string, Key) {
+	rcv, dst, ev, addr := rawReceiver(t, UniformLayout(2, 8, 512, 1, 16), ReceiverConfig{Transport: kind})
 	memset(dst.Buffer(0), 0xAA)
 	memset(dst.Buffer(1), 0xAA)
 	if err := rcv.Expect(Expectation{Key: fuzzSlicedKey, Dst: [][]Run{{{6, 1}}, {{7, 1}}}, AuxRow: -1, Copies: fuzzSlices}); err != nil {
@@ -564,6 +569,14 @@ func TestSlicedChunkLandsOnlyItsHeads(t *testing.T) {
 	if r, ok := ev.get(sk); !ok || r != "" {
 		t.Fatalf("outcome %q (reported %v), want complete", r, ok)
 	}
+	headsLanded(t, dst, payload)
+}
+
+// headsLanded checks fuzzSlicedKey's pages in dst: in every token row each slice holds its
+// part of payload (the slices' bytes in wire order) at its destination head, and every
+// other byte is untouched.
+func headsLanded(t *testing.T, dst *Region, payload []byte) {
+	t.Helper()
 	off := 0
 	for _, cp := range fuzzSlices {
 		page := dst.Pages(cp.Buffer, Run{int32(6 + cp.Buffer), 1})

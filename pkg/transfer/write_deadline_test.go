@@ -46,14 +46,7 @@ func TestFenceInterruptBetweenArmAndWriteIsNeverUndone(t *testing.T) {
 			}
 			done := g.openStream(t, k, all)
 			g.append(t, k, Piece{Src: all, Last: true})
-			select {
-			case got := <-fenced:
-				if got != k {
-					t.Fatalf("OnFenced(%v), want %v", got, k)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("fence not complete within 10s of its interrupt")
-			}
+			waitFenced(t, fenced, k)
 			if sent := watch.sent.Load() - sentBefore; sent != 0 {
 				t.Fatalf("%d bytes written after the interrupt, want none", sent)
 			}
