@@ -35,32 +35,20 @@ func (sh tpShape) landedBytes(pages int) uint64 {
 // destination byte, and every page byte copied from the prefill mappings (shm refuses to
 // fall back to TCP, and the copied bytes are exactly the bytes that landed).
 func TestPropertySlicedTransferOverShmLandsEachHeadSlice(t *testing.T) {
-	var room uint64
-	rapid.Check(t, func(rt *rapid.T) {
-		sh := drawShape(rt)
-		chunk := int64(rapid.SampledFrom([]int{64, 256, 4096}).Draw(rt, "max_chunk"))
-		g := newTPRig(rt, sh, false, SenderConfig{MaxChunkBytes: chunk, ConnsPerPeer: 1, Transport: KindShm})
-		defer g.close()
-		seed := rapid.Uint64().Draw(rt, "seed")
-		g.fillSources(seed)
-		for range rapid.IntRange(1, 2).Draw(rt, "rooms") {
-			room++
-			g.clearDestinations()
-			rm := g.drawRoom(rt, room)
-			before := g.shmCopied()
-			g.move(rt, rm)
-			g.check(rt, rm, seed)
-			want := sh.landedBytes(len(rm.dst[0]))
-			if rm.dropS >= 0 { // the left-out stream's slices never landed
-				for _, c := range g.m.DecodeRanks[rm.dropD].Copies {
-					if c.From == rm.dropS {
-						want -= uint64(len(rm.dst[0]) * c.PageTokens * c.Heads * c.HeadBytes)
-					}
+	checkSlicedProperty(t, KindShm, func(rt *rapid.T, g *tpRig, sh tpShape, rm tpRoom, seed uint64) {
+		before := g.shmCopied()
+		g.move(rt, rm)
+		g.check(rt, rm, seed)
+		want := sh.landedBytes(len(rm.dst[0]))
+		if rm.dropS >= 0 { // the left-out stream's slices never landed
+			for _, c := range g.m.DecodeRanks[rm.dropD].Copies {
+				if c.From == rm.dropS {
+					want -= uint64(len(rm.dst[0]) * c.PageTokens * c.Heads * c.HeadBytes)
 				}
 			}
-			if got := g.shmCopied() - before; got != want {
-				rt.Fatalf("%v: %d bytes copied by shm, %d landed", sh, got, want)
-			}
+		}
+		if got := g.shmCopied() - before; got != want {
+			rt.Fatalf("%v: %d bytes copied by shm, %d landed", sh, got, want)
 		}
 	})
 }
@@ -83,8 +71,7 @@ func TestSlicedTransferOverShm(t *testing.T) {
 			defer g.close()
 			g.fillSources(uint64(i) + 1)
 			g.clearDestinations()
-			rm := tpRoom{room: 1, src: [][]int32{{3, 4, 5, 9}, {0, 11, 7, 8}}, dst: [][]int32{{1, 2, 10, 6}, {5, 4, 3, 2}},
-				aux: bytes.Repeat([]byte{7}, tpAuxRow), auxRow: 1, dropS: -1, dropD: -1}
+			rm := fixedTPRoom()
 			g.move(t, rm)
 			g.check(t, rm, uint64(i)+1)
 			if got, want := g.shmCopied(), sh.landedBytes(4); got != want {
