@@ -97,33 +97,11 @@ func (c loggedConn) Write(b []byte) (int, error) {
 func loggedShmRig(t *testing.T, l Layout, sc SenderConfig, rc ReceiverConfig) (*rig, *replyLog) {
 	t.Helper()
 	sc.Transport, rc.Transport, sc.RedialMin = KindShm, KindShm, time.Millisecond
-	g := &rig{src: openTestRegion(t, l), dst: openTestRegion(t, l), ev: newEvents()}
+	log := &replyLog{}
+	g := newRigServing(t, l, l, true, func(ln net.Listener) net.Listener { return loggedListener{ln, log} }, sc, rc)
 	for b := range l.Buffers {
 		fill(g.src.Buffer(b), uint64(b+1))
 	}
-	var err error
-	if g.rcv, err = NewReceiver(g.dst, rc, g.ev); err != nil {
-		t.Fatal(err)
-	}
-	tl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := &replyLog{}
-	g.addr = tl.Addr().String()
-	served := make(chan struct{})
-	go func() { defer close(served); g.rcv.Serve(loggedListener{tl, log}) }()
-	if g.snd, err = NewSender(g.src, sc); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.snd.AddPeer(g.addr, l); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		g.snd.Close()
-		g.rcv.Close()
-		<-served
-	})
 	return g, log
 }
 
