@@ -8,7 +8,6 @@ import (
 	"time"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
-	"github.com/pdlink/pdlink/internal/daemon"
 	"github.com/pdlink/pdlink/pkg/rankmap"
 	"github.com/pdlink/pdlink/pkg/transfer"
 )
@@ -105,47 +104,12 @@ func TestGQAWithReplicatedHeadsMovesEveryHeadToEveryReplica(t *testing.T) {
 		{2, 4, 2}, {1, 2, 1}, {2, 4, 1}, {4, 8, 2},
 	} {
 		t.Run(fmt.Sprintf("%dheads_%d->%d", s.heads, s.pre, s.dec), func(t *testing.T) {
-			p := startMappedPairWith(t, s.pre, s.dec, s.layout, func(pre, dec *daemon.Config) {
-				// Up to 10 ranks' regions under -race on the shared machine: a
-				// starved 200 ms heartbeat must not read as a lost peer.
-				pre.HeartbeatInterval, dec.HeartbeatInterval = time.Second, time.Second
-			})
+			p := startMappedPairWith(t, s.pre, s.dec, s.layout, nil)
 			src := func(r int) []int32 { return []int32{int32(3 + r), 20, int32(30 + r)} }
 			dst := func(r int) []int32 { return []int32{int32(50 + r), 9, int32(40 - r)} }
 			s.fill(p, src)
 			const room = 71
-			for i := range s.pre {
-				if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(i, s.pre)}); err != nil {
-					t.Fatalf("OpenSender rank %d: %v", i, err)
-				}
-			}
-			for i := range s.dec {
-				if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap,
-					ExpectedSenders: uint32(s.pre), Rank: tpRank(i, s.dec)}); err != nil {
-					t.Fatalf("OpenReceiver rank %d: %v", i, err)
-				}
-				if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, Rank: tpRank(i, s.dec),
-					DstPages: &pb.PageList{Indices: dst(i)}, AuxIndex: uint32(7 - i)}); err != nil {
-					t.Fatalf("SendMetadata rank %d: %v", i, err)
-				}
-			}
-			eventually(t, "prefill WaitingForInput", func() bool {
-				ps, _ := pollState(t, p.pair, room)
-				return ps.State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT
-			})
-			for i := range s.pre {
-				if _, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, Rank: tpRank(i, s.pre), Pages: &pb.PageList{Indices: src(i)},
-					Last: true, AuxIndex: uint32(i)}); err != nil {
-					t.Fatalf("Send rank %d: %v", i, err)
-				}
-			}
-			eventually(t, "Success on both sides", func() bool {
-				ps, ds := pollState(t, p.pair, room)
-				if ps.State == pb.RoomState_ROOM_STATE_FAILED || ds.State == pb.RoomState_ROOM_STATE_FAILED {
-					t.Fatalf("room failed: prefill %q, decode %q (peer %q)", ps.Reason, ds.Reason, ds.PeerReason)
-				}
-				return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-			})
+			p.moveRoom(t, room, src, dst)
 			s.check(t, p, dst)
 		})
 	}

@@ -39,14 +39,29 @@ type pair struct {
 	decDone   chan error
 }
 
+// The harness's timings. Heartbeats stay frequent, so what rides on them is as prompt as
+// before, but a peer counts as lost only after harnessPeerSilence: on this 2-core machine
+// at load 10-15 a daemon's goroutines go unscheduled for a second and more (a 600 ms bound
+// lost peers in tests that were only starved), and no test here checks how soon a lost
+// peer is seen (pkg/conn and test/e2e do, on their own timings). Rooms time out after
+// harnessRoomTimeout; a wait for an outcome lasts waitBound, long enough for a room to
+// time out and for its Failed to cross to the other side on a starved machine.
+const (
+	harnessHeartbeat   = 200 * time.Millisecond
+	harnessPeerSilence = 5 * time.Second
+	harnessRoomTimeout = 5 * time.Second
+	waitBound          = 3 * harnessRoomTimeout
+)
+
 func testDaemonConfig(t testing.TB, role daemon.Role) daemon.Config {
 	cfg := daemon.DefaultConfig(role)
 	cfg.GRPCListen = "unix://" + filepath.Join(t.TempDir(), string(role)+".sock")
 	cfg.HTTPListen = "127.0.0.1:0"
-	cfg.BootstrapTimeout = 5 * time.Second
-	cfg.WaitingTimeout = 5 * time.Second
-	cfg.TransferIdleTimeout = 5 * time.Second
-	cfg.HeartbeatInterval = 200 * time.Millisecond
+	cfg.BootstrapTimeout = harnessRoomTimeout
+	cfg.WaitingTimeout = harnessRoomTimeout
+	cfg.TransferIdleTimeout = harnessRoomTimeout
+	cfg.HeartbeatInterval = harnessHeartbeat
+	cfg.HeartbeatMisses = int(harnessPeerSilence / harnessHeartbeat)
 	cfg.DrainTimeout = 3 * time.Second
 	// newRegion and the tests' own regions are made under t.TempDir().
 	cfg.RegionDirs = []string{filepath.Clean(os.TempDir())}
@@ -122,6 +137,7 @@ func startPairLoggingTo(t testing.TB, log *zap.Logger, tweak func(pre, dec *daem
 	p.preAdmin, p.decAdmin = pb.NewAdminServiceClient(pc), pb.NewAdminServiceClient(dc)
 	p.preHTTP, p.decHTTP = "http://"+p.pre.HTTPAddr().String(), "http://"+p.dec.HTTPAddr().String()
 	t.Cleanup(func() { p.stop(t) })
+	trackPair(t, p)
 	return p
 }
 
@@ -137,9 +153,11 @@ func (p *pair) stop(t testing.TB) {
 		select {
 		case err := <-s.done:
 			if err != nil {
+				dumpOnTimeout(t, "daemon stop")
 				t.Errorf("daemon stopped with %v", err)
 			}
 		case <-time.After(20 * time.Second):
+			dumpOnTimeout(t, "daemon stop")
 			t.Error("daemon did not stop within 20s")
 		}
 	}
@@ -175,12 +193,15 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
+// eventually polls cond until it holds, failing the test after waitBound with a dump
+// (dumpOnTimeout) that tells a hang from a starved machine.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(waitBound)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 15s", what)
+			dumpOnTimeout(t, what)
+			t.Fatalf("%s: not within %v", what, waitBound)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -39,48 +39,14 @@ func startMHAPair(t *testing.T, pre, dec int, tweak func(pre, dec *daemon.Config
 	return &mhaPair{tpPair: startMappedPairWith(t, pre, dec, mhaLayout, tweak), pre: pre, dec: dec}
 }
 
-// open opens room on every rank of both sides, as each rank's scheduler
-// does (expected_senders is the prefill TP size).
-func (p *mhaPair) open(t *testing.T, room uint64) {
-	t.Helper()
-	for i := range p.pre {
-		if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(i, p.pre)}); err != nil {
-			t.Fatalf("OpenSender rank %d: %v", i, err)
-		}
-	}
-	for i := range p.dec {
-		if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap,
-			ExpectedSenders: uint32(p.pre), Rank: tpRank(i, p.dec)}); err != nil {
-			t.Fatalf("OpenReceiver rank %d: %v", i, err)
-		}
-	}
-}
+// open opens room on every rank of both sides.
+func (p *mhaPair) open(t *testing.T, room uint64) { p.openEveryRank(t, room) }
 
 // meta is decode rank's SendMetadata for room.
-func (p *mhaPair) meta(t *testing.T, room uint64, rank int) {
-	t.Helper()
-	if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, Rank: tpRank(rank, p.dec),
-		DstPages: &pb.PageList{Indices: mhaDst(rank)}, AuxIndex: uint32(7 - rank)}); err != nil {
-		t.Fatalf("SendMetadata room %d rank %d: %v", room, rank, err)
-	}
-}
+func (p *mhaPair) meta(t *testing.T, room uint64, rank int) { p.metaRank(t, room, rank, mhaDst(rank)) }
 
 // send is prefill rank's one last Send of room.
-func (p *mhaPair) send(t *testing.T, room uint64, rank int) {
-	t.Helper()
-	if _, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, Rank: tpRank(rank, p.pre), Pages: &pb.PageList{Indices: mhaSrc(rank)},
-		Last: true, AuxIndex: uint32(rank)}); err != nil {
-		t.Fatalf("Send room %d rank %d: %v", room, rank, err)
-	}
-}
-
-func (p *mhaPair) waitPrefill(t *testing.T, room uint64, want pb.RoomState) {
-	t.Helper()
-	eventually(t, fmt.Sprintf("room %d %v on prefill", room, want), func() bool {
-		ps, _ := pollState(t, p.pair, room)
-		return ps.State == want
-	})
-}
+func (p *mhaPair) send(t *testing.T, room uint64, rank int) { p.sendRank(t, room, rank, mhaSrc(rank)) }
 
 // checkBytes checks every byte of every decode rank's pages against the
 // model: decode rank d's local head h is global head g = d*8/D+h, which

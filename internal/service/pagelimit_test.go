@@ -31,17 +31,13 @@ func bigPagesRegion(t *testing.T) region {
 	return region{path, l, mem}
 }
 
-// largestListTimings gives a pair moving the largest lists the daemons' own
-// heartbeat and room deadlines past the test's bounds. The 1 MiB METADATA
-// frame is decoded on the control-plane reader, so on a loaded race build
-// the heartbeats behind it wait past the harness's 600 ms lost bound
-// (peer_lost); and prefill sees no progress until the whole stream of
-// MaxPages one-page runs is confirmed, which takes seconds there
-// (timeout:transferring at the harness's 5 s; the list's RPCs come near
-// the 5 s waiting deadline too).
+// largestListTimings gives a pair moving the largest lists room deadlines
+// past the test's bounds: prefill sees no progress until the whole stream of
+// MaxPages one-page runs is confirmed, which takes seconds on a loaded race
+// build (timeout:transferring at the harness's 5 s; the list's RPCs come
+// near the 5 s waiting deadline too).
 func largestListTimings(pre, dec *daemon.Config) {
 	for _, c := range []*daemon.Config{pre, dec} {
-		c.HeartbeatInterval = daemon.DefaultConfig(c.Role).HeartbeatInterval
 		c.BootstrapTimeout, c.WaitingTimeout, c.TransferIdleTimeout = time.Minute, time.Minute, time.Minute
 	}
 }

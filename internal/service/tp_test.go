@@ -101,6 +101,71 @@ func (p *tpPair) openRoom(t *testing.T, room uint64) uint64 {
 	return nonce
 }
 
+// openEveryRank opens room on every rank of both sides, as each rank's
+// scheduler does (expected_senders is the prefill TP size).
+func (p *tpPair) openEveryRank(t *testing.T, room uint64) {
+	t.Helper()
+	for i := range p.pre {
+		if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(i, len(p.pre))}); err != nil {
+			t.Fatalf("OpenSender rank %d: %v", i, err)
+		}
+	}
+	for i := range p.dec {
+		if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap,
+			ExpectedSenders: uint32(len(p.pre)), Rank: tpRank(i, len(p.dec))}); err != nil {
+			t.Fatalf("OpenReceiver rank %d: %v", i, err)
+		}
+	}
+}
+
+// metaRank is decode rank's SendMetadata for room: pages dst, aux row 7-rank.
+func (p *tpPair) metaRank(t *testing.T, room uint64, rank int, dst []int32) {
+	t.Helper()
+	if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, Rank: tpRank(rank, len(p.dec)),
+		DstPages: &pb.PageList{Indices: dst}, AuxIndex: uint32(7 - rank)}); err != nil {
+		t.Fatalf("SendMetadata room %d rank %d: %v", room, rank, err)
+	}
+}
+
+// sendRank is prefill rank's one last Send of room: pages src, aux row rank.
+func (p *tpPair) sendRank(t *testing.T, room uint64, rank int, src []int32) {
+	t.Helper()
+	if _, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, Rank: tpRank(rank, len(p.pre)), Pages: &pb.PageList{Indices: src},
+		Last: true, AuxIndex: uint32(rank)}); err != nil {
+		t.Fatalf("Send room %d rank %d: %v", room, rank, err)
+	}
+}
+
+// moveRoom is one room from open to both sides' Success, every rank taking
+// part (dummies too): decode rank i's metadata names dst(i), prefill rank
+// i sends src(i). A Failed side fails the test at once, with its reasons.
+func (p *tpPair) moveRoom(t *testing.T, room uint64, src, dst func(rank int) []int32) {
+	t.Helper()
+	p.openEveryRank(t, room)
+	for i := range p.dec {
+		p.metaRank(t, room, i, dst(i))
+	}
+	p.waitPrefill(t, room, pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT)
+	for i := range p.pre {
+		p.sendRank(t, room, i, src(i))
+	}
+	eventually(t, "Success on both sides", func() bool {
+		ps, ds := pollState(t, p.pair, room)
+		if ps.State == pb.RoomState_ROOM_STATE_FAILED || ds.State == pb.RoomState_ROOM_STATE_FAILED {
+			t.Fatalf("room failed: prefill %q, decode %q (peer %q)", ps.Reason, ds.Reason, ds.PeerReason)
+		}
+		return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
+	})
+}
+
+func (p *tpPair) waitPrefill(t *testing.T, room uint64, want pb.RoomState) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("room %d %v on prefill", room, want), func() bool {
+		ps, _ := pollState(t, p.pair, room)
+		return ps.State == want
+	})
+}
+
 // TP N -> N: rank i's pages and aux row reach decode rank i and no other,
 // with every byte verified per rank, and the room is Success on both
 // sides only once every rank delivered.
@@ -407,35 +472,7 @@ func TestMLAWithDifferentTPFeedsEachDecodeRankFromOnePrefillRank(t *testing.T) {
 			for i := range tc.pre {
 				p.fillRank(i, src(i), int64(i))
 			}
-			for i := range tc.pre {
-				if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Rank: tpRank(i, tc.pre)}); err != nil {
-					t.Fatalf("OpenSender rank %d: %v", i, err)
-				}
-			}
-			for i := range tc.dec {
-				if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: room, PrefillBootstrapAddr: p.bootstrap,
-					ExpectedSenders: uint32(tc.pre), Rank: tpRank(i, tc.dec)}); err != nil {
-					t.Fatalf("OpenReceiver rank %d: %v", i, err)
-				}
-				if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: room, Rank: tpRank(i, tc.dec),
-					DstPages: &pb.PageList{Indices: dst(i)}, AuxIndex: uint32(7 - i)}); err != nil {
-					t.Fatalf("SendMetadata rank %d: %v", i, err)
-				}
-			}
-			eventually(t, "prefill WaitingForInput", func() bool {
-				ps, _ := pollState(t, p.pair, room)
-				return ps.State == pb.RoomState_ROOM_STATE_WAITING_FOR_INPUT
-			})
-			for i := range tc.pre { // every rank's scheduler sends, dummies too
-				if _, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, Rank: tpRank(i, tc.pre), Pages: &pb.PageList{Indices: src(i)},
-					Last: true, AuxIndex: uint32(i)}); err != nil {
-					t.Fatalf("Send rank %d: %v", i, err)
-				}
-			}
-			eventually(t, "Success on both sides", func() bool {
-				ps, ds := pollState(t, p.pair, room)
-				return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-			})
+			p.moveRoom(t, room, src, dst)
 			for d := range tc.dec {
 				from := m.DecodeRanks[d].From
 				if len(from) != 1 {

@@ -125,6 +125,12 @@ func openTestRegion(t testing.TB, l Layout) *Region {
 
 func newRig(t testing.TB, srcL, dstL Layout, tcp bool, sc SenderConfig, rc ReceiverConfig) *rig {
 	t.Helper()
+	return newRigServing(t, srcL, dstL, tcp, nil, sc, rc)
+}
+
+// newRigServing is newRig with the receiver serving wrap(listener) (nil: the listener).
+func newRigServing(t testing.TB, srcL, dstL Layout, tcp bool, wrap func(net.Listener) net.Listener, sc SenderConfig, rc ReceiverConfig) *rig {
+	t.Helper()
 	g := &rig{src: openTestRegion(t, srcL), dst: openTestRegion(t, dstL), ev: newEvents()}
 	var err error
 	if g.rcv, err = NewReceiver(g.dst, rc, g.ev); err != nil {
@@ -142,6 +148,9 @@ func newRig(t testing.TB, srcL, dstL Layout, tcp bool, sc SenderConfig, rc Recei
 		t.Fatal(err)
 	}
 	g.addr = ln.Addr().String()
+	if wrap != nil {
+		ln = wrap(ln)
+	}
 	served := make(chan struct{})
 	go func() { defer close(served); g.rcv.Serve(ln) }()
 	if g.snd, err = NewSender(g.src, sc); err != nil {

@@ -208,6 +208,9 @@ type Sender struct {
 	shm        shmCounters
 	// beforeTouch, for tests, runs before each checksum pass over source pages and each write.
 	beforeTouch func()
+	// afterArm, for tests, runs after acquireWrite armed a chunk's write, before the write:
+	// where a fence's interrupt may land.
+	afterArm func(Key)
 }
 
 // SenderStats counts the sender's fence interventions.
@@ -664,16 +667,21 @@ func (j *job) acquire() bool {
 
 // acquireWrite is acquire for the connection writer about to write n bytes of the job: it
 // also arms the write deadline under mu, so an interrupt (which sets it to now, under mu)
-// can never be overwritten by the write it interrupts.
+// can never be overwritten by the write it interrupts. That holds only if the write is
+// the deadline's last arming: the caller writes with writeArmed, never with write.
 func (j *job) acquireWrite(tc *txConn, n int64) bool {
 	j.mu.Lock()
-	defer j.mu.Unlock()
 	if j.stopped {
+		j.mu.Unlock()
 		return false
 	}
 	j.readers++
 	j.tc = tc
 	tc.armWrite(n)
+	j.mu.Unlock()
+	if h := j.s.afterArm; h != nil {
+		h(j.st.Key)
+	}
 	return true
 }
 

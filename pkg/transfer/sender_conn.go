@@ -533,7 +533,9 @@ func (tc *txConn) ping() error {
 	return tc.write([][]byte{h[:]}, HeaderSize)
 }
 
-// write writes n bytes under a deadline scaled by their size.
+// write writes n bytes under a deadline scaled by their size. A chunk's write is armed by
+// acquireWrite instead and goes through writeArmed: arming it again here, outside the job's
+// lock, could undo a fence's interrupt.
 func (tc *txConn) write(iov [][]byte, n int64) error {
 	tc.armWrite(n)
 	return tc.writeArmed(nil, iov)

@@ -26,12 +26,7 @@ func TestShmChunkStatsEachPrefillFileOncePerChunk(t *testing.T) {
 	}
 	src, dst := SamePages(2, srcRuns), SamePages(2, dstRuns)
 	k := Key{Room: 1, Nonce: 1}
-	if err := waitDone(t, g.expectSend(t, k, src, dst, nil, -1)); err != nil {
-		t.Fatal(err)
-	}
-	if r := g.ev.wait(t, k); r != "" {
-		t.Fatalf("receiver outcome %q", r)
-	}
+	g.waitComplete(t, k, g.expectSend(t, k, src, dst, nil, -1))
 	for b := range src {
 		for i := range src[b] {
 			if string(g.src.Pages(b, src[b][i])) != string(g.dst.Pages(b, dst[b][i])) {
@@ -102,33 +97,11 @@ func (c loggedConn) Write(b []byte) (int, error) {
 func loggedShmRig(t *testing.T, l Layout, sc SenderConfig, rc ReceiverConfig) (*rig, *replyLog) {
 	t.Helper()
 	sc.Transport, rc.Transport, sc.RedialMin = KindShm, KindShm, time.Millisecond
-	g := &rig{src: openTestRegion(t, l), dst: openTestRegion(t, l), ev: newEvents()}
+	log := &replyLog{}
+	g := newRigServing(t, l, l, true, func(ln net.Listener) net.Listener { return loggedListener{ln, log} }, sc, rc)
 	for b := range l.Buffers {
 		fill(g.src.Buffer(b), uint64(b+1))
 	}
-	var err error
-	if g.rcv, err = NewReceiver(g.dst, rc, g.ev); err != nil {
-		t.Fatal(err)
-	}
-	tl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := &replyLog{}
-	g.addr = tl.Addr().String()
-	served := make(chan struct{})
-	go func() { defer close(served); g.rcv.Serve(loggedListener{tl, log}) }()
-	if g.snd, err = NewSender(g.src, sc); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.snd.AddPeer(g.addr, l); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		g.snd.Close()
-		g.rcv.Close()
-		<-served
-	})
 	return g, log
 }
 
@@ -140,25 +113,13 @@ func loggedShmRig(t *testing.T, l Layout, sc SenderConfig, rc ReceiverConfig) (*
 func TestShmCopiedFramesGoSeveralPerWriteBudgetExact(t *testing.T) {
 	l := faultLayout() // 8 chunks of 1 MiB
 	g, log := loggedShmRig(t, l, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 1 << 20, MaxInflightBytes: 8 << 20}, ReceiverConfig{})
-	hook, held, release := holdFirst()
-	g.rcv.beforeTouch = hook
-	letGo := releaseOnCleanup(t, release)
-	all := SamePages(2, []Run{{0, 64}})
+	held, letGo := holdFirstCopy(t, g.rcv)
 	k := Key{Room: 1, Nonce: 1}
-	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
-		t.Fatal(err)
-	}
-	done := g.openStream(t, k, all)
-	g.append(t, k, Piece{Src: all, Last: true})
+	all, done := g.sendWholeRoom(t, k)
 	waitClosed(t, held, "first chunk copied")
 	announced := waitAnnounced(t, g, 8)
 	letGo()
-	if err := waitDone(t, done); err != nil {
-		t.Fatal(err)
-	}
-	if r := g.ev.wait(t, k); r != "" {
-		t.Fatalf("receiver outcome %q", r)
-	}
+	g.waitComplete(t, k, done)
 	equalPages(t, g, all, all)
 	g.rcv.Fence(k)
 	waitBudget(t, g, 0)
@@ -225,13 +186,8 @@ func TestShmCopiedQueuedWhenTheConnectionDiesGiveTheBudgetBack(t *testing.T) {
 		}
 	}
 	letGo := releaseOnCleanup(t, release)
-	all := SamePages(2, []Run{{0, 64}})
 	k := Key{Room: 1, Nonce: 1}
-	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
-		t.Fatal(err)
-	}
-	done := g.openStream(t, k, all)
-	g.append(t, k, Piece{Src: all, Last: true})
+	_, done := g.sendWholeRoom(t, k)
 	waitClosed(t, held, "first chunk copied")
 	announced := waitAnnounced(t, g, 8)
 	letGo()

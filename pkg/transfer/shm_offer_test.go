@@ -119,6 +119,22 @@ func TestShmOfferWaitGrowsWithTheFile(t *testing.T) {
 	}
 }
 
+// mapOffer maps o's region as decode's answer does and, with prefault, faults the whole
+// mapping in as the populate worker does.
+func mapOffer(b *testing.B, o ShmOffer, prefault bool) *Mapping {
+	b.Helper()
+	m, code, err := openShmSource(o)
+	if code != ShmAccepted {
+		b.Fatalf("offer refused: %v %v", code, err)
+	}
+	if prefault {
+		if err := populateRange(m, 0, int64(len(m.mem))); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return m
+}
+
 // BenchmarkShmOfferMap is decode's side of an offer of a 512 MiB region whose pages the
 // engine touched, in GB/s of region. answer: open, fstat and the mapping, what the
 // connection goroutine does before it answers (no MAP_POPULATE). prefault: the same plus
@@ -139,15 +155,7 @@ func BenchmarkShmOfferMap(b *testing.B) {
 			b.SetBytes(l.Size())
 			start := time.Now()
 			for i := 0; i < b.N; i++ {
-				m, code, err := openShmSource(o)
-				if code != ShmAccepted {
-					b.Fatalf("offer refused: %v %v", code, err)
-				}
-				if prefault {
-					if err := populateRange(m, 0, int64(len(m.mem))); err != nil {
-						b.Fatal(err)
-					}
-				}
+				m := mapOffer(b, o, prefault)
 				m.Close()
 			}
 			b.ReportMetric(float64(b.N)*float64(l.Size())/1e9/time.Since(start).Seconds(), "GB/s")
@@ -176,15 +184,7 @@ func BenchmarkShmFirstTouchCopy(b *testing.B) {
 			var copying time.Duration
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				m, code, err := openShmSource(o)
-				if code != ShmAccepted {
-					b.Fatalf("offer refused: %v %v", code, err)
-				}
-				if prefault {
-					if err := populateRange(m, 0, int64(len(m.mem))); err != nil {
-						b.Fatal(err)
-					}
-				}
+				m := mapOffer(b, o, prefault)
 				b.StartTimer()
 				start := time.Now()
 				copy(dst.Buffer(0), m.bufs[0])

@@ -197,7 +197,9 @@ func (tc *txConn) writeShmChunk(w *piece, i int, flags uint16, crc uint32, offer
 	j.mu.Lock()
 	j.shmUnacked++
 	j.mu.Unlock()
-	if err := tc.write(iov, n); err != nil { // no region memory: the aux row is a copy
+	// Armed by acquireWrite alone: re-arming here could undo a fence's interrupt. No
+	// region memory is written: the aux row is a copy.
+	if err := tc.writeArmed(nil, iov); err != nil {
 		tc.takeAck(k, true)
 		return pieceAbandoned, err
 	}

@@ -35,32 +35,20 @@ func (sh tpShape) landedBytes(pages int) uint64 {
 // destination byte, and every page byte copied from the prefill mappings (shm refuses to
 // fall back to TCP, and the copied bytes are exactly the bytes that landed).
 func TestPropertySlicedTransferOverShmLandsEachHeadSlice(t *testing.T) {
-	var room uint64
-	rapid.Check(t, func(rt *rapid.T) {
-		sh := drawShape(rt)
-		chunk := int64(rapid.SampledFrom([]int{64, 256, 4096}).Draw(rt, "max_chunk"))
-		g := newTPRig(rt, sh, false, SenderConfig{MaxChunkBytes: chunk, ConnsPerPeer: 1, Transport: KindShm})
-		defer g.close()
-		seed := rapid.Uint64().Draw(rt, "seed")
-		g.fillSources(seed)
-		for range rapid.IntRange(1, 2).Draw(rt, "rooms") {
-			room++
-			g.clearDestinations()
-			rm := g.drawRoom(rt, room)
-			before := g.shmCopied()
-			g.move(rt, rm)
-			g.check(rt, rm, seed)
-			want := sh.landedBytes(len(rm.dst[0]))
-			if rm.dropS >= 0 { // the left-out stream's slices never landed
-				for _, c := range g.m.DecodeRanks[rm.dropD].Copies {
-					if c.From == rm.dropS {
-						want -= uint64(len(rm.dst[0]) * c.PageTokens * c.Heads * c.HeadBytes)
-					}
+	checkSlicedProperty(t, KindShm, func(rt *rapid.T, g *tpRig, sh tpShape, rm tpRoom, seed uint64) {
+		before := g.shmCopied()
+		g.move(rt, rm)
+		g.check(rt, rm, seed)
+		want := sh.landedBytes(len(rm.dst[0]))
+		if rm.dropS >= 0 { // the left-out stream's slices never landed
+			for _, c := range g.m.DecodeRanks[rm.dropD].Copies {
+				if c.From == rm.dropS {
+					want -= uint64(len(rm.dst[0]) * c.PageTokens * c.Heads * c.HeadBytes)
 				}
 			}
-			if got := g.shmCopied() - before; got != want {
-				rt.Fatalf("%v: %d bytes copied by shm, %d landed", sh, got, want)
-			}
+		}
+		if got := g.shmCopied() - before; got != want {
+			rt.Fatalf("%v: %d bytes copied by shm, %d landed", sh, got, want)
 		}
 	})
 }
@@ -83,8 +71,7 @@ func TestSlicedTransferOverShm(t *testing.T) {
 			defer g.close()
 			g.fillSources(uint64(i) + 1)
 			g.clearDestinations()
-			rm := tpRoom{room: 1, src: [][]int32{{3, 4, 5, 9}, {0, 11, 7, 8}}, dst: [][]int32{{1, 2, 10, 6}, {5, 4, 3, 2}},
-				aux: bytes.Repeat([]byte{7}, tpAuxRow), auxRow: 1, dropS: -1, dropD: -1}
+			rm := fixedTPRoom()
 			g.move(t, rm)
 			g.check(t, rm, uint64(i)+1)
 			if got, want := g.shmCopied(), sh.landedBytes(4); got != want {
@@ -226,23 +213,14 @@ func TestShmSlicedFenceMidCopyLandsNoLaterByte_R7(t *testing.T) {
 			fenced := make(chan Key, 1)
 			sp := newSlicedPair(t, 2, 4, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: chunk},
 				ReceiverConfig{PieceBytes: piece, CopyWorkers: workers, OnFenced: func(k Key) { fenced <- k }})
-			hook, held, release := holdFirst()
-			sp.rcv.beforeTouch = hook
-			letGo := releaseOnCleanup(t, release)
+			held, letGo := holdFirstCopy(t, sp.rcv)
 			k, done := sp.sendRoom(t, 1)
 			waitClosed(t, held, "first piece of slices copied from the prefill mapping")
 			if sp.rcv.Fence(k) {
 				t.Fatal("fence done while a piece was being copied")
 			}
 			letGo()
-			select {
-			case got := <-fenced:
-				if got != k {
-					t.Fatalf("OnFenced(%v), want %v", got, k)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("no OnFenced within 10s")
-			}
+			waitFenced(t, fenced, k)
 			snapshot := bytes.Clone(sp.dst.Buffer(0))
 			if err := waitDone(t, done); err == nil {
 				t.Fatal("fenced room reported success to the sender")
@@ -419,37 +397,7 @@ func TestShmSlicedChunkLandsOnlyItsHeads(t *testing.T) {
 	if r, ok := ev.get(sk); !ok || r != "" {
 		t.Fatalf("outcome %q (reported %v), want complete", r, ok)
 	}
-	off := 0
-	for _, cp := range fuzzSlices {
-		page := dst.Pages(cp.Buffer, Run{int32(6 + cp.Buffer), 1})
-		n := cp.Heads * cp.HeadBytes
-		for tok := range cp.PageTokens {
-			row := page[tok*cp.DstRow : (tok+1)*cp.DstRow]
-			at := cp.DstHead * cp.HeadBytes
-			if !bytes.Equal(row[at:at+n], payload[off:off+n]) {
-				t.Fatalf("buffer %d token %d: heads not at head %d", cp.Buffer, tok, cp.DstHead)
-			}
-			if !untouched(row[:at]) || !untouched(row[at+n:]) {
-				t.Fatalf("buffer %d token %d: bytes outside the slice written", cp.Buffer, tok)
-			}
-			off += n
-		}
-	}
-}
-
-// slicedReceiverOn is slicedReceiver with the receiver on transport kind.
-func slicedReceiverOn(t *testing.T, kind Kind) (*Receiver, *Region, *events, string, Key) {
-	rcv, dst, ev, addr := rawReceiver(t, UniformLayout(2, 8, 512, 1, 16), ReceiverConfig{Transport: kind})
-	memset(dst.Buffer(0), 0xAA)
-	memset(dst.Buffer(1), 0xAA)
-	if err := rcv.Expect(Expectation{Key: fuzzSlicedKey, Dst: [][]Run{{{6, 1}}, {{7, 1}}}, AuxRow: -1, Copies: fuzzSlices}); err != nil {
-		t.Fatal(err)
-	}
-	whole := Key{Room: 43, Nonce: 1}
-	if err := rcv.Expect(Expectation{Key: whole, Dst: SamePages(2, []Run{{5, 1}}), AuxRow: -1}); err != nil {
-		t.Fatal(err)
-	}
-	return rcv, dst, ev, addr, whole
+	headsLanded(t, dst, payload)
 }
 
 // TestShmSlicedChunkRefusesBadEntriesBeforeAByteLands: a sliced shm chunk naming source

@@ -164,9 +164,7 @@ func testShmFenceMidCopy(t *testing.T, workers int) {
 	const piece, chunk = 64 << 10, 1 << 20
 	g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: chunk},
 		ReceiverConfig{PieceBytes: piece, CopyWorkers: workers, OnFenced: func(k Key) { fenced <- k }})
-	hook, held, release := holdFirst()
-	g.rcv.beforeTouch = hook
-	letGo := releaseOnCleanup(t, release)
+	held, letGo := holdFirstCopy(t, g.rcv)
 	all := SamePages(2, []Run{{0, 64}})
 	k := Key{Room: 1, Nonce: 1}
 	done := g.expectSend(t, k, all, all, nil, -1)
@@ -175,14 +173,7 @@ func testShmFenceMidCopy(t *testing.T, workers int) {
 		t.Fatal("fence done while a piece was being copied")
 	}
 	letGo()
-	select {
-	case got := <-fenced:
-		if got != k {
-			t.Fatalf("OnFenced(%v), want %v", got, k)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no OnFenced within 10s")
-	}
+	waitFenced(t, fenced, k)
 	snapshot := bytes.Clone(g.dst.Buffer(0))
 	err := waitDone(t, done)
 	if err == nil {
@@ -229,16 +220,9 @@ func TestShmBudgetBoundsAnnouncedNotCopied(t *testing.T) {
 	l := faultLayout()
 	g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 1 << 20, MaxInflightBytes: 2 << 20},
 		ReceiverConfig{})
-	hook, held, release := holdFirst()
-	g.rcv.beforeTouch = hook
-	letGo := releaseOnCleanup(t, release)
-	all := SamePages(2, []Run{{0, 64}}) // 8 chunks
+	held, letGo := holdFirstCopy(t, g.rcv)
 	k := Key{Room: 1, Nonce: 1}
-	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
-		t.Fatal(err)
-	}
-	done := g.openStream(t, k, all)
-	g.append(t, k, Piece{Src: all, Last: true})
+	all, done := g.sendWholeRoom(t, k) // 8 chunks
 	waitClosed(t, held, "first piece copied from the prefill mapping")
 	announced := waitAnnounced(t, g, 2)
 	// The hold lasts; over it, nothing beyond the budget may be announced.
@@ -252,12 +236,7 @@ func TestShmBudgetBoundsAnnouncedNotCopied(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	letGo()
-	if err := waitDone(t, done); err != nil {
-		t.Fatal(err)
-	}
-	if r := g.ev.wait(t, k); r != "" {
-		t.Fatalf("receiver outcome %q", r)
-	}
+	g.waitComplete(t, k, done)
 	equalPages(t, g, all, all)
 	g.rcv.Fence(k)
 	waitBudget(t, g, 0)
@@ -279,9 +258,7 @@ func testShmSourceTruncatedMidCopy(t *testing.T, workers int) {
 	d := &corruptingDialer{at: -1}
 	g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, Dialer: d, Checksum: ChecksumNone},
 		ReceiverConfig{Checksum: ChecksumNone, CopyWorkers: workers})
-	hook, held, release := holdFirst()
-	g.rcv.beforeTouch = hook
-	letGo := releaseOnCleanup(t, release)
+	held, letGo := holdFirstCopy(t, g.rcv)
 	all := SamePages(2, []Run{{0, 64}})
 	k1 := Key{Room: 1, Nonce: 1}
 	done := g.expectSend(t, k1, all, all, nil, -1)
@@ -328,9 +305,7 @@ func testShmSourceTruncatedMidCopy(t *testing.T, workers int) {
 func TestShmReplacedPrefillFileFailsRoomThenNewGenerationServes(t *testing.T) {
 	l := faultLayout()
 	g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: 1 << 20}, ReceiverConfig{PieceBytes: 1 << 20})
-	hook, held, release := holdFirst()
-	g.rcv.beforeTouch = hook
-	letGo := releaseOnCleanup(t, release)
+	held, letGo := holdFirstCopy(t, g.rcv)
 	all := SamePages(2, []Run{{0, 64}})
 	k1 := Key{Room: 1, Nonce: 1}
 	done := g.expectSend(t, k1, all, all, nil, -1)
@@ -390,6 +365,52 @@ func releaseOnCleanup(t *testing.T, release chan struct{}) func() {
 	return letGo
 }
 
+// holdFirstCopy makes rcv's first access to a room's pages (a shm copy) wait, from held,
+// until letGo runs (at the test's end at the latest).
+func holdFirstCopy(t *testing.T, rcv *Receiver) (held <-chan struct{}, letGo func()) {
+	hook, h, release := holdFirst()
+	rcv.beforeTouch = hook
+	return h, releaseOnCleanup(t, release)
+}
+
+// waitFenced waits for the one OnFenced report on fenced and checks that it names k.
+func waitFenced(t *testing.T, fenced <-chan Key, k Key) {
+	t.Helper()
+	select {
+	case got := <-fenced:
+		if got != k {
+			t.Fatalf("OnFenced(%v), want %v", got, k)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no OnFenced within 10s")
+	}
+}
+
+// sendWholeRoom expects room k on every page of both buffers and streams it as one last
+// piece, page i to page i; it returns the pages and the channel of the sender's Done.
+func (g *rig) sendWholeRoom(t *testing.T, k Key) ([][]Run, chan error) {
+	t.Helper()
+	all := SamePages(2, []Run{{0, 64}})
+	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
+		t.Fatal(err)
+	}
+	done := g.openStream(t, k, all)
+	g.append(t, k, Piece{Src: all, Last: true})
+	return all, done
+}
+
+// waitComplete waits for the room's Done on the sender and its outcome on the receiver,
+// both complete.
+func (g *rig) waitComplete(t *testing.T, k Key, done chan error) {
+	t.Helper()
+	if err := waitDone(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if r := g.ev.wait(t, k); r != "" {
+		t.Fatalf("receiver outcome %q", r)
+	}
+}
+
 // TestShmPrefillFenceWaitsForDecodesCopy_I9: on the same-host path decode reads prefill's
 // pages, so prefill's Fence of a room whose chunk decode is copying is not done (the
 // engine may not reuse the pages yet) until that copy ended and COPIED came back; OnFenced
@@ -398,16 +419,9 @@ func TestShmPrefillFenceWaitsForDecodesCopy_I9(t *testing.T) {
 	l := faultLayout()
 	fenced := make(chan Key, 1)
 	g := shmRig(t, l, KindAuto, KindAuto, SenderConfig{ConnsPerPeer: 1, OnFenced: func(k Key) { fenced <- k }}, ReceiverConfig{})
-	hook, held, release := holdFirst()
-	g.rcv.beforeTouch = hook
-	letGo := releaseOnCleanup(t, release)
-	all := SamePages(2, []Run{{0, 64}})
+	held, letGo := holdFirstCopy(t, g.rcv)
 	k := Key{Room: 1, Nonce: 1}
-	if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
-		t.Fatal(err)
-	}
-	done := g.openStream(t, k, all)
-	g.append(t, k, Piece{Src: all, Last: true})
+	_, done := g.sendWholeRoom(t, k)
 	waitClosed(t, held, "decode copying the first chunk from prefill's pages")
 	waitAnnounced(t, g, 8) // every chunk written: prefill itself reads none of the pages now
 	if g.snd.Fence(k) {
@@ -479,12 +493,7 @@ func TestShmCopyWorkersSplitChunksMidRunLandExactBytes(t *testing.T) {
 				ReceiverConfig{PieceBytes: 4096, CopyWorkers: workers})
 			src, dst := SamePages(2, RunsFromPages(srcPages)), SamePages(2, RunsFromPages(dstPages))
 			k := Key{Room: 1, Nonce: 1}
-			if err := waitDone(t, g.expectSend(t, k, src, dst, nil, -1)); err != nil {
-				t.Fatal(err)
-			}
-			if r := g.ev.wait(t, k); r != "" {
-				t.Fatalf("receiver outcome %q", r)
-			}
+			g.waitComplete(t, k, g.expectSend(t, k, src, dst, nil, -1))
 			for b := range 2 {
 				for i := range srcPages {
 					s := g.src.Pages(b, Run{Start: srcPages[i], Count: 1})

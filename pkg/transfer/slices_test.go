@@ -424,22 +424,35 @@ func drawShape(t *rapid.T) tpShape {
 // untouched (0xAA) while its siblings complete; no byte outside the destination pages is
 // written.
 func TestPropertySlicedTransferLandsEachHeadSlice(t *testing.T) {
+	checkSlicedProperty(t, SenderConfig{}.Transport, func(rt *rapid.T, g *tpRig, _ tpShape, rm tpRoom, seed uint64) {
+		g.move(rt, rm)
+		g.check(rt, rm, seed)
+	})
+}
+
+// checkSlicedProperty draws shapes, chunk sizes and one or two rooms per shape, and has
+// each room moved and checked by moveRoom, the senders on transport kind.
+func checkSlicedProperty(t *testing.T, kind Kind, moveRoom func(rt *rapid.T, g *tpRig, sh tpShape, rm tpRoom, seed uint64)) {
 	var room uint64
 	rapid.Check(t, func(rt *rapid.T) {
 		sh := drawShape(rt)
 		chunk := int64(rapid.SampledFrom([]int{64, 256, 4096}).Draw(rt, "max_chunk"))
-		g := newTPRig(rt, sh, false, SenderConfig{MaxChunkBytes: chunk, ConnsPerPeer: 1})
+		g := newTPRig(rt, sh, false, SenderConfig{MaxChunkBytes: chunk, ConnsPerPeer: 1, Transport: kind})
 		defer g.close()
 		seed := rapid.Uint64().Draw(rt, "seed")
 		g.fillSources(seed)
 		for range rapid.IntRange(1, 2).Draw(rt, "rooms") {
 			room++
 			g.clearDestinations()
-			rm := g.drawRoom(rt, room)
-			g.move(rt, rm)
-			g.check(rt, rm, seed)
+			moveRoom(rt, g, sh, g.drawRoom(rt, room), seed)
 		}
 	})
+}
+
+// fixedTPRoom is the tables' room: four scattered pages per rank, an aux row.
+func fixedTPRoom() tpRoom {
+	return tpRoom{room: 1, src: [][]int32{{3, 4, 5, 9}, {0, 11, 7, 8}}, dst: [][]int32{{1, 2, 10, 6}, {5, 4, 3, 2}},
+		aux: bytes.Repeat([]byte{7}, tpAuxRow), auxRow: 1, dropS: -1, dropD: -1}
 }
 
 // TestSlicedTransferOverTCP is the property's mappings of the issue (2 -> 4, 4 -> 2,
@@ -467,8 +480,7 @@ func TestSlicedTransferOverTCP(t *testing.T) {
 			defer g.close()
 			g.fillSources(uint64(i) + 1)
 			g.clearDestinations()
-			rm := tpRoom{room: 1, src: [][]int32{{3, 4, 5, 9}, {0, 11, 7, 8}}, dst: [][]int32{{1, 2, 10, 6}, {5, 4, 3, 2}},
-				aux: bytes.Repeat([]byte{7}, tpAuxRow), auxRow: 1, dropS: -1, dropD: -1}
+			rm := fixedTPRoom()
 			g.move(t, rm)
 			g.check(t, rm, uint64(i)+1)
 		})
@@ -531,7 +543,12 @@ func TestSlicedMappingsRefusedWhenLayoutsCannotMap(t *testing.T) {
 // read as 4 tokens of 128-byte rows) expecting fuzzSlicedKey's slices, and a whole-page
 // room on page 5 of each buffer.
 func slicedReceiver(t *testing.T) (*Receiver, *Region, *events, string, Key) {
-	rcv, dst, ev, addr := rawReceiver(t, UniformLayout(2, 8, 512, 1, 16), ReceiverConfig{})
+	return slicedReceiverOn(t, ReceiverConfig{}.Transport)
+}
+
+// slicedReceiverOn is slicedReceiver with the receiver on transport kind.
+func slicedReceiverOn(t *testing.T, kind Kind) (*Receiver, *Region, *events, string, Key) {
+	rcv, dst, ev, addr := rawReceiver(t, UniformLayout(2, 8, 512, 1, 16), ReceiverConfig{Transport: kind})
 	memset(dst.Buffer(0), 0xAA)
 	memset(dst.Buffer(1), 0xAA)
 	if err := rcv.Expect(Expectation{Key: fuzzSlicedKey, Dst: [][]Run{{{6, 1}}, {{7, 1}}}, AuxRow: -1, Copies: fuzzSlices}); err != nil {
@@ -564,6 +581,14 @@ func TestSlicedChunkLandsOnlyItsHeads(t *testing.T) {
 	if r, ok := ev.get(sk); !ok || r != "" {
 		t.Fatalf("outcome %q (reported %v), want complete", r, ok)
 	}
+	headsLanded(t, dst, payload)
+}
+
+// headsLanded checks fuzzSlicedKey's pages in dst: in every token row each slice holds its
+// part of payload (the slices' bytes in wire order) at its destination head, and every
+// other byte is untouched.
+func headsLanded(t *testing.T, dst *Region, payload []byte) {
+	t.Helper()
 	off := 0
 	for _, cp := range fuzzSlices {
 		page := dst.Pages(cp.Buffer, Run{int32(6 + cp.Buffer), 1})
