@@ -191,7 +191,7 @@ func TestChunkChecksumMismatchIsRefusedChecksum(t *testing.T) {
 }
 
 // offerOn offers src as rank's region under offer id seq on c and wants it accepted.
-func offerOn(t *testing.T, c *rawClient, src *Region, rank Rank, seq uint32) {
+func offerOn(t testing.TB, c *rawClient, src *Region, rank Rank, seq uint32) {
 	t.Helper()
 	payload := AppendShmOffer(nil, NewShmOffer(src.Current()))
 	offer := make([]byte, HeaderSize)

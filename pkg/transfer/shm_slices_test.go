@@ -304,19 +304,7 @@ func shmSlicedClient(t testing.TB, addr string) (*rawClient, *Region) {
 		fill(src.Buffer(b), uint64(b+9))
 	}
 	c := dialRaw(t, addr)
-	payload := AppendShmOffer(nil, NewShmOffer(src.Current()))
-	offer := make([]byte, HeaderSize)
-	(&Header{Type: FrameShmOffer, Flags: FlagPayloadCRC, Rank: fuzzSlicedKey.Rank, Seq: 1, PayloadLen: uint64(len(payload)),
-		PayloadCRC: crc32.Checksum(payload, castagnoli)}).Encode(offer)
-	c.write(append(offer, payload...))
-	var b [HeaderSize]byte
-	c.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(c.c, b[:]); err != nil {
-		t.Fatal(err)
-	}
-	if h, err := DecodeHeader(b[:]); err != nil || h.Type != FrameShmAnswer || h.Status != uint32(ShmAccepted) {
-		t.Fatalf("answer to the offer: %+v, %v; want accepted", h, err)
-	}
+	offerOn(t, c, src, fuzzSlicedKey.Rank, 1)
 	return c, src
 }
 
