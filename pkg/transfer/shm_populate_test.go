@@ -168,13 +168,8 @@ func TestReceiverCloseWaitsForThePrefaultStep(t *testing.T) {
 	m := nextPopulate(t, calls, "the offer")
 	closed := make(chan struct{})
 	go func() { g.rcv.Close(); close(closed) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for g.rcv.ShmStats().ShmConns != 0 { // the connection ended and dropped its mapping
-		if time.Now().After(deadline) {
-			t.Fatal("connection not ended within 10s of Close")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	// The connection ended and dropped its mapping.
+	until(t, 10*time.Second, "connection ended after Close", func() bool { return g.rcv.ShmStats().ShmConns == 0 })
 	select {
 	case <-closed:
 		t.Fatal("Close returned while a pre-fault step ran")
