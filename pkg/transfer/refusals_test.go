@@ -56,24 +56,8 @@ func TestStreamUnderAnotherKeyIsRefusedCountedAndLoggedWithWhatWasExpected(t *te
 	if err := rcv.Expect(Expectation{Key: expected, Dst: dst, AuxRow: 0, Copies: whole}); err != nil {
 		t.Fatal(err)
 	}
-	src := openTestRegion(t, l)
-	snd, err := NewSender(src, SenderConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer snd.Close()
-	if err := snd.AddPeer(addr, l); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := snd.Send(ctx, SendRequest{Peer: addr, Key: sent, Src: dst, Dst: dst, Aux: bytes.Repeat([]byte{1}, 16),
-		Done: func(err error) { done <- err }}); err != nil {
-		t.Fatal(err)
-	}
 	var te *Error
-	if err := <-done; !errors.As(err, &te) || te.Reason != ReasonFenced {
+	if err := sendOnce(t, l, addr, SenderConfig{}, sent, dst, bytes.Repeat([]byte{1}, 16)); !errors.As(err, &te) || te.Reason != ReasonFenced {
 		t.Fatalf("sender's outcome %v, want fenced", err)
 	}
 	if n := rcv.Refused(RefusedUnknownRoom); n != 1 {
@@ -154,4 +138,27 @@ func TestRefusalLogIsRateLimitedPerReason(t *testing.T) {
 			t.Errorf("refusal %d has no name", r)
 		}
 	}
+}
+
+// sendOnce sends pages (source and destination positions alike) and aux as the one and
+// last piece of k from a fresh region of layout l to the receiver at addr, and returns the
+// stream's outcome.
+func sendOnce(t testing.TB, l Layout, addr string, cfg SenderConfig, k Key, pages [][]Run, aux []byte) error {
+	t.Helper()
+	snd, err := NewSender(openTestRegion(t, l), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snd.Close()
+	if err := snd.AddPeer(addr, l); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := snd.Send(ctx, SendRequest{Peer: addr, Key: k, Src: pages, Dst: pages, Aux: aux,
+		Done: func(err error) { done <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	return waitDone(t, done)
 }

@@ -1,11 +1,9 @@
 package transfer
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -45,23 +43,8 @@ func TestRoomTransferFailedLogNamesTheResultCode(t *testing.T) {
 	l := UniformLayout(1, 8, 256, 1, 16)
 	_, _, _, addr := rawReceiver(t, l, ReceiverConfig{})
 	core, logs := observer.New(zapcore.InfoLevel)
-	snd, err := NewSender(openTestRegion(t, l), SenderConfig{Logger: zap.New(core)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer snd.Close()
-	if err := snd.AddPeer(addr, l); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pages := [][]Run{{{2, 1}}}
-	if err := snd.Send(ctx, SendRequest{Peer: addr, Key: Key{Room: 5, Nonce: 9}, Src: pages, Dst: pages,
-		Aux: make([]byte, 16), Done: func(err error) { done <- err }}); err != nil {
-		t.Fatal(err)
-	}
-	if err := waitDone(t, done); ReasonOf(err) != ReasonFenced {
+	err := sendOnce(t, l, addr, SenderConfig{Logger: zap.New(core)}, Key{Room: 5, Nonce: 9}, [][]Run{{{2, 1}}}, make([]byte, 16))
+	if ReasonOf(err) != ReasonFenced {
 		t.Fatalf("outcome %v, want fenced", err)
 	}
 	lines := logs.FilterMessage("room transfer failed").All()
