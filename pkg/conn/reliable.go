@@ -304,7 +304,13 @@ func (o *outbox) pendingOf(ft FrameType) int {
 // roomFrames returns the number of frames about a room (not REGISTER)
 // waiting for an ACK.
 func (o *outbox) roomFrames() int {
-	return o.roomFramesExcept(func(poll.PeerID) bool { return false })
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, c := range o.roomsTo {
+		n += c
+	}
+	return n
 }
 
 // roomFramesExcept returns the number of frames about a room whose peer is
