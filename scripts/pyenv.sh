@@ -37,9 +37,9 @@ for g in "${groups[@]}"; do
 	[[ -f $stamp && $(cat "$stamp") == "$hash" && -x $venv/bin/python ]] && continue
 	[[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv "$venv"
 	# --no-compile: pip would byte-compile every module of every package
-	# (17,000 files with SGLang and torch, 37 s of one core, 4.8 min at the
-	# load of a shared machine); Python compiles the few a run imports as it
-	# imports them, and caches them in the venv as pip would have.
+	# (the sglang group's install took 85-106 s with it, 18-21 s without,
+	# alternating runs at load 10-12); Python compiles the few a run imports
+	# as it imports them, and caches them in the venv as pip would have.
 	install=("$venv/bin/python" -m pip --disable-pip-version-check -q install --no-compile --no-deps)
 	"${install[@]}" -r "python/requirements/$g.txt"
 	if [[ $g == test || $g == sglang ]]; then

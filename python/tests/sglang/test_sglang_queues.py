@@ -38,7 +38,6 @@ Stood in (each named *StandIn below, with what it holds and why):
 from __future__ import annotations
 
 import re
-import socket
 import time
 from array import array
 from collections.abc import Iterator
@@ -47,7 +46,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from sglang_harness import WAIT, free_port, kv_class, require_sglang, sglang_process
+from sglang_harness import WAIT, free_port, kv_class, require_sglang, sglang_process, wait_poll
 
 from pdlink import RoomState
 from pdlink.client import wait_for
@@ -390,9 +389,7 @@ def attn_tp_group() -> Iterator[GroupCoordinator]:
     the CPU group the queues all-reduce their polls over (MIN, so Failed=0
     wins across ranks). Torn down with the module, so no other test file
     finds a default process group it did not make."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
     try:
         yield GroupCoordinator(
@@ -798,7 +795,7 @@ def decode_with_prefix(c: Cluster, flow: Flow, prefix_pages: int):
     receiver = kv_class(KVClassType.RECEIVER)(mgr, f"127.0.0.1:{c.bootstrap_port}", flow.room)
     assert mgr.try_ensure_parallel_info(f"127.0.0.1:{c.bootstrap_port}")
     receiver.init(0)
-    until(lambda: None, lambda: receiver.poll() == KVPoll.WaitingForInput, "decode handshake")
+    wait_poll(receiver, {KVPoll.WaitingForInput}, "decode handshake")
     receiver.send_metadata(
         np.asarray(pages[prefix_pages:], dtype=np.int32),
         row,
@@ -818,7 +815,7 @@ def run_with_decode_prefix(c: Cluster, room: int, npages: int, prefix: int) -> R
     prefill_request(c, req, chunk_tokens=4 * PAGE_SIZE)
     drain_inflight_queue(c, "prefill inflight queue concludes the request")
     assert not isinstance(req.finished_reason, FINISH_ABORT), req.finished_reason
-    until(lambda: None, lambda: receiver.poll() == KVPoll.Success, "decode Success")
+    wait_poll(receiver, {KVPoll.Success}, "decode Success")
     mem = c.decode_mem
     held = prefix * PAGE_SIZE
     positions = torch.arange(flow.prompt_len)

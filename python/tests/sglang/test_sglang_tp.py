@@ -17,7 +17,6 @@ slices between TP sizes, MLA's replicated latent.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -138,8 +137,6 @@ def tp_servers(pair, monkeypatch, request) -> Iterator[TPServers]:
         m.close()
     bootstrap.close()
     override.restore()
-    leaked = [t.name for t in threading.enumerate() if t.name.startswith("pdlink-watch")]
-    assert not leaked, leaked
 
 
 def whole_kv(s: TPServers, room: int, buffer: int, position: int) -> torch.Tensor:
