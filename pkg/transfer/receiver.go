@@ -134,10 +134,10 @@ type Receiver struct {
 	closed bool
 	wg     sync.WaitGroup
 
-	discardedChunks, discardedBytes, rejected, interrupts atomic.Uint64
-	refused                                               [numRefusals]atomic.Uint64 // by Refusal, within rejected
-	refusalLog                                            refusalLimiter
-	shm                                                   shmCounters
+	discardedChunks, discardedBytes, interrupts atomic.Uint64
+	refused                                     [numRefusals]atomic.Uint64 // by Refusal; their sum is ReceiverStats.RejectedFrames
+	refusalLog                                  refusalLimiter
+	shm                                         shmCounters
 	// beforeTouch, for tests, runs before each piece is read into destination pages.
 	beforeTouch func()
 	// pmu guards pop, the pre-faulting of proven prefill mappings (shm_populate.go).
@@ -174,7 +174,11 @@ func NewReceiver(regions RegionSet, cfg ReceiverConfig, events Events) (*Receive
 
 // Stats returns the discard and reject counters.
 func (r *Receiver) Stats() ReceiverStats {
-	return ReceiverStats{r.discardedChunks.Load(), r.discardedBytes.Load(), r.rejected.Load(), r.interrupts.Load()}
+	var rejected uint64
+	for i := range r.refused {
+		rejected += r.refused[i].Load()
+	}
+	return ReceiverStats{r.discardedChunks.Load(), r.discardedBytes.Load(), rejected, r.interrupts.Load()}
 }
 
 // rxBuf is one buffer's expected destination pages: sorted, coalesced runs, the position of

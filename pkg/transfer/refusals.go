@@ -65,7 +65,6 @@ func (r *Receiver) Refused(reason Refusal) uint64 {
 // whose every chunk is refused must not flood the log. fields add what the caller knows
 // (the room, the expected keys).
 func (r *Receiver) refuse(reason Refusal, remote net.Addr, err error, fields ...zap.Field) {
-	r.rejected.Add(1)
 	r.refused[reason].Add(1)
 	n, ok := r.refusalLog.allow(reason, time.Now())
 	if !ok {

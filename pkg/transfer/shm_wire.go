@@ -163,7 +163,11 @@ func (f ShmFallback) String() string {
 
 // AllShmFallbacks is every refusal reason, for metrics that list their labels up front.
 func AllShmFallbacks() []ShmFallback {
-	return []ShmFallback{ShmDisabled, ShmOpen, ShmIdentity, ShmMap, ShmNoSlices}
+	out := make([]ShmFallback, 0, maxShmFallback)
+	for f := ShmDisabled; f <= maxShmFallback; f++ {
+		out = append(out, f)
+	}
+	return out
 }
 
 // ShmRun is one entry of a shm chunk's run list: Count destination pages of Buffer from
