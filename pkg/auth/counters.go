@@ -2,9 +2,7 @@ package auth
 
 import (
 	"errors"
-	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // Reason says why a frame or a data connection was refused
@@ -128,45 +126,4 @@ func (c *counters) snapshot() Stats {
 func (c *counters) reject(r Reason, err error) error {
 	c.rejected[r].Add(1)
 	return &rejectError{reason: r, err: err}
-}
-
-// LogLimiter lets one log line per Reason through per interval and counts
-// the others, so a peer hammering a port with bad proofs cannot flood the
-// log. The zero value is not usable; see NewLogLimiter.
-type LogLimiter struct {
-	now        func() time.Time
-	every      time.Duration
-	mu         sync.Mutex
-	last       [numReasons]time.Time
-	suppressed [numReasons]uint64
-}
-
-// NewLogLimiter returns a limiter allowing one line per reason per every
-// (default 1s) by the clock now (default time.Now).
-func NewLogLimiter(every time.Duration, now func() time.Time) *LogLimiter {
-	if every <= 0 {
-		every = time.Second
-	}
-	if now == nil {
-		now = time.Now
-	}
-	return &LogLimiter{now: now, every: every}
-}
-
-// Allow reports whether a line for r may be logged now and, if so, how
-// many were suppressed since the last one.
-func (l *LogLimiter) Allow(r Reason) (suppressed uint64, ok bool) {
-	if r >= numReasons {
-		return 0, true
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.now()
-	if !l.last[r].IsZero() && now.Sub(l.last[r]) < l.every {
-		l.suppressed[r]++
-		return 0, false
-	}
-	n := l.suppressed[r]
-	l.last[r], l.suppressed[r] = now, 0
-	return n, true
 }

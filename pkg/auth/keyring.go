@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pdlink/pdlink/pkg/loglimit"
 	"go.uber.org/zap"
 )
 
@@ -66,7 +67,7 @@ type Keyring struct {
 	now  func() time.Time
 	log  *zap.Logger
 	ctr  counters
-	lim  *LogLimiter
+	lim  *loglimit.Limiter[Reason]
 	mu   sync.Mutex // serialises Reload and Rotate
 	ring atomic.Pointer[ring]
 }
@@ -215,7 +216,7 @@ func newKeyring(cfg Config) *Keyring {
 	if k.log == nil {
 		k.log = zap.NewNop()
 	}
-	k.lim = NewLogLimiter(time.Second, k.now)
+	k.lim = loglimit.New(numReasons, time.Second, k.now)
 	return k
 }
 

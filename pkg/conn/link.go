@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	pdlinkv1 "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/loglimit"
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
@@ -61,7 +62,7 @@ type core struct {
 	// leaving and keeps quiet.
 	saidGoodbye atomic.Bool
 
-	limiter logLimiter
+	limiter *loglimit.Limiter[RejectReason]
 
 	// unansweredFrames and unansweredBytes are the room frames out with
 	// the room side (AckToken), against MaxUnansweredFrames and Bytes.
@@ -87,7 +88,7 @@ func newCore(cfg Config, side poll.Side) (*core, error) {
 		out:       newOutbox(cfg.RetryBase, cfg.RetryMax, cfg.Seed),
 		frameHook: cfg.FrameHook,
 	}
-	c.limiter.clock = c.clock
+	c.limiter = loglimit.New(numRejectReasons, time.Second, c.clock.Now)
 	return c, nil
 }
 
@@ -495,29 +496,7 @@ func (c *core) reject(r RejectReason, from string, err error) {
 		c.log.Debug("frame rejected", zap.Stringer("reason", r), zap.String("from", from))
 		return
 	}
-	if n, ok := c.limiter.allow(r); ok {
+	if n, ok := c.limiter.Allow(r); ok {
 		c.log.Warn("frame rejected", zap.Stringer("reason", r), zap.String("from", from), zap.Error(err), zap.Uint64("suppressed", n))
 	}
-}
-
-// logLimiter lets one log line per reason through per second and counts
-// the others.
-type logLimiter struct {
-	clock      Clock
-	mu         sync.Mutex
-	last       [numRejectReasons]time.Time
-	suppressed [numRejectReasons]uint64
-}
-
-func (l *logLimiter) allow(r RejectReason) (uint64, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.clock.Now()
-	if !l.last[r].IsZero() && now.Sub(l.last[r]) < time.Second {
-		l.suppressed[r]++
-		return 0, false
-	}
-	n := l.suppressed[r]
-	l.last[r], l.suppressed[r] = now, 0
-	return n, true
 }

@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pdlink/pdlink/pkg/loglimit"
 	"github.com/pdlink/pdlink/pkg/rankmap"
 )
 
@@ -136,7 +137,7 @@ type Receiver struct {
 
 	discardedChunks, discardedBytes, interrupts atomic.Uint64
 	refused                                     [numRefusals]atomic.Uint64 // by Refusal; their sum is ReceiverStats.RejectedFrames
-	refusalLog                                  refusalLimiter
+	refusalLog                                  *loglimit.Limiter[Refusal]
 	shm                                         shmCounters
 	// beforeTouch, for tests, runs before each piece is read into destination pages.
 	beforeTouch func()
@@ -166,7 +167,7 @@ func NewReceiver(regions RegionSet, cfg ReceiverConfig, events Events) (*Receive
 	r := &Receiver{
 		regions: regions, cfg: cfg, events: events, log: cfg.Logger,
 		rooms: make(map[Key]*rxRoom), conns: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{}),
-		populate: populateRange,
+		populate: populateRange, refusalLog: loglimit.New(numRefusals, time.Second, nil),
 	}
 	r.shmCaps.Store(uint32(shmCapsBuilt))
 	return r, nil

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"net"
 	"slices"
-	"sync"
-	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -66,7 +64,7 @@ func (r *Receiver) Refused(reason Refusal) uint64 {
 // (the room, the expected keys).
 func (r *Receiver) refuse(reason Refusal, remote net.Addr, err error, fields ...zap.Field) {
 	r.refused[reason].Add(1)
-	n, ok := r.refusalLog.allow(reason, time.Now())
+	n, ok := r.refusalLog.Allow(reason)
 	if !ok {
 		return
 	}
@@ -99,23 +97,4 @@ func (e expectedBeside) String() string {
 	e.r.mu.Unlock()
 	slices.SortFunc(out, func(a, b Key) int { return int(a.From.TP) - int(b.From.TP) })
 	return fmt.Sprint(out)
-}
-
-// refusalLimiter lets one log line per reason through per second and counts the others.
-type refusalLimiter struct {
-	mu         sync.Mutex
-	last       [numRefusals]time.Time
-	suppressed [numRefusals]uint64
-}
-
-func (l *refusalLimiter) allow(r Refusal, now time.Time) (suppressed uint64, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.last[r].IsZero() && now.Sub(l.last[r]) < time.Second {
-		l.suppressed[r]++
-		return 0, false
-	}
-	n := l.suppressed[r]
-	l.last[r], l.suppressed[r] = now, 0
-	return n, true
 }
