@@ -495,12 +495,12 @@ func (s *run) stage(rq request, h *held, from int) {
 
 // sends is what a room's prefill schedulers handed over: when the first
 // Send was issued and the last one returned (zero when some rank did not
-// get that far), and per prefill rank the page positions and the pages of
-// every buffer its Sends named (a position sent layer by layer is one
-// position and an item per buffer).
+// get that far), and per prefill rank the page positions its Sends handed
+// over (a position sent layer by layer is one position: its groups name
+// every buffer once).
 type sends struct {
-	first, last  time.Time
-	pages, items []int64 // by prefill rank; each rank's goroutine writes only its own entry
+	first, last time.Time
+	pages       []int64 // by prefill rank; each rank's goroutine writes only its own entry
 }
 
 // segment is one Send's share of a chunk: positions [start, end) of the
@@ -536,7 +536,7 @@ func (s *run) sendChunks(ctx context.Context, rq request, src [][]int32, srcAux 
 	}
 	computed := s.gpu.book(chunks)
 	segs := s.segments(rq.pages, from)
-	out := sends{pages: make([]int64, len(src)), items: make([]int64, len(src))}
+	out := sends{pages: make([]int64, len(src))}
 	firsts, lasts := make([]time.Time, len(src)), make([]time.Time, len(src))
 	if len(src) == 1 {
 		firsts[0], lasts[0] = s.sendRank(ctx, rq, 0, 1, chunks, computed, segs, src[0], srcAux[0], &out)
@@ -592,12 +592,6 @@ func (s *run) sendRank(ctx context.Context, rq request, rank, size int, chunks [
 			s.maybeAbort(ctx, rq, stage)
 		}
 	}
-	buffersOf := func(named []uint32) int64 {
-		if named == nil {
-			return int64(2 * s.cfg.Layout.Layers)
-		}
-		return int64(len(named))
-	}
 	r := rankProto(rank, size)
 	for j, seg := range segs {
 		last := seg.end == len(src)
@@ -639,7 +633,6 @@ func (s *run) sendRank(ctx context.Context, rq request, rank, size int, chunks [
 			if g == 0 {
 				handed.pages[rank] += int64(len(pages))
 			}
-			handed.items[rank] += int64(len(pages)) * buffersOf(named)
 		}
 	}
 	if rq.stage == StageMidSend && len(segs) == 1 {
@@ -801,8 +794,11 @@ func (s *run) count(r *Report, pages, prefix int, handed sends) {
 	for rank := range handed.pages {
 		r.PrefillRanks[rank].Pages += handed.pages[rank]
 		r.SentPages += handed.pages[rank]
-		// Every buffer of a sim region has one page size (UniformLayout).
-		r.SentBytes += handed.items[rank] * s.pre[rank].tl.Buffers[0].ItemLen
+		var position int64 // a position's bytes: its page of every buffer
+		for _, b := range s.pre[rank].tl.Buffers {
+			position += b.ItemLen
+		}
+		r.SentBytes += handed.pages[rank] * position
 	}
 }
 
