@@ -38,7 +38,6 @@ Stood in (each named *StandIn below, with what it holds and why):
 from __future__ import annotations
 
 import re
-import time
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -540,15 +539,16 @@ def abort_message(req: Req) -> str:
 
 
 def until(step, done, what: str) -> None:
-    """Run step() (one scheduler iteration) until done(), bounded."""
-    end = time.monotonic() + WAIT
-    while not done():
-        step()
-        if time.monotonic() > end:
-            raise AssertionError(f"{what}: not done after {WAIT}s")
-        # A scheduler loop's iteration: the queues learn states only by
-        # polling, so there is no event to wait for instead.
-        time.sleep(0.001)
+    """Run step() (one scheduler iteration, 1 ms apart: the queues learn
+    states only by polling) until done(), bounded."""
+
+    def stepped() -> bool:
+        if done():
+            return True
+        step()  # what it returns (a queue's popped requests) is not done()
+        return False
+
+    wait_for(stepped, WAIT, interval=0.001, what=what)
 
 
 def run_until(c: Cluster, done, what: str, chunk_tokens: int = 8) -> None:

@@ -574,7 +574,8 @@ def test_a_75_percent_decode_prefix_staging_and_send_time(servers, monkeypatch):
     cost for a request decode holds 75% of, in finalize_bootstrap's order
     (pop_decode_prefix_len, init with the pages after it, chunked sends).
 
-    Run against main's pdlink (backend_ab.sh) it is the before: the sender
+    Run against a pdlink from before prefilld reported the prefix
+    (python/bench/backend_ab.sh 9c9fd2c) it is the before: the sender
     answered 0, so every page was staged and sent. Beside it, in the same
     loop: a memmove of every page's bytes (the staging copy's floor for
     them, one call) and a Poll RPC of the room.
