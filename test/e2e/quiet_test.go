@@ -36,8 +36,11 @@ func TestAFreshPairServingHealthyRoomsLogsNoWarning(t *testing.T) {
 		t.Fatalf("not every room succeeded: %v", rep.Outcomes)
 	}
 	for _, d := range []*proc.Process{pre, dec} {
-		if n := metric(t, d.HTTPAddr, "pdlink_frames_rejected_total"); n != 0 {
-			t.Errorf("%s rejected %v control frames", d.Name, n)
+		// A duplicate is a retransmit that crossed its ACK (at-least-once delivery under
+		// load, logged at debug): not something an operator acts on, unlike the others.
+		all := metric(t, d.HTTPAddr, "pdlink_frames_rejected_total")
+		if n := all - metric(t, d.HTTPAddr, `pdlink_frames_rejected_total{reason="duplicate"`); n != 0 {
+			t.Errorf("%s rejected %v control frames (besides duplicates)", d.Name, n)
 		}
 		for _, l := range strings.Split(d.Logs(), "\n") {
 			if strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"level":"error"`) {
