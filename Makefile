@@ -15,7 +15,7 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 10m
 
 export GOFLAGS ?= -mod=readonly
 
-.PHONY: python-test python-lint
+.PHONY: python-test python-lint engine-check
 .PHONY: all deps build test demo bench lint style vet staticcheck buf-lint proto proto-check tidy-check ci clean deploy-check deploy-update chaos twohost fresh-check
 
 all: build
@@ -45,7 +45,16 @@ test:
 ## brings SGLang for the backend's tests (python/tests/sglang).
 python-test: build
 	scripts/pyenv.sh test sglang
-	cd python && PDLINK_BIN_DIR=$(abspath $(BIN)) ../.venv/bin/python -m pytest -q tests
+	cd python && PDLINK_BIN_DIR=$(abspath $(BIN)) ../.venv/bin/python -m pytest -q tests --ignore=tests/engines
+
+## engine-check: the real-engine suites: real SGLang and vLLM servers on CPU
+## (a tiny Llama written from a fixed seed) computing attention over KV that
+## pdlink moved, token for token against one colocated server. SGLang's in
+## .venv (the sglang group), vLLM's in .venv-vllm (scripts/pyenv.sh vllm).
+engine-check: build
+	scripts/pyenv.sh test sglang vllm
+	cd python && PDLINK_BIN_DIR=$(abspath $(BIN)) ../.venv/bin/python -m pytest -q tests/engines/sglang
+	cd python && PDLINK_BIN_DIR=$(abspath $(BIN)) ../.venv-vllm/bin/python -m pytest -q tests/engines/vllm
 
 ## demo: Go only, no Debian package.
 demo: build

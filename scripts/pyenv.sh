@@ -15,6 +15,9 @@
 #   proto  grpcio-tools (make proto)
 #   sglang the test group plus SGLang 0.5.23 and torch (python/tests/sglang):
 #          about 6 GB, 100 s from PyPI, once per machine (the stamp)
+#   vllm   vLLM 0.32.0 (CPU wheel), torch 2.13, nixl, pytest and ./python
+#          editable, in its own venv .venv-vllm/ (its torch differs from
+#          SGLang's): python/tests/engines/vllm and the vLLM benchmark
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,16 +25,17 @@ groups=("$@")
 ((${#groups[@]})) || groups=(test)
 for g in "${groups[@]}"; do
 	[[ -f python/requirements/$g.txt ]] || {
-		echo "pyenv: unknown group $g (test, proto, sglang)" >&2
+		echo "pyenv: unknown group $g (test, proto, sglang, vllm)" >&2
 		exit 2
 	}
 done
 
 scripts/deps.sh python
 
-venv=.venv
 # One stamp per group, so make proto and make test do not undo each other.
 for g in "${groups[@]}"; do
+	venv=.venv
+	[[ $g == vllm ]] && venv=.venv-vllm
 	stamp=$venv/.pdlink-stamp-$g
 	hash=$(cat python/requirements/*.txt python/pyproject.toml | sha256sum | cut -d' ' -f1)
 	[[ -f $stamp && $(cat "$stamp") == "$hash" && -x $venv/bin/python ]] && continue
@@ -42,7 +46,7 @@ for g in "${groups[@]}"; do
 	# as it imports them, and caches them in the venv as pip would have.
 	install=("$venv/bin/python" -m pip --disable-pip-version-check -q install --no-compile --no-deps)
 	"${install[@]}" -r "python/requirements/$g.txt"
-	if [[ $g == test || $g == sglang ]]; then
+	if [[ $g == test || $g == sglang || $g == vllm ]]; then
 		# Editable: the tests run the worktree's code, not a copy of it.
 		"${install[@]}" --no-build-isolation -e ./python
 	fi
