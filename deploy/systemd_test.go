@@ -297,9 +297,10 @@ func installSteps(unitFile []byte) []string {
 	return steps
 }
 
-// readmeInstallSteps returns the lines of the README's systemd sh block.
-func readmeInstallSteps(readme []byte) []string {
-	_, rest, ok := strings.Cut(string(readme), "### systemd\n```sh\n")
+// docInstallSteps returns the lines of the systemd sh block of the
+// deployment page (docs/deployment.md).
+func docInstallSteps(page []byte) []string {
+	_, rest, ok := strings.Cut(string(page), "## systemd\n```sh\n")
 	if !ok {
 		return nil
 	}
@@ -359,7 +360,7 @@ func missingInstallDirs(steps []string) []string {
 // user and a tmpfiles entry but no unit: the unit comments once lacked
 // install -d /etc/pdlink. make systemd-check runs these steps for real.
 func TestInstallStepsCreateTheDirectoriesTheyInstallInto(t *testing.T) {
-	sources := map[string][]string{"README.md": readmeInstallSteps(readFile(t, "../README.md"))}
+	sources := map[string][]string{"docs/deployment.md": docInstallSteps(readFile(t, "../docs/deployment.md"))}
 	for _, role := range roles {
 		name := "systemd/" + string(role) + ".service"
 		sources[name] = installSteps(readFile(t, name))

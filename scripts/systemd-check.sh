@@ -4,10 +4,10 @@
 # A fresh Debian root (scripts/debian-root.sh, with systemd) is booted with
 # systemd-nspawn -b --register=no --keep-unit (the registering form needs a
 # host system bus). The daemons are built here with CGO_ENABLED=0 and copied
-# in with deploy/systemd and the README. A oneshot unit inside the root runs
+# in with deploy/systemd and docs/deployment.md. A oneshot unit inside the root runs
 # this same script with --inside once the system is up: it installs decoded
 # following the install comments of decoded.service and prefilld following
-# the README, then checks
+# docs/deployment.md (the README links it), then checks
 #   - both units reach READY (Type=notify: active/running);
 #   - `systemctl reload` without a token and with one keeps the same PID;
 #   - kill -9 and a watchdog abort (kill -STOP) both restart the unit;
@@ -134,15 +134,16 @@ install_from_unit_comments() {
 	(cd "$dir" && bash -euo pipefail "install-$role.sh") || fail "the install comments of $role.service do not install it"
 }
 
-# install_from_readme runs the README's systemd block from the checkout.
+# install_from_readme runs the systemd block of the deployment page
+# (docs/deployment.md, which the README links) from the checkout.
 install_from_readme() {
-	local role=$1 readme=/opt/pdlink/README.md
-	sed -n '/^### systemd/,/^```$/p' "$readme" | sed '1,/^```sh$/d; /^```$/d' |
+	local role=$1 readme=/opt/pdlink/docs/deployment.md
+	sed -n '/^## systemd/,/^```$/p' "$readme" | sed '1,/^```sh$/d; /^```$/d' |
 		sed "s/prefilld/$role/g" >/opt/pdlink/install-readme.sh
-	[[ -s /opt/pdlink/install-readme.sh ]] || fail "no systemd install block in the README"
-	note "README install steps for $role:"
+	[[ -s /opt/pdlink/install-readme.sh ]] || fail "no systemd install block in docs/deployment.md"
+	note "docs/deployment.md install steps for $role:"
 	sed 's/^/        /' /opt/pdlink/install-readme.sh
-	(cd /opt/pdlink && bash -euo pipefail install-readme.sh) || fail "the README's install steps do not install $role"
+	(cd /opt/pdlink && bash -euo pipefail install-readme.sh) || fail "the install steps of docs/deployment.md do not install $role"
 }
 
 inside() {
@@ -150,7 +151,7 @@ inside() {
 
 	step "install decoded from the install comments of decoded.service"
 	install_from_unit_comments decoded
-	step "install prefilld from the README"
+	step "install prefilld from docs/deployment.md"
 	install_from_readme prefilld
 
 	step "READY: both units active/running (Type=notify)"
@@ -303,11 +304,11 @@ if ! probe=$(timeout 60 systemd-nspawn -q -D "$root" --register=no --keep-unit /
 	exit 0
 fi
 
-# The checkout as an operator has it: binaries in bin/, the unit files, the README.
-mkdir -p "$root/opt/pdlink/scripts" "$root/opt/pdlink/deploy"
+# The checkout as an operator has it: binaries in bin/, the unit files, the docs.
+mkdir -p "$root/opt/pdlink/scripts" "$root/opt/pdlink/deploy" "$root/opt/pdlink/docs"
 cp -a "$work/bin" "$root/opt/pdlink/bin"
 cp -a deploy/systemd "$root/opt/pdlink/deploy/systemd"
-cp README.md "$root/opt/pdlink/"
+cp docs/deployment.md "$root/opt/pdlink/docs/"
 cp scripts/systemd-check.sh "$root/opt/pdlink/scripts/"
 
 # The checker: after boot, run the inside half, then power off either way.

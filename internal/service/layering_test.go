@@ -9,7 +9,7 @@ import (
 // The service is the gRPC edge only (issue 12): the room owner drives the
 // data plane, so internal/service never names pkg/transfer. Its own
 // imports are checked, not -deps: pkg/room, which it calls, drives
-// transfer (PLAN section 1), and internal/daemon's config names the
+// transfer (docs/history/room-PLAN.md section 1), and internal/daemon's config names the
 // transport's kind.
 func TestServiceDoesNotImportTransfer(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, "github.com/pdlink/pdlink/internal/service").CombinedOutput()

@@ -9,7 +9,7 @@ import (
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
-// The ACK is the owner's effect (PLAN step 3): a reader hands a room frame
+// The ACK is the owner's effect (docs/history/room-PLAN.md step 3): a reader hands a room frame
 // to the owner with a token and goes back to its socket; the owner answers
 // through Link.Ack after the step's effects. These tests hold prefill's
 // owner inside the step of a METADATA (roomFrameHook runs on the owner)

@@ -105,7 +105,7 @@ func newHarnessOverTransportOf(t testing.TB, tr transfer.Transport) (*harness, r
 	return h, reg
 }
 
-// PLAN section 5: a last Send waiting for admission into the peer's
+// docs/history/room-PLAN.md section 5: a last Send waiting for admission into the peer's
 // in-flight budget is parked on its room in the owner, and answered at the
 // latest when the room's Failed is visible, whatever the data plane does
 // with the wait. Here the transport never admits and its fence wakes

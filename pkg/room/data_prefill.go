@@ -26,7 +26,7 @@ import (
 // in owner inputs (Bind with the METADATA that binds the room, a Send's
 // checks and append, Fence and Forget as effects), never under a lock of
 // its own. A last Send's wait for admission is parked on the room
-// (section 5 of PLAN.md): the stream's admitted event (Stream.Admitted,
+// (section 5 of docs/history/room-PLAN.md): the stream's admitted event (Stream.Admitted,
 // posted to the owner) answers it, or, at the latest, the room's Failed
 // becoming visible or the room going; no caller waits inside the data
 // plane.

@@ -174,7 +174,7 @@
 // that calls back while it holds a lock of its own never waits for an
 // owner that may be asking it to fence. Abort waits for its room's Failed
 // to be visible on its caller, parked, never on the owner; so does a last
-// Send waiting for admission into the peer's in-flight budget (PLAN
+// Send waiting for admission into the peer's in-flight budget (docs/history/room-PLAN.md
 // section 5): it is parked on its room in the input that appended its
 // pages, and the owner answers it from the stream's admitted event
 // (Stream.Admitted, posted), or when the room's Failed is visible or the

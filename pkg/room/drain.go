@@ -11,7 +11,7 @@ import (
 )
 
 // A drain is a planned stop that lets every scheduler see how each of its
-// rooms ended (PLAN section 7). Rooms keep finishing until the deadline;
+// rooms ended (docs/history/room-PLAN.md section 7). Rooms keep finishing until the deadline;
 // then the live ones fail with shutdown, and the node keeps answering
 // Poll, Get and Watch until each of those is visible and has been visible
 // for the terminal grace (a scheduler polling every 10 ms looks 30 times

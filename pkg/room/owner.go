@@ -11,7 +11,7 @@ import (
 	"github.com/pdlink/pdlink/pkg/poll"
 )
 
-// The owner goroutine (PLAN section 1, etcd raft's node.run): one per
+// The owner goroutine (docs/history/room-PLAN.md section 1, etcd raft's node.run): one per
 // node, from construction until the node stops, the only goroutine that
 // touches the table and the per-room state beside it while it runs. Every
 // input reaches it through one FIFO queue: scheduler calls are requests

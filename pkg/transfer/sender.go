@@ -17,7 +17,7 @@ import (
 // SenderConfig configures the prefill side. Zero values take the defaults.
 type SenderConfig struct {
 	// ConnsPerPeer is the number of data connections kept per decode peer (no daemon flag:
-	// session 20 measured 1 worse and 4 no better than 2 on loopback; PLAN.md section 0).
+	// session 20 measured 1 worse and 4 no better than 2 on loopback; docs/history/room-PLAN.md section 0).
 	// Default 2.
 	ConnsPerPeer int
 	// Checksum is --checksum: ChecksumCRC32C (default) or ChecksumNone.
@@ -34,7 +34,7 @@ type SenderConfig struct {
 	// the backlog a last Send's final chunk, once admitted, can still wait behind: 256 MiB
 	// admitted by whole pieces made last chunk -> Success 140-180 ms at the bench's 2-3
 	// GB/s, 64 MiB 22-30 ms; admitted by chunks, 16 MiB gives 8-10 ms and keeps both
-	// connections fed (PLAN.md section 0, session 20). Default 16 MiB.
+	// connections fed (docs/history/room-PLAN.md section 0, session 20). Default 16 MiB.
 	MaxInflightBytes int64
 	// DialTimeout bounds a dial plus the Authenticator preface. Default 5s.
 	DialTimeout time.Duration

@@ -8,6 +8,7 @@ while it is waited on fails the wait at once instead of at its bound.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -112,14 +113,10 @@ class Server:
         """SIGTERM, then kill -9 of what is left after grace seconds."""
         if self.alive():
             os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(30)
         self._log.close()
 
