@@ -367,6 +367,8 @@ class PdlinkKVSender(_Room, CommonKVSender):
     """Prefill, one per request: OpenSender at creation, Send per chunk (by the
     manager's send worker, after the staging copy), cached poll."""
 
+    _early_send_wait_event: Any = None
+
     def __init__(
         self,
         mgr: PdlinkKVManager,
@@ -422,14 +424,32 @@ class PdlinkKVSender(_Room, CommonKVSender):
         state_indices: Any = None,
         num_kv_tokens: int | None = None,
         indices_event: Any = None,
-        **_: Any,
+        token_position_offset: int = 0,
+        **unknown: Any,
     ) -> None:
+        # An early send of a chunked request's computed pages may come before
+        # the previous step's forward finished writing them (SGLang's overlap
+        # scheduler records this event on its forward stream): the copy must
+        # not read the pages before it. Taken even when the send is refused,
+        # so it never carries over to another chunk.
+        written = self._early_send_wait_event
+        self._early_send_wait_event = None
         if self.conclude_state is not None or self.slots_held is None:
             return
         if state_indices:
             self._abort_daemon_room("state_unsupported")
             self._fail("pdlink carries no state components (state_indices given)")
             return
+        # A newer SGLang's argument this backend does not implement would be
+        # dropped silently and the pages land at the wrong positions: refuse.
+        if token_position_offset or unknown:
+            given = sorted(unknown) + (["token_position_offset"] if token_position_offset else [])
+            self._abort_daemon_room("send_argument_unsupported")
+            self._fail(f"pdlink send does not implement {', '.join(given)}")
+            return
+        for event in (written, indices_event):
+            if event is not None:
+                event.synchronize()
         first = self.curr_idx
         self.curr_idx += len(kv_indices)
         last = self.curr_idx == self.num_kv_indices
@@ -636,6 +656,11 @@ class PdlinkKVReceiver(_Room, CommonKVReceiver):
             # Before send_metadata SGLang's prealloc queue accepts only
             # Bootstrapping, WaitingForInput and Failed: init's own state.
             return self.kv_mgr.request_status.get(self.bootstrap_room, KVPoll.Bootstrapping)
+        if not self._opened:
+            # Metadata sent but the daemon's room is gone (cleared, or never
+            # opened): no page will arrive.
+            self.conclude_state = KVPoll.Failed
+            return self.conclude_state
         state = DECODE_STATE_TO_KVPOLL[st.state]
         if state == KVPoll.Success:
             self._copy_out()
@@ -660,6 +685,8 @@ class PdlinkKVReceiver(_Room, CommonKVReceiver):
 
     def clear(self) -> None:
         self._release("cleared by SGLang")
+        if self.conclude_state is None:
+            self.conclude_state = KVPoll.Failed
         mgr = self.kv_mgr
         mgr.request_status.pop(self.bootstrap_room, None)
         mgr.required_prefill_response_num_table.pop(self.bootstrap_room, None)

@@ -436,6 +436,83 @@ def test_staging_smaller_than_the_request_fails_the_room_with_a_reason(servers):
     req.sender.clear()
 
 
+class RecordingEvent:
+    """A stand-in for torch.cuda.Event that records when it was waited on."""
+
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+
+    def synchronize(self) -> None:
+        self.log.append(f"wait {self.name}")
+
+
+def test_an_early_send_copies_only_after_the_forward_that_writes_its_pages(servers, monkeypatch):
+    """SGLang's overlap scheduler hands an early send of a chunked request's
+    computed pages an event on its forward stream: the staging copy must wait
+    on it (on a GPU the previous step may still be writing those pages)."""
+    s = servers
+    req = open_request(s, 451, [1, 2, 3, 4], [5, 6, 7, 8], 0, 0)
+    req.receiver.send_metadata(torch.tensor(req.dst_pages, dtype=torch.int32).numpy(), 0)
+    wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
+    req.sender.init(4, 0)
+    fill_source(s, req)
+    log: list[str] = []
+    mgr = req.sender.kv_mgr
+    real_copy = mgr.copy
+    monkeypatch.setattr(mgr, "copy", lambda *a: (log.append("copy"), real_copy(*a))[1])
+    req.sender._early_send_wait_event = RecordingEvent(log, "forward")
+    req.sender.send(np.array([1, 2], dtype=np.int32))
+    assert log[0] == "wait forward" and log[1:] and set(log[1:]) == {"copy"}, log
+    # The event belonged to that chunk only.
+    log.clear()
+    req.sender.send(np.array([3, 4], dtype=np.int32), indices_event=RecordingEvent(log, "indices"))
+    assert log[0] == "wait indices" and "wait forward" not in log, log
+    assert wait_poll(req.receiver, {KVPoll.Success}, "decode copy") == KVPoll.Success
+    verify(s, req)
+    req.sender.clear()
+    req.receiver.clear()
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        ({"token_position_offset": 16}, "token_position_offset"),
+        ({"layer_range": (0, 1)}, "layer_range"),
+    ],
+)
+def test_a_send_argument_the_backend_does_not_implement_fails_the_room_by_name(
+    servers, extra, named
+):
+    """A newer SGLang's send argument, silently dropped, would put pages at the
+    wrong positions: the room fails with the argument's name, both sides."""
+    s = servers
+    req = open_request(s, 461 + len(named), [1, 2], [3, 4], 0, 0)
+    req.receiver.send_metadata(torch.tensor(req.dst_pages, dtype=torch.int32).numpy(), 0)
+    wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
+    req.sender.init(2, 0)
+    req.sender.send(np.array([1, 2], dtype=np.int32), **extra)
+    assert req.sender.poll() == KVPoll.Failed
+    with pytest.raises(KVTransferError, match=named):
+        req.sender.failure_exception()
+    assert wait_poll(req.receiver, {KVPoll.Failed}, "decode sees the abort") == KVPoll.Failed
+    req.receiver.clear()
+    assert s.prefill_mgr.slots.free == STAGING_SLOTS
+    assert s.decode_mgr.slots.free == STAGING_SLOTS
+
+
+def test_a_receiver_polled_after_clear_answers_failed(servers):
+    """Once its metadata is sent and its room cleared, a receiver's poll used
+    to read an unbound status; nothing will arrive, so it answers Failed."""
+    s = servers
+    req = open_request(s, 481, [1, 2], [3, 4], 0, 0)
+    req.receiver.send_metadata(torch.tensor(req.dst_pages, dtype=torch.int32).numpy(), 0)
+    req.receiver.clear()
+    assert req.receiver.poll() == KVPoll.Failed
+    wait_poll(req.sender, {KVPoll.Failed}, "prefill sees the cleared room")
+    req.sender.clear()
+    assert s.decode_mgr.slots.free == STAGING_SLOTS
+
+
 # What the backend adds to one scheduler step: printed for the report (pytest
 # -s), never asserted (a timed assertion fails on a loaded machine, not on a
 # regression). scripts/bench.sh runs it against main's pdlink and this tree's.
