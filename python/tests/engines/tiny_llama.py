@@ -112,13 +112,17 @@ def _tokenizer() -> dict:
     }
 
 
-def write(directory: str | Path) -> Path:
-    """Writes the model into directory (created) and returns it; same bytes every call."""
+def write(directory: str | Path, seed: int = SEED) -> Path:
+    """Writes the model into directory (created) and returns it; same bytes every call.
+
+    Another seed gives a model of the same shapes with other weights: a server
+    running it computes KV that is the right size and wrong (the suites use it
+    to show their token checks can fail)."""
     from safetensors.numpy import save_file
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    save_file(_weights(np.random.Generator(np.random.PCG64(SEED))), str(d / "model.safetensors"))
+    save_file(_weights(np.random.Generator(np.random.PCG64(seed))), str(d / "model.safetensors"))
     (d / "config.json").write_text(json.dumps(CONFIG, indent=1))
     (d / "generation_config.json").write_text(
         json.dumps({"bos_token_id": BOS, "eos_token_id": EOS, "do_sample": False})
