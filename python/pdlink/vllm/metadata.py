@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 # kv_transfer_params keys (see KV_PARAMS / docs/vllm.md): the room, prefilld's
@@ -13,6 +15,14 @@ ROOM = "pdlink_room"
 BOOTSTRAP = "pdlink_bootstrap"
 PAGES = "pdlink_pages"
 ERROR = "pdlink_error"
+PROMPT_HASH = "pdlink_prompt_hash"
+
+
+def prompt_hash(token_ids: Any) -> str:
+    """A digest of the prompt's token ids: decode refuses params made for another prompt
+    (same length or not), which would otherwise load another request's KV."""
+    data = np.asarray(list(token_ids or ()), dtype=np.int64).tobytes()
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
 @dataclass
@@ -59,6 +69,7 @@ def prefill_params(
     engine_id: str,
     req_id: str,
     tp_size: int,
+    prompt_digest: str,
 ) -> dict[str, Any]:
     return {
         "do_remote_prefill": True,
@@ -71,6 +82,7 @@ def prefill_params(
         "remote_engine_id": engine_id,
         "remote_request_id": req_id,
         "tp_size": tp_size,
+        PROMPT_HASH: prompt_digest,
     }
 
 

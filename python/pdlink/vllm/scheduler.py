@@ -28,12 +28,14 @@ from pdlink.vllm.metadata import (
     BOOTSTRAP,
     ERROR,
     PAGES,
+    PROMPT_HASH,
     ROOM,
     LoadJob,
     PdlinkMetadata,
     SendJob,
     failed_params,
     prefill_params,
+    prompt_hash,
 )
 
 logger = logging.getLogger("pdlink.vllm")
@@ -109,6 +111,8 @@ class SchedulerSide:
             )
         if pages != _cdiv(remote, self.block_size):
             return f"{PAGES}={pages!r} does not cover {remote} tokens"
+        if params.get(PROMPT_HASH) != prompt_hash(request.prompt_token_ids[:remote]):
+            return "kv_transfer_params were made for another prompt (prompt hash differs)"
         return ""
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -183,6 +187,7 @@ class SchedulerSide:
             engine_id=self.engine_id,
             req_id=rid,
             tp_size=self.tp_size,
+            prompt_digest=prompt_hash(request.prompt_token_ids[:num_tokens]),
         )
 
     # -- both -------------------------------------------------------------

@@ -73,6 +73,28 @@ class _Side:
         self.pool = SlotPool(slots)
         self.rank = rank
         self.lost_since: float | None = None
+        self._reconnects = client.cache.reconnects
+
+    def reregister_after_restart(self) -> None:
+        """A daemon that restarted lost the region: register it again (idempotent).
+
+        The Watch stream's reconnect count says the daemon came back; a plain
+        attribute read per step.
+        """
+        seen = self.client.cache.reconnects
+        if seen == self._reconnects:
+            return
+        try:
+            r = self.client.register_region(self.staging.region, rank=self.rank)
+        except PdlinkError as err:
+            logger.warning("pdlink region re-register failed: %s", err)
+            return
+        self._reconnects = seen
+        logger.info(
+            "pdlink region registered again after a daemon restart: daemon=%s generation=%d",
+            self.client.address,
+            r.generation,
+        )
 
     def poll(self, rooms: list[int], lost_timeout: float) -> list[RoomStatus] | None:
         """Statuses, or None while the daemon does not answer (rooms fail past lost_timeout)."""
@@ -170,9 +192,12 @@ class WorkerSide:
         self, client_type: Any, addr: str, region_dir: str, buffers: list, slots: int
     ) -> _Side:
         staging = Staging.create(region_dir, buffers, slots)
-        client = client_type(addr, watch=False, timeout=_CALL_TIMEOUT)
+        # The Watch stream (watch=True) is kept only for its reconnect count
+        # (a daemon restart); rooms are polled in one batch per step.
+        client = client_type(addr, timeout=_CALL_TIMEOUT)
         try:
             client.register_region(staging.region, rank=self.rank)
+            client.wait_connected(30)
         except BaseException:
             client.close()
             staging.close()
@@ -182,6 +207,9 @@ class WorkerSide:
     # -- each step --------------------------------------------------------
 
     def start_load_kv(self, meta: PdlinkMetadata) -> None:
+        for side in (self.prefill, self.decode):
+            if side is not None:
+                side.reregister_after_restart()
         for job in meta.sends:
             self._sends[job.room] = _Send(job)
             if self.rank[0] != 0 and self.prefill is not None:
