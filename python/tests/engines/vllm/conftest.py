@@ -70,6 +70,20 @@ def _prompts() -> list[Prompt]:
 PROMPTS = _prompts()
 
 
+def _spares() -> dict[str, Prompt]:
+    """Prompts no other test sent, one per test that needs decode's cache cold for it."""
+    p = tiny_llama.prompt_ids
+    base96 = p(96, 30)
+    out = {f"fresh{i}": Prompt(f"fresh{i}", tuple(p(100, 100 + i))) for i in range(12)}
+    out["prefix_base"] = Prompt("prefix_base", tuple(base96))
+    # Shares prefix_base's first two blocks (64 tokens), then differs: 4 blocks.
+    out["prefix_child"] = Prompt("prefix_child", tuple(base96[:64] + p(40, 31)))
+    return out
+
+
+SPARES = _spares()
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
     return tiny_llama.write(tmp_path_factory.mktemp("tiny-llama"))
@@ -86,7 +100,8 @@ def oracle(model_dir, log_dir) -> dict[str, str]:
     srv = vllm_server("oracle", model_dir, log_dir)
     try:
         srv.wait_ready()
-        return {pr.name: text_of(complete(srv, pr.text, MAX_TOKENS)) for pr in PROMPTS}
+        every = [*PROMPTS, *SPARES.values()]
+        return {pr.name: text_of(complete(srv, pr.text, MAX_TOKENS)) for pr in every}
     finally:
         srv.stop()
 

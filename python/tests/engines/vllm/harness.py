@@ -13,6 +13,7 @@ import json
 import re
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ class Disagg:
 
     params: dict | None
     text: str | None
-    error: HTTPStatusError | None
+    error: str | None
     seconds: float
 
 
@@ -117,12 +118,16 @@ def prefill_only(prefill: Server, prompt: str, timeout: float = 300) -> dict:
 
 
 def decode_with(decode: Server, prompt: str, max_tokens: int, params: dict, timeout: float = 300):
-    """The decode request; an HTTP error is returned, not raised."""
+    """The decode request: (text, None) on success, (None, reason) when vLLM refused it
+    (an HTTP error, or an answer finished with reason "error")."""
     try:
         ans = complete(decode, prompt, max_tokens, timeout, kv_transfer_params=params)
     except HTTPStatusError as err:
-        return None, err
-    return text_of(ans), None
+        return None, f"HTTP {err.status}: {err.body[:300]}"
+    choice = ans["choices"][0]
+    if choice.get("finish_reason") == "error":
+        return None, f"finish_reason error: {choice}"
+    return choice["text"], None
 
 
 def disagg(prefill: Server, decode: Server, prompt: str, max_tokens: int) -> Disagg:
@@ -131,6 +136,11 @@ def disagg(prefill: Server, decode: Server, prompt: str, max_tokens: int) -> Dis
     assert params, "prefill answered without kv_transfer_params"
     text, err = decode_with(decode, prompt, max_tokens, params)
     return Disagg(params, text, err, time.monotonic() - t0)
+
+
+def http_get(hostport: str, path: str, timeout: float = 10) -> str:
+    with urllib.request.urlopen(f"http://{hostport}{path}", timeout=timeout) as r:
+        return r.read().decode()
 
 
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+eE0-9.naNinf]+)$")
@@ -161,3 +171,12 @@ def kv_usage(server: Server) -> float:
     """vLLM's own view of its KV pool: the fraction of blocks in use (gauge)."""
     m = metrics(lambda: server.get("/metrics"), "vllm:kv_cache_usage_perc")
     return metric_sum(m, "vllm:kv_cache_usage_perc")
+
+
+def daemon_metric(hostport: str, name: str, **labels: str) -> float:
+    return metric_sum(metrics(lambda: http_get(hostport, "/metrics"), name), name, **labels)
+
+
+def daemon_rooms(hostport: str) -> list[dict]:
+    body = json.loads(http_get(hostport, "/debug/rooms"))
+    return body.get("rooms", body) if isinstance(body, dict) else body
