@@ -21,14 +21,16 @@ Every room is cleared once terminal, so neither daemon keeps it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from pdlink import DecodeClient, PdlinkError, PrefillClient, RoomState, RoomStatus
+from pdlink import DecodeClient, NotFound, PdlinkError, PrefillClient, RoomState, RoomStatus
 from pdlink.sglang.staging import SlotPool, StagingFull
 from pdlink.vllm.config import Settings
 from pdlink.vllm.metadata import LoadJob, PdlinkMetadata, SendJob
@@ -37,6 +39,12 @@ from pdlink.vllm.staging import Staging, page_buffers
 logger = logging.getLogger("pdlink.vllm")
 
 _CALL_TIMEOUT = 5.0
+# The per-step Poll runs on vLLM's step loop: a daemon that hangs must not
+# stall the engine for long (a lost daemon fails its rooms past
+# daemon_lost_timeout anyway).
+_POLL_TIMEOUT = 1.0
+# How often a side checks whether its daemon restarted (and lost the region).
+_MONITOR_PERIOD = 0.2
 
 
 def _failure_text(st: RoomStatus) -> str:
@@ -73,16 +81,22 @@ class _Side:
         self.pool = SlotPool(slots)
         self.rank = rank
         self.lost_since: float | None = None
+        self.quarantine: set[int] = set()
         self._reconnects = client.cache.reconnects
+        self._closed = threading.Event()
+        self._monitor_thread = threading.Thread(
+            target=self._monitor, name=f"pdlink-region {client.address}", daemon=True
+        )
+        self._monitor_thread.start()
 
     def reregister_after_restart(self) -> None:
         """A daemon that restarted lost the region: register it again (idempotent).
 
-        The Watch stream's reconnect count says the daemon came back; a plain
-        attribute read per step.
+        The Watch stream's reconnect count says the daemon came back. Run by
+        the side's monitor thread, since an idle engine takes no steps.
         """
         seen = self.client.cache.reconnects
-        if seen == self._reconnects:
+        if seen == self._reconnects or not self.client.cache.connected.is_set():
             return
         try:
             r = self.client.register_region(self.staging.region, rank=self.rank)
@@ -90,16 +104,20 @@ class _Side:
             logger.warning("pdlink region re-register failed: %s", err)
             return
         self._reconnects = seen
-        logger.info(
+        logger.warning(
             "pdlink region registered again after a daemon restart: daemon=%s generation=%d",
             self.client.address,
             r.generation,
         )
 
+    def _monitor(self) -> None:
+        while not self._closed.wait(_MONITOR_PERIOD):
+            self.reregister_after_restart()
+
     def poll(self, rooms: list[int], lost_timeout: float) -> list[RoomStatus] | None:
         """Statuses, or None while the daemon does not answer (rooms fail past lost_timeout)."""
         try:
-            out = self.client.poll(rooms, timeout=_CALL_TIMEOUT)
+            out = self.client.poll(rooms, timeout=_POLL_TIMEOUT)
         except PdlinkError as err:
             now = time.monotonic()
             if self.lost_since is None:
@@ -118,21 +136,44 @@ class _Side:
                 ]
             return None
         self.lost_since = None
+        if self.quarantine:
+            self._drain_quarantine()
         return out
 
+    def _drain_quarantine(self) -> None:
+        for room in list(self.quarantine):
+            try:
+                with contextlib.suppress(NotFound):
+                    self.client.abort(room, "daemon was unreachable", timeout=_POLL_TIMEOUT)
+                res = self.client.clear([room], timeout=_POLL_TIMEOUT)
+            except PdlinkError:
+                return
+            if res and (res[0].cleared or res[0].error == "NOT_FOUND"):
+                self.quarantine.discard(room)
+                self.pool.give_back(room)
+
     def release(self, room: int, abort_reason: str = "") -> None:
+        if self.lost_since is not None:
+            # The daemon does not answer: calls would stall the step. If it
+            # only hangs it may still read (prefill) or write (decode) the
+            # room's staging slots, so they stay out of the pool until the
+            # daemon answers again and the room is gone from it.
+            self.quarantine.add(room)
+            return
         self.pool.give_back(room)
         try:
             if abort_reason:
-                self.client.abort(room, abort_reason, timeout=_CALL_TIMEOUT)
-            res = self.client.clear([room], timeout=_CALL_TIMEOUT)
+                self.client.abort(room, abort_reason, timeout=_POLL_TIMEOUT)
+            res = self.client.clear([room], timeout=_POLL_TIMEOUT)
             if res and res[0].error == "NOT_TERMINAL":
-                self.client.abort(room, "cleared by vLLM", timeout=_CALL_TIMEOUT)
-                self.client.clear([room], timeout=_CALL_TIMEOUT)
+                self.client.abort(room, "cleared by vLLM", timeout=_POLL_TIMEOUT)
+                self.client.clear([room], timeout=_POLL_TIMEOUT)
         except PdlinkError as err:
             logger.warning("pdlink clear failed: room=%d err=%s", room, err)
 
     def close(self) -> None:
+        self._closed.set()
+        self._monitor_thread.join(timeout=5)
         try:
             self.client.unregister_region(rank=self.rank, timeout=_CALL_TIMEOUT)
         except PdlinkError as err:
@@ -207,9 +248,6 @@ class WorkerSide:
     # -- each step --------------------------------------------------------
 
     def start_load_kv(self, meta: PdlinkMetadata) -> None:
-        for side in (self.prefill, self.decode):
-            if side is not None:
-                side.reregister_after_restart()
         for job in meta.sends:
             self._sends[job.room] = _Send(job)
             if self.rank[0] != 0 and self.prefill is not None:

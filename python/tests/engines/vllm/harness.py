@@ -178,5 +178,4 @@ def daemon_metric(hostport: str, name: str, **labels: str) -> float:
 
 
 def daemon_rooms(hostport: str) -> list[dict]:
-    body = json.loads(http_get(hostport, "/debug/rooms"))
-    return body.get("rooms", body) if isinstance(body, dict) else body
+    return json.loads(http_get(hostport, "/debug/rooms")).get("rooms") or []
