@@ -114,7 +114,12 @@ class Staging:
     def __init__(self, region: Region, buffers: list[PageBuffer]) -> None:
         self.region = region
         self.buffers = buffers
-        self.views = [region.torch_pages(i) for i in range(len(buffers))]
+        # Rows of 8-byte words where every page allows it: torch's index_copy_
+        # on CPU moves a uint8 row about 7x slower than the same row of int64
+        # (3.3 ms against 0.48 ms for 32 pages of 128 KiB).
+        word = torch.int64 if all(b.item_len % 8 == 0 for b in buffers) else torch.uint8
+        self.views = [region.torch_pages(i).view(word) for i in range(len(buffers))]
+        self._engine = [b.pages.view(word) for b in buffers]
         # Fault every page in now: first touch of a fresh mapping runs at a
         # fraction of the copy speed, and must not land on a request.
         for v in self.views:
@@ -140,22 +145,23 @@ class Staging:
         b, s, run = self._indices(blocks, slots)
         if not b.numel():
             return
-        for buf, view in zip(self.buffers, self.views, strict=True):
-            if run is not None and buf.pages.device == view.device:
-                torch.index_select(buf.pages, 0, b, out=view[run : run + b.numel()])
+        for pages, view in zip(self._engine, self.views, strict=True):
+            if run is not None and pages.device == view.device:
+                torch.index_select(pages, 0, b, out=view[run : run + b.numel()])
             else:
-                view.index_copy_(0, s, buf.pages.index_select(0, b).to(view.device))
+                view.index_copy_(0, s, pages.index_select(0, b).to(view.device))
 
     def stage_in(self, slots: Any, blocks: Any) -> None:
         """Staging slots -> engine blocks (decode, after Success)."""
         b, s, run = self._indices(blocks, slots)
         if not b.numel():
             return
-        for buf, view in zip(self.buffers, self.views, strict=True):
+        for pages, view in zip(self._engine, self.views, strict=True):
             src = view[run : run + b.numel()] if run is not None else view.index_select(0, s)
-            buf.pages.index_copy_(0, b, src.to(buf.pages.device))
+            pages.index_copy_(0, b, src.to(pages.device))
 
     def close(self) -> None:
         self.views = []
+        self._engine = []
         self.region.close()
         self.region.unlink()
