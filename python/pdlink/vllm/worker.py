@@ -322,7 +322,11 @@ class WorkerSide:
             logger.warning("pdlink abort failed: room=%d err=%s", load.job.room, err)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> tuple[set, set, set]:
-        self._finished_seen |= finished_req_ids
+        # Only this side's sends: every other finished request's id would stay
+        # in the set forever.
+        if self._sends or self._done_sending:
+            ours = {s.job.req_id for s in self._sends.values()} | self._done_sending
+            self._finished_seen |= finished_req_ids & ours
         if self._sends and self.prefill is not None:
             self._progress_sends(self.prefill)
         if self._loads and self.decode is not None:

@@ -129,6 +129,14 @@ def test_a_late_decode_after_the_room_timed_out_is_refused(stack, oracle):
     wait_for(lambda: kv_usage(stack.prefill) == 0, 30, 0.2, "prefill's blocks freed")
     held = time.monotonic() - t0
     assert held < 8 + 10, f"blocks held {held:.1f}s past the 8s bootstrap bound"
+    # The reason is visible on prefill: its log and prefilld's failure counter.
+    assert f"room={params['pdlink_room']} reason=timeout:bootstrapping" in stack.prefill.tail(400)
+    assert (
+        daemon_metric(
+            stack.pair.prefill.http, "pdlink_room_failures_total", reason="timeout:bootstrapping"
+        )
+        >= 1
+    )
     # Another request reuses the freed blocks before the late decode arrives.
     other = SPARES["fresh8"]
     r = disagg(stack.prefill, stack.decode, other.text, MAX_TOKENS)
