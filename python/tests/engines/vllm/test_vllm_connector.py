@@ -5,6 +5,7 @@ kv_transfer_params get a clear error for that request, never wrong tokens."""
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 
 import tiny_llama
@@ -149,3 +150,21 @@ def test_another_engines_room_is_refused(stack):
     pr = SPARES["fresh9"]
     params = prefill_only(stack.prefill, pr.text)
     _refused(stack, pr.text, {**params, "pdlink_bootstrap": "tcp://127.0.0.1:9"})
+
+
+def test_concurrent_requests_each_match_the_oracle(stack, oracle):
+    """Several rooms in flight at once, batched by both engines, staging slots shared."""
+    prs = [SPARES["fresh11"], *PROMPTS[4:8]]
+    results: dict[str, object] = {}
+
+    def run(pr):
+        results[pr.name] = disagg(stack.prefill, stack.decode, pr.text, MAX_TOKENS)
+
+    threads = [threading.Thread(target=run, args=(pr,)) for pr in prs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for pr in prs:
+        r = results[pr.name]
+        assert (r.error, r.text) == (None, oracle[pr.name]), pr.name
