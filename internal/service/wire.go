@@ -169,9 +169,12 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SidePrefill)
-	if err := registerMetrics(s, rec, metrics.SidePrefill, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) },
-		func() float64 { return float64(node.RegionReplaced()) }, func() float64 { return float64(node.RegionFaults()) }, node.RegionRefused, node.PeerLayoutsRefused,
-		func(string) uint64 { return 0 }); err != nil { // prefill receives no data frames
+	if err := registerMetrics(s, rec, sideMetrics{
+		Side: metrics.SidePrefill, Config: cfg, Keyring: kr, Socket: tr.Stats,
+		Rooms: node.Stats, Counters: node.Counters, Bytes: node.Bytes,
+		RegionReplaced: node.RegionReplaced, RegionFaults: node.RegionFaults, RegionRefused: node.RegionRefused,
+		PeerLayoutRefused: node.PeerLayoutsRefused, // prefill receives no data frames: DataRefused stays nil
+	}); err != nil {
 		return err
 	}
 	addNode(s, "prefill-node", node, rec, func() error {
@@ -235,10 +238,12 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
 	rec := metrics.NewRecorder(metrics.SideDecode)
-	if err := registerMetrics(s, rec, metrics.SideDecode, cfg, kr, node.Stats, node.Counters, tr.Stats, func() float64 { return float64(node.Bytes()) },
-		func() float64 { return float64(node.RegionReplaced()) }, func() float64 { return float64(node.RegionFaults()) }, node.RegionRefused,
-		func(string) uint64 { return 0 }, // decode maps nothing: prefill plans each pair
-		node.DataRefused); err != nil {
+	if err := registerMetrics(s, rec, sideMetrics{
+		Side: metrics.SideDecode, Config: cfg, Keyring: kr, Socket: tr.Stats,
+		Rooms: node.Stats, Counters: node.Counters, Bytes: node.Bytes,
+		RegionReplaced: node.RegionReplaced, RegionFaults: node.RegionFaults, RegionRefused: node.RegionRefused,
+		DataRefused: node.DataRefused, // decode maps no layouts (prefill plans each pair): PeerLayoutRefused stays nil
+	}); err != nil {
 		ln.Close()
 		return err
 	}
@@ -277,10 +282,44 @@ func addNode(s *daemon.Server, name string, node RoomOwner, rec *metrics.Recorde
 	})
 }
 
-func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg daemon.Config, kr *auth.Keyring, stats func() poll.Stats, ctr func() conn.Counters, z func() zmtp.Stats, bytes, regionReplaced, regionFaults func() float64, regionRefused func(regionpath.Rule) uint64, peerLayoutRefused, dataRefused func(reason string) uint64) error {
-	authRejected, authReloads := authSources(kr)
-	c := metrics.NewCollector(side, metrics.Sources{
-		Rooms:          stats,
+// sideMetrics is what one daemon side exports on /metrics: its config and
+// keyring, its socket's stats and its room owner's counters. A nil
+// PeerLayoutRefused or DataRefused exports zeros: the series exist on both
+// sides so dashboards and alerts need no side-specific queries.
+type sideMetrics struct {
+	Side     string // metrics.SidePrefill or metrics.SideDecode
+	Config   daemon.Config
+	Keyring  *auth.Keyring // nil without --auth-token-file
+	Socket   func() zmtp.Stats
+	Rooms    func() poll.Stats
+	Counters func() conn.Counters
+	// Bytes is the KV bytes moved (sent on prefill, written on decode).
+	Bytes                        func() uint64
+	RegionReplaced, RegionFaults func() uint64
+	RegionRefused                func(regionpath.Rule) uint64
+	PeerLayoutRefused            func(reason string) uint64
+	DataRefused                  func(reason string) uint64
+}
+
+func registerMetrics(s *daemon.Server, rec *metrics.Recorder, m sideMetrics) error {
+	authRejected, authReloads := authSources(m.Keyring)
+	ctr, z, cfg := m.Counters, m.Socket, m.Config
+	asFloat := func(f func() uint64) func() float64 { return func() float64 { return float64(f()) } }
+	byReason := func(f func(string) uint64, reasons []string) func() []metrics.Count {
+		return func() []metrics.Count {
+			out := make([]metrics.Count, 0, len(reasons))
+			for _, r := range reasons {
+				var v uint64
+				if f != nil {
+					v = f(r)
+				}
+				out = append(out, metrics.Count{Labels: []string{r}, Value: float64(v)})
+			}
+			return out
+		}
+	}
+	c := metrics.NewCollector(m.Side, metrics.Sources{
+		Rooms:          m.Rooms,
 		Frames:         func() []metrics.Count { return frameCounts(ctr()) },
 		FramesRejected: func() []metrics.Count { return rejectedCounts(ctr(), z()) },
 		Retransmits:    func() float64 { return float64(ctr().Retransmits) },
@@ -303,35 +342,23 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, side string, cfg d
 				{Labels: []string{"socket"}, Value: float64(z().Restarts)},
 			}
 		},
-		TransferBytes:  bytes,
-		RegionReplaced: regionReplaced,
-		RegionFaults:   regionFaults,
+		TransferBytes:  asFloat(m.Bytes),
+		RegionReplaced: asFloat(m.RegionReplaced),
+		RegionFaults:   asFloat(m.RegionFaults),
 		InsecureMode: func() float64 {
 			if cfg.InsecureMode() {
 				return 1
 			}
 			return 0
 		},
-		AuthRejected: authRejected,
-		AuthReloads:  authReloads,
-		PeerLayoutRefused: func() []metrics.Count {
-			var out []metrics.Count
-			for _, r := range room.PeerLayoutRefusalReasons() {
-				out = append(out, metrics.Count{Labels: []string{r}, Value: float64(peerLayoutRefused(r))})
-			}
-			return out
-		},
-		DataRefused: func() []metrics.Count {
-			var out []metrics.Count
-			for _, r := range room.DataRefusalReasons() {
-				out = append(out, metrics.Count{Labels: []string{r}, Value: float64(dataRefused(r))})
-			}
-			return out
-		},
+		AuthRejected:      authRejected,
+		AuthReloads:       authReloads,
+		PeerLayoutRefused: byReason(m.PeerLayoutRefused, room.PeerLayoutRefusalReasons()),
+		DataRefused:       byReason(m.DataRefused, room.DataRefusalReasons()),
 		RegionRefused: func() []metrics.Count {
 			var out []metrics.Count
 			for _, r := range regionpath.AllRules() {
-				out = append(out, metrics.Count{Labels: []string{r.String()}, Value: float64(regionRefused(r))})
+				out = append(out, metrics.Count{Labels: []string{r.String()}, Value: float64(m.RegionRefused(r))})
 			}
 			return out
 		},
