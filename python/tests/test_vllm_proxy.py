@@ -38,6 +38,7 @@ class Fakes:
         self.decode_bodies: list[dict] = []
         self.prefill_answer: tuple[int, dict] = (200, {"kv_transfer_params": PARAMS})
         self.prefill_delay = 0.0
+        self.after_done = 0.0  # decode's stream stays open this long after [DONE]
 
     async def prefill(self, request: web.Request) -> web.Response:
         self.prefill_bodies.append(await request.json())
@@ -55,6 +56,7 @@ class Fakes:
         for tok in TOKENS:
             await resp.write(f"data: {json.dumps({'choices': [{'text': tok}]})}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
+        await asyncio.sleep(self.after_done)
         await resp.write_eof()
         return resp
 
@@ -131,6 +133,26 @@ def test_a_streamed_answer_comes_through_chunk_by_chunk():
     [pre] = fakes.prefill_bodies
     assert pre["stream"] is False and "stream_options" not in pre
     assert fakes.decode_bodies[0]["stream_options"] == {"include_usage": True}
+
+
+def test_a_client_that_stops_reading_at_done_is_no_error(caplog):
+    fakes = Fakes()
+    fakes.after_done = 0.3
+
+    async def check(session, url):
+        async with session.post(url, json={**BODY, "stream": True}) as r:
+            async for line in r.content:
+                if line.startswith(b"data: [DONE]"):
+                    break
+        r.close()
+        await asyncio.sleep(0.6)  # the proxy meets the closed client after [DONE]
+        async with session.post(url, json=BODY) as r:
+            assert r.status == 200
+
+    with caplog.at_level("INFO"):
+        asyncio.run(_scenario(fakes, check))
+    assert "client closed the stream" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
 
 
 def test_an_unreachable_decode_is_a_502_at_once():

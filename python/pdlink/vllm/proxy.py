@@ -176,9 +176,16 @@ async def handle(request: web.Request) -> web.StreamResponse:
                 },
             )
             await response.prepare(request)
-            async for chunk in dec.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
+            try:
+                async for chunk in dec.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+            except ConnectionResetError:
+                # The client went away (many stop reading at "data: [DONE]"
+                # before the stream's last chunk). Leaving the upstream
+                # context closes decode's connection: vLLM aborts the request
+                # if it was still generating.
+                log.info("client closed the stream for %s", path)
             return response
     except TimeoutError:
         if response is not None:
