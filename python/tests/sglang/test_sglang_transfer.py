@@ -35,6 +35,7 @@ from sglang.srt.plugins import load_plugins  # noqa: E402
 from sglang.srt.runtime_context import get_parallel  # noqa: E402
 
 from pdlink import PdlinkError  # noqa: E402
+from pdlink.client import wait_for  # noqa: E402
 
 load_plugins()
 
@@ -370,6 +371,96 @@ def test_prefilld_killed_fails_a_polled_sender_as_unreachable_never_its_cached_s
     with pytest.raises(KVTransferError, match="unreachable"):
         req.sender.failure_exception()
     assert s.prefill_mgr.slots.free == STAGING_SLOTS
+
+
+def _restart_and_reconnect(s: Servers, side: str):
+    """Restart one daemon (kill -9, same socket and ports) and wait until its
+    manager's Watch stream is subscribed to the new instance."""
+    mgr = s.prefill_mgr if side == "prefilld" else s.decode_mgr
+    daemon = s.pair.prefill if side == "prefilld" else s.pair.decode
+    before = mgr.client.cache.reconnects
+    daemon.restart()
+    wait_for(
+        lambda: mgr.client.cache.reconnects > before and mgr.client.cache.connected.is_set(),
+        WAIT,
+        what=f"{side}'s Watch stream back",
+    )
+    return mgr
+
+
+def _moves_verified_kv(s: Servers, room: int) -> None:
+    req = open_request(s, room, [1, 2, 3], [4, 5, 6], 0, 1)
+    drive_prefill(s, req, chunks=2)
+    assert wait_poll(req.sender, {KVPoll.Success}, "prefill") == KVPoll.Success
+    assert wait_poll(req.receiver, {KVPoll.Success}, "decode") == KVPoll.Success
+    verify(s, req)
+    req.sender.clear()
+    req.receiver.clear()
+
+
+@pytest.mark.parametrize("side", ["prefilld", "decoded"])
+def test_a_restarted_daemon_gets_the_region_again_and_the_next_request_moves_its_kv(servers, side):
+    """A restarted daemon holds no region and refused every open ("no region
+    registered") until the SGLang server restarted: the manager registers its
+    region again once its Watch stream reconnected, by its region thread (an
+    idle scheduler opens nothing), and checks again before each open."""
+    mgr = _restart_and_reconnect(servers, side)
+    wait_for(
+        lambda: mgr._region_reconnects == mgr.client.cache.reconnects,
+        WAIT,
+        what="the region registered again with no room opened",
+    )
+    _moves_verified_kv(servers, 611 if side == "prefilld" else 612)
+
+
+def test_an_open_refused_for_want_of_a_region_registers_it_and_opens_again(servers):
+    """decoded can answer an OpenReceiver before the Watch stream saw it restart:
+    the refusal ("no region registered") registers the region, and the open
+    goes once more. (prefilld takes an OpenSender with no region; that room
+    fails at its first Send, "not bound to decode", and the next open finds
+    the region registered by the reconnect.)"""
+    mgr = servers.decode_mgr
+    mgr._region_stop.set()  # the region thread would register it first
+    mgr._region_thread.join(WAIT)
+    _restart_and_reconnect(servers, "decoded")
+    mgr._region_reconnects = mgr.client.cache.reconnects  # as if the stream had not noticed
+    registered = []
+    real = mgr.register_region_again
+    mgr.register_region_again = lambda why, **kw: (registered.append(why), real(why, **kw))[1]
+    _moves_verified_kv(servers, 621)
+    assert registered == ["the daemon refused an open for want of it"]
+
+
+def test_an_abort_clears_the_daemons_room_on_either_side(servers):
+    """SGLang's prefill aborts a request in its waiting queue or mid chunked
+    prefill with abort() alone, never clear(): the daemon's room stayed Failed
+    until --clear-linger reaped it as uncleared. abort() now clears it."""
+    s = servers
+    for room, side in ((631, "prefill"), (632, "decode")):
+        req = open_request(s, room, [1, 2], [3, 4], 0, 0)
+        req.receiver.send_metadata(torch.tensor(req.dst_pages, dtype=torch.int32).numpy(), 0)
+        wait_poll(req.sender, {KVPoll.WaitingForInput}, "prefill bootstrap")
+        req.sender.init(2, 0)
+        aborted, other = (
+            (req.sender, req.receiver)
+            if side == "prefill"
+            else (
+                req.receiver,
+                req.sender,
+            )
+        )
+        aborted.abort()  # Scheduler.abort_request
+        mgr = aborted.kv_mgr
+        assert mgr.client.poll([room])[0].found is False, f"{side} room left on its daemon"
+        assert mgr.client.status(room) is None  # and gone from the status cache
+        assert aborted.poll() == KVPoll.Failed
+        with pytest.raises(KVTransferError, match="Aborted by AbortReq"):
+            aborted.failure_exception()
+        assert wait_poll(other, {KVPoll.Failed}, "the peer sees the abort") == KVPoll.Failed
+        with pytest.raises(KVTransferError, match="aborted:remote"):
+            other.failure_exception()
+    assert s.prefill_mgr.slots.free == STAGING_SLOTS
+    assert s.decode_mgr.slots.free == STAGING_SLOTS
 
 
 def test_send_returns_before_the_daemon_answers_and_the_room_still_succeeds(servers, monkeypatch):
