@@ -263,6 +263,7 @@ func TestBrokenConnectionMidStreamCallsDoneAndFreesTheBudget(t *testing.T) {
 	g := newRig(t, l, l, false, SenderConfig{ConnsPerPeer: 1, MaxChunkBytes: item, RedialMin: time.Millisecond,
 		MaxInflightBytes: pages * item}, ReceiverConfig{})
 	all := [][]Run{{{0, pages}}}
+	metDeadConn := false
 	for i := range 40 {
 		k := Key{Room: uint64(i + 1), Nonce: 1}
 		if err := g.rcv.Expect(Expectation{Key: k, Dst: all, AuxRow: -1}); err != nil {
@@ -278,9 +279,22 @@ func TestBrokenConnectionMidStreamCallsDoneAndFreesTheBudget(t *testing.T) {
 		done := g.send(t, k, all, all, nil)
 		select {
 		case <-cut:
+		case err := <-done:
+			// The previous room landed whole before its cut took effect (its
+			// Done said nil), so the sender had not seen the break yet and put
+			// this room on the dead connection: it fails without a chunk landed.
+			// That room saw the break, so the next one must land on a new
+			// connection: a sender that never redials fails here.
+			if err == nil || ReasonOf(err) != ReasonTransferError || metDeadConn {
+				t.Fatalf("room %v: ended before a chunk landed with %v (after a room on the dead connection: %v), want transfer_error once", k, err, metDeadConn)
+			}
+			metDeadConn = true
+			g.rcv.Fence(k)
+			continue
 		case <-time.After(10 * time.Second):
 			t.Fatalf("room %v: chunk %d never landed", k, 1+i%20)
 		}
+		metDeadConn = false
 		g.mem.Disconnect(g.addr, false)
 		select {
 		case err := <-done:
