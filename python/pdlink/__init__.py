@@ -1,6 +1,6 @@
 """pdlink: drive the pdlink KV transfer daemons from an engine's scheduler."""
 
-from pdlink.client import DecodeClient, PrefillClient, Rank
+from pdlink.client import DecodeClient, PrefillClient, Rank, StatusCache
 from pdlink.errors import (
     AlreadyExists,
     DeadlineExceeded,
@@ -33,5 +33,6 @@ __all__ = [
     "ResourceExhausted",
     "RoomState",
     "RoomStatus",
+    "StatusCache",
     "Unavailable",
 ]

@@ -6,6 +6,7 @@ nothing from SGLang, so the refusals are testable on their own.
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 from pdlink.sglang import BACKEND_NAME, TESTED_SGLANG_VERSION
@@ -17,6 +18,11 @@ class UnsupportedSGLang(RuntimeError):
 
 class UnsupportedConfig(ValueError):
     """An SGLang option pdlink v1 cannot carry; the message names the option."""
+
+
+def installed_sglang_version() -> str:
+    """The installed SGLang's version, from its package metadata (no import of it)."""
+    return metadata.version("sglang")
 
 
 def check_version(installed: str) -> None:

@@ -21,6 +21,24 @@ Configuration (environment of each SGLang server):
                                                TP sizes; SGLang's decode manager gets no
                                                head counts)
 
+SGLang's call order, per request (the methods below, in the order its
+schedulers call them; poll() runs every scheduler step in between):
+  prefill  PdlinkKVSender(...)       OpenSender
+           poll() -> WaitingForInput  decode's SendMetadata reached prefilld
+           pop_decode_prefix_len()    decode's cached prefix, in tokens
+           init(num_pages, aux)       staging slots for the pages after it
+           send(kv_indices) per chunk copy into staging, Send (the last with aux)
+           poll() -> Success          decoded verified every page
+           clear()                    ClearRooms, slots back
+  decode   PdlinkKVReceiver(...)      (nothing yet: SGLang's bootstrap first)
+           init(prefill_dp_rank)      OpenReceiver to prefilld's endpoint
+           send_metadata(kv_indices, aux_index, decode_prefix_len)
+                                      SendMetadata with staging slots
+           poll() -> Success          copy out of staging into SGLang's pool, then Success
+           clear()                    ClearRooms, slots back
+  either   abort()                    Abort and ClearRooms (SGLang calls no clear after it)
+           failure_exception()        on Failed: clear, raise with pdlink's reason
+
 TP: one prefilld and one decoded serve every rank of their server; each
 rank's scheduler opens the same room with its own rank (attn_tp_rank,
 attn_tp_size), decode naming the prefill TP it learnt from SGLang's
@@ -58,11 +76,10 @@ from pdlink import (
     Region,
     RoomState,
     RoomStatus,
+    StatusCache,
 )
-from pdlink.client import StatusCache
 from pdlink.region import AuxLayout, BufferLayout, RegionLayout
 from pdlink.sglang import checks
-from pdlink.sglang.plugin import installed_sglang_version
 from pdlink.sglang.staging import SlotPool, StagingFull, copier, copy_pages
 
 logger = logging.getLogger(__name__)
@@ -163,7 +180,7 @@ class PdlinkKVManager(CommonKVManager):
         server_args: Any,
         is_mla_backend: bool | None = False,
     ) -> None:
-        checks.check_version(installed_sglang_version())
+        checks.check_version(checks.installed_sglang_version())
         checks.check_server_args(server_args)
         checks.check_kv_args(args)
         self.is_prefill = disaggregation_mode == DisaggregationMode.PREFILL

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import enum
 import logging
-from importlib import metadata
 from typing import Any
 
 from pdlink.sglang import BACKEND_NAME, checks
@@ -30,10 +29,6 @@ from pdlink.sglang import BACKEND_NAME, checks
 logger = logging.getLogger(__name__)
 
 _UTILS = "sglang.srt.disaggregation.utils"
-
-
-def installed_sglang_version() -> str:
-    return metadata.version("sglang")
 
 
 def _transfer_backend_with_pdlink(original: type[enum.Enum]) -> type[enum.Enum]:
@@ -46,7 +41,7 @@ def _transfer_backend_with_pdlink(original: type[enum.Enum]) -> type[enum.Enum]:
 def _get_kv_class(original_fn: Any, transfer_backend: Any, class_type: Any) -> Any:
     if getattr(transfer_backend, "value", transfer_backend) != BACKEND_NAME:
         return original_fn(transfer_backend, class_type)
-    checks.check_version(installed_sglang_version())
+    checks.check_version(checks.installed_sglang_version())
     from pdlink.sglang import conn
 
     return conn.kv_class(class_type)
@@ -54,7 +49,7 @@ def _get_kv_class(original_fn: Any, transfer_backend: Any, class_type: Any) -> A
 
 def _check_server_args(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
     if getattr(server_args, "disaggregation_transfer_backend", None) == BACKEND_NAME:
-        checks.check_version(installed_sglang_version())
+        checks.check_version(checks.installed_sglang_version())
         checks.check_server_args(server_args)
 
 
@@ -65,7 +60,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     try:
-        checks.check_version(installed_sglang_version())
+        checks.check_version(checks.installed_sglang_version())
     except checks.UnsupportedSGLang as err:
         # Still registered, so the option parses and the refusal below
         # names the tested version instead of argparse's "invalid choice".

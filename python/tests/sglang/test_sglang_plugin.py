@@ -59,7 +59,7 @@ def test_unknown_backend_still_refused_by_argparse():
 def test_version_gate_refuses_other_sglang_naming_the_tested_one(monkeypatch):
     from sglang.srt.disaggregation import utils
 
-    monkeypatch.setattr(plugin, "installed_sglang_version", lambda: "0.5.22")
+    monkeypatch.setattr(checks, "installed_sglang_version", lambda: "0.5.22")
     backend = utils.TransferBackend("pdlink")
     with pytest.raises(checks.UnsupportedSGLang) as err:
         utils.get_kv_class(backend, utils.KVClassType.MANAGER)
@@ -155,3 +155,24 @@ def test_region_layout_carries_the_heads_the_daemons_map_tp_sizes_with():
         region_layout(_kv_args(100, kv_head_num=3, total_kv_head_num=6), 10, False, 2).attention
         is None
     )
+
+
+def test_the_backend_imports_without_the_plugin():
+    """conn.py took the version helper from plugin.py, whose get_kv_class hook
+    imports conn: a circle that worked only by import order. The helper is in
+    checks.py; the backend imports without the plugin module."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pdlink.sglang.conn; print('pdlink.sglang.plugin' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]
