@@ -324,6 +324,7 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, m sideMetrics) err
 		FramesRejected: func() []metrics.Count { return rejectedCounts(ctr(), z()) },
 		Retransmits:    func() float64 { return float64(ctr().Retransmits) },
 		Unsent:         func() float64 { return float64(ctr().SendErrors) },
+		WatchDropped:   func() float64 { return float64(ctr().WatchDropped) },
 		Peers: func() []metrics.Count {
 			c := ctr()
 			return []metrics.Count{{Labels: []string{"up"}, Value: float64(c.PeersUp)}, {Labels: []string{"lost"}, Value: float64(c.PeersDown)}}
