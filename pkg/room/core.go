@@ -188,7 +188,7 @@ func (c *core) publishLocked(effs []poll.Effect) {
 			// Checked first: the fields would be allocated for every room
 			// of a 100k-room shutdown batch with debug off.
 			if ce := c.log.Check(zap.DebugLevel, "room transition"); ce != nil {
-				ce.Write(zap.Uint64("room", uint64(e.Key.Room)), zap.Uint64("nonce", uint64(e.Key.Nonce)),
+				ce.Write(conn.RoomField(e.Key),
 					zap.Stringer("from", e.From), zap.Stringer("to", e.To), zap.String("reason", string(e.Reason)))
 			}
 			if e.To.Terminal() {
@@ -258,11 +258,11 @@ func (c *core) perform(effs []poll.Effect) {
 		case poll.EffRebound:
 			// The room's METADATA, unanswered or refused by the instance
 			// that restarted, goes to the new one once it registered us.
-			c.log.Debug("room moved to the restarted peer's new instance", zap.Uint64("room", uint64(e.Key.Room)), zap.Uint32("peer", uint32(e.Peer)))
+			c.log.Debug("room moved to the restarted peer's new instance", conn.RoomField(e.Key), zap.Uint32("peer", uint32(e.Peer)))
 			c.lk.Rebound(e.Key)
 		case poll.EffReaped, poll.EffRemoved:
 			if e.Kind == poll.EffReaped {
-				c.log.Info("uncleared room reaped", zap.Uint64("room", uint64(e.Key.Room)), zap.Stringer("state", e.Status))
+				c.log.Info("uncleared room reaped", conn.RoomField(e.Key), zap.Stringer("state", e.Status))
 			}
 			c.dropFence(e.Key)
 			c.dropOpen(e.Key)
