@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -37,7 +39,13 @@ func startMappedPair(t testing.TB, nPre, nDec int, layout func(transfer.Rank) tr
 // startMappedPairWith is startMappedPair with the daemons' configs tweaked.
 func startMappedPairWith(t testing.TB, nPre, nDec int, layout func(transfer.Rank) transfer.Layout, tweak func(pre, dec *daemon.Config)) *tpPair {
 	t.Helper()
-	p := &tpPair{pair: startPairWith(t, tweak), n: nPre}
+	return startMappedPairLoggingTo(t, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), nPre, nDec, layout, tweak)
+}
+
+// startMappedPairLoggingTo is startMappedPairWith with the daemons logging to log.
+func startMappedPairLoggingTo(t testing.TB, log *zap.Logger, nPre, nDec int, layout func(transfer.Rank) transfer.Layout, tweak func(pre, dec *daemon.Config)) *tpPair {
+	t.Helper()
+	p := &tpPair{pair: startPairLoggingTo(t, log, tweak), n: nPre}
 	for i := range max(nPre, nDec) {
 		if i < nPre {
 			pre := newRegionWithLayout(t, layout(transfer.Rank{TP: uint16(i), Size: uint16(nPre)}))

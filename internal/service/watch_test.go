@@ -2,9 +2,12 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 )
@@ -78,5 +81,87 @@ func TestSlowWatcherIsToldWhatItMissed(t *testing.T) {
 	}
 	if missed < 20 {
 		t.Fatalf("missed %d transitions, want most of the 40 that did not fit", missed)
+	}
+}
+
+// pdlink_watch_dropped_total on each daemon's /metrics is the count of
+// transitions its stalled Watch stream missed, exactly what the stream's
+// "missed" event told the reader.
+func TestWatchDroppedTotalCountsWhatASlowWatcherMissed(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	watchBuffer = 4
+	watchStall = func() { <-release } // every stream's goroutine is stuck until released
+	t.Cleanup(func() { once.Do(func() { close(release) }); watchBuffer, watchStall = 0, nil })
+	p := startPair(t)
+	registerRegions(t, p)
+	for _, base := range []string{p.preHTTP, p.decHTTP} {
+		if got := metric(t, base, "pdlink_watch_dropped_total"); got != "0" {
+			t.Fatalf("%s: pdlink_watch_dropped_total %s before any watcher", base, got)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pre, err := p.prefill.Watch(ctx, &pb.PrefillServiceWatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := p.decode.Watch(ctx, &pb.DecodeServiceWatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []grpc.ClientStream{pre, dec} {
+		if _, err := s.Header(); err != nil { // subscribed from here on
+			t.Fatal(err)
+		}
+	}
+	// 20 rooms opened and aborted on each side (other ids on decode, so
+	// its aborts reach no prefill room): 40 transitions per stream against
+	// a buffer of 4 and one transition in the stuck goroutine's hands.
+	const rooms, held = 20, 4 + 1
+	for id := uint64(1); id <= rooms; id++ {
+		if _, err := p.prefill.OpenSender(ctx, &pb.OpenSenderRequest{RoomId: id}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.prefill.Abort(ctx, &pb.PrefillServiceAbortRequest{RoomId: id}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: 100 + id, PrefillBootstrapAddr: p.bootstrap}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.decode.Abort(ctx, &pb.DecodeServiceAbortRequest{RoomId: 100 + id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	once.Do(func() { close(release) })
+	for _, s := range []struct {
+		side, base string
+		recv       func() (*pb.WatchEvent, error)
+	}{
+		{"prefill", p.preHTTP, func() (*pb.WatchEvent, error) {
+			r, err := pre.Recv()
+			return r.GetEvent(), err
+		}},
+		{"decode", p.decHTTP, func() (*pb.WatchEvent, error) {
+			r, err := dec.Recv()
+			return r.GetEvent(), err
+		}},
+	} {
+		// Every abort returned once its Failed was published, so the
+		// stream's first report after the release holds every drop.
+		var missed uint64
+		for missed == 0 {
+			ev, err := s.recv()
+			if err != nil {
+				t.Fatalf("%s: stream ended before any missed count: %v", s.side, err)
+			}
+			missed = ev.GetMissed()
+		}
+		if missed < 2*rooms-held {
+			t.Fatalf("%s: stream missed %d transitions, want at least %d", s.side, missed, 2*rooms-held)
+		}
+		if got := metric(t, s.base, "pdlink_watch_dropped_total"); got != fmt.Sprint(missed) {
+			t.Fatalf("%s: pdlink_watch_dropped_total %s, the stream missed %d", s.side, got, missed)
+		}
 	}
 }

@@ -156,6 +156,8 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	if kr != nil {
 		pcfg.Sender.Auth, pcfg.Auth = kr.Data(), kr.Control(auth.SidePrefill)
 	}
+	rec := metrics.NewRecorder(metrics.SidePrefill)
+	pcfg.Ended = observeEnd(rec)
 	if prefillHook != nil {
 		prefillHook(&pcfg)
 	}
@@ -168,7 +170,6 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	pb.RegisterPrefillServiceServer(s.GRPC, &PrefillServer{Node: node, Gate: gate})
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
-	rec := metrics.NewRecorder(metrics.SidePrefill)
 	if err := registerMetrics(s, rec, sideMetrics{
 		Side: metrics.SidePrefill, Config: cfg, Keyring: kr, Socket: tr.Stats,
 		Rooms: node.Stats, Counters: node.Counters, Bytes: node.Bytes,
@@ -177,7 +178,7 @@ func SetupPrefill(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	}); err != nil {
 		return err
 	}
-	addNode(s, "prefill-node", node, rec, func() error {
+	addNode(s, "prefill-node", func() error {
 		if err := node.Start(context.Background()); err != nil {
 			return err
 		}
@@ -224,6 +225,8 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	if kr != nil {
 		dcfg.Receiver.Auth, dcfg.Auth = kr.Data(), kr.Control(auth.SideDecode)
 	}
+	rec := metrics.NewRecorder(metrics.SideDecode)
+	dcfg.Ended = observeEnd(rec)
 	if decodeHook != nil {
 		decodeHook(&dcfg)
 	}
@@ -237,7 +240,6 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	pb.RegisterDecodeServiceServer(s.GRPC, &DecodeServer{Node: node, Gate: gate})
 	pb.RegisterAdminServiceServer(s.GRPC, admin)
 	s.Mux.Handle("/debug/rooms", DebugRooms(admin))
-	rec := metrics.NewRecorder(metrics.SideDecode)
 	if err := registerMetrics(s, rec, sideMetrics{
 		Side: metrics.SideDecode, Config: cfg, Keyring: kr, Socket: tr.Stats,
 		Rooms: node.Stats, Counters: node.Counters, Bytes: node.Bytes,
@@ -247,7 +249,7 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 		ln.Close()
 		return err
 	}
-	addNode(s, "decode-node", node, rec, func() error { return node.Start(context.Background()) }, func() { _ = node.Close() })
+	addNode(s, "decode-node", func() error { return node.Start(context.Background()) }, func() { _ = node.Close() })
 	s.Add("data-listener", func(ready func()) error {
 		log.Info("data listener bound", zap.String("addr", ln.Addr().String()))
 		ready()
@@ -259,22 +261,17 @@ func SetupDecode(s *daemon.Server, cfg daemon.Config, log *zap.Logger) error {
 	return nil
 }
 
-// addNode runs a room owner as a component: start it, feed the duration
-// histograms from its transitions, serve until interrupted, then stop it.
-func addNode(s *daemon.Server, name string, node RoomOwner, rec *metrics.Recorder, start func() error, stop func()) {
+// addNode runs a room owner as a component: start it, serve until
+// interrupted, then stop it.
+func addNode(s *daemon.Server, name string, start func() error, stop func()) {
 	interrupted := make(chan struct{})
 	var once sync.Once
 	s.Add(name, func(ready func()) error {
 		if err := start(); err != nil {
 			return err
 		}
-		sub := node.Subscribe(4096)
-		done := make(chan struct{})
-		go func() { defer close(done); observeDurations(node, sub, rec) }()
 		ready()
 		<-interrupted
-		sub.Close()
-		<-done
 		return nil
 	}, func(error) {
 		once.Do(func() { close(interrupted) })
@@ -324,6 +321,7 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, m sideMetrics) err
 		FramesRejected: func() []metrics.Count { return rejectedCounts(ctr(), z()) },
 		Retransmits:    func() float64 { return float64(ctr().Retransmits) },
 		Unsent:         func() float64 { return float64(ctr().SendErrors) },
+		WatchDropped:   func() float64 { return float64(ctr().WatchDropped) },
 		Peers: func() []metrics.Count {
 			c := ctr()
 			return []metrics.Count{{Labels: []string{"up"}, Value: float64(c.PeersUp)}, {Labels: []string{"lost"}, Value: float64(c.PeersDown)}}
@@ -366,28 +364,14 @@ func registerMetrics(s *daemon.Server, rec *metrics.Recorder, m sideMetrics) err
 	return metrics.Register(s.Registry, c, rec)
 }
 
-// observeDurations feeds the duration histograms from the node's
-// transitions until the subscription closes. Room detail comes from Get,
-// which is cheap next to a room's life.
-func observeDurations(owner RoomOwner, sub *room.Subscription, rec *metrics.Recorder) {
-	for tr := range sub.C() {
-		if !tr.To.Terminal() {
-			continue
-		}
-		in, err := owner.Get(tr.Key.Room)
-		if err != nil {
-			continue
-		}
-		created := owner.WallTime(in.CreatedAt)
-		rec.ObserveRoomEnd(tr.To == poll.Success, tr.At.Sub(created).Seconds())
-		if tr.To != poll.Success {
-			continue
-		}
-		for _, h := range in.History {
-			if h.To == poll.Transferring {
-				rec.ObserveTransfer(tr.At.Sub(owner.WallTime(h.At)).Seconds())
-				break
-			}
+// observeEnd feeds the duration histograms from the owner's Ended hook:
+// every room that ends is observed once, on the owner goroutine, however
+// slow the Watch subscribers are (a Histogram's Observe never blocks).
+func observeEnd(rec *metrics.Recorder) func(room.RoomEnd) {
+	return func(e room.RoomEnd) {
+		rec.ObserveRoomEnd(e.To == poll.Success, e.Life.Seconds())
+		if e.To == poll.Success {
+			rec.ObserveTransfer(e.Transfer.Seconds())
 		}
 	}
 }

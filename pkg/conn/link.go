@@ -416,7 +416,7 @@ func (c *core) retransmit(now int64) {
 	resend, expired := c.out.due(now)
 	for _, p := range expired {
 		c.ctr.giveUps.Add(1)
-		c.log.Debug("reliable frame abandoned at its deadline", zap.Stringer("type", p.ft), zap.Uint64("seq", p.seq), zap.Uint64("room", uint64(p.key.Room)))
+		c.log.Debug("reliable frame abandoned at its deadline", zap.Stringer("type", p.ft), zap.Uint64("seq", p.seq), RoomField(p.key))
 	}
 	for _, p := range resend {
 		if p.frame != nil {

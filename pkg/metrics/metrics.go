@@ -66,6 +66,9 @@ type Sources struct {
 	// DataRefused returns data frames decode's receiver refused, by (reason)
 	// (transfer.AllRefusals: unknown_room, invalid, bad_frame, checksum).
 	DataRefused func() []Count
+	// WatchDropped returns the transitions dropped for Watch subscribers
+	// too slow to take them (each told so by a "missed" event).
+	WatchDropped func() float64
 }
 
 // Side label values.
@@ -87,7 +90,7 @@ type Collector struct {
 	transitions, failures, rejectedEvents, collisions      *prometheus.Desc
 	reaped                                                 *prometheus.Desc
 	frames, framesRejected, retransmits, peers, restarts   *prometheus.Desc
-	unsent                                                 *prometheus.Desc
+	unsent, watchDropped                                   *prometheus.Desc
 	peerDepartures                                         *prometheus.Desc
 	transferBytes, insecure                                *prometheus.Desc
 	regionReplaced, regionFaults                           *prometheus.Desc
@@ -128,6 +131,7 @@ func NewCollector(side string, src Sources) *Collector {
 		framesRejected:    d("frames_rejected_total", "Control frames rejected, by reason.", "reason"),
 		retransmits:       d("frames_retransmitted_total", "Control frames sent again for lack of an ack."),
 		unsent:            d("frames_unsent_total", "Control frames the transport refused: its send queue full behind a slow peer, or the socket closed (a reliable frame goes again at its retransmit)."),
+		watchDropped:      d("watch_dropped_total", "Room transitions dropped for Watch subscribers too slow to take them; each stream is told how many it missed and re-syncs with Poll."),
 		peers:             d("peers", "Peer daemons, by state.", "state"),
 		peerDepartures:    d("peer_departures_total", "Peers that went away, by reason: goodbye (a planned stop), lost (heartbeats missed), restarted (a new instance behind the same address).", "reason"),
 		restarts:          d("worker_restarts_total", "Supervised goroutines restarted after a failure, by worker.", "worker"),
@@ -147,7 +151,7 @@ func NewCollector(side string, src Sources) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.rooms, c.oldest, c.overdue, c.deadline, c.tombstones,
 		c.transitions, c.failures, c.rejectedEvents, c.collisions, c.reaped, c.frames, c.framesRejected,
-		c.retransmits, c.unsent, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.regionReplaced, c.regionFaults, c.insecure, c.authRejected, c.authReloads, c.regionRefused, c.peerLayoutRefused, c.dataRefused} {
+		c.retransmits, c.unsent, c.watchDropped, c.peers, c.peerDepartures, c.restarts, c.transferBytes, c.regionReplaced, c.regionFaults, c.insecure, c.authRejected, c.authReloads, c.regionRefused, c.peerLayoutRefused, c.dataRefused} {
 		ch <- d
 	}
 }
@@ -215,6 +219,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.src.Unsent != nil {
 		counter(c.unsent, c.src.Unsent())
+	}
+	if c.src.WatchDropped != nil {
+		counter(c.watchDropped, c.src.WatchDropped())
 	}
 	if c.src.TransferBytes != nil {
 		counter(c.transferBytes, c.src.TransferBytes())
@@ -300,6 +307,7 @@ func Names() map[string]string {
 		name("frames_rejected_total"):      "counter",
 		name("frames_retransmitted_total"): "counter",
 		name("frames_unsent_total"):        "counter",
+		name("watch_dropped_total"):        "counter",
 		name("peers"):                      "gauge",
 		name("peer_departures_total"):      "counter",
 		name("worker_restarts_total"):      "counter",

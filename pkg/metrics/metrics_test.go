@@ -41,6 +41,7 @@ func allSources(tbl *poll.Table, now *int64) Sources {
 		FramesRejected: func() []Count { return []Count{{[]string{"decode"}, 1}} },
 		Retransmits:    func() float64 { return 2 },
 		Unsent:         func() float64 { return 0 },
+		WatchDropped:   func() float64 { return 0 },
 		Peers:          func() []Count { return []Count{{[]string{"up"}, 1}, {[]string{"lost"}, 0}} },
 		PeerDepartures: func() []Count {
 			return []Count{{[]string{"goodbye"}, 1}, {[]string{"lost"}, 0}, {[]string{"restarted"}, 0}}

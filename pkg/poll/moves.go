@@ -179,12 +179,13 @@ func (t *Table) apply(now int64, r *room, ev *Event) error {
 
 // become moves r to a new non-failed state and emits the transition.
 func (t *Table) become(now int64, r *room, to State, reason reasonCode) {
-	from := r.state
+	from, entered := r.state, r.enteredAt
 	r.state, r.visible, r.enteredAt = to, to, now
 	t.q.Move(&r.entry, classOf[to], now)
 	r.record(t.cfg.HistoryLen, now, from, to, reason)
 	t.ctr.transitions[from][to]++
-	t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: from, To: to, Visible: true, At: now})
+	t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: from, To: to, Visible: true, At: now,
+		Opened: r.createdAt, Entered: entered})
 	if to == Success {
 		t.unlinkPeer(r)
 		if t.cfg.Side == Decode && r.peer != NoPeer {
@@ -196,14 +197,15 @@ func (t *Table) become(now int64, r *room, to State, reason reasonCode) {
 // fail moves a live room to Failed. The scheduler keeps seeing the previous
 // state until the driver fences the room (I9).
 func (t *Table) fail(now int64, r *room, reason reasonCode, notify bool) {
-	from := r.state
+	from, entered := r.state, r.enteredAt
 	r.state, r.enteredAt, r.reason, r.fenced = Failed, now, reason, false
 	t.unlinkPeer(r)
 	t.q.Move(&r.entry, classOf[Failed], now)
 	r.record(t.cfg.HistoryLen, now, from, Failed, reason)
 	t.ctr.transitions[from][Failed]++
 	t.ctr.failures[reason]++
-	t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: from, To: Failed, Reason: reason.reason(), PeerReason: r.peerReason.reason(), At: now})
+	t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: from, To: Failed, Reason: reason.reason(), PeerReason: r.peerReason.reason(), At: now,
+		Opened: r.createdAt, Entered: entered})
 	t.emit(Effect{Kind: EffFence, Key: r.key, Peer: r.peer, At: now})
 	if notify && r.peer != NoPeer {
 		t.emit(Effect{Kind: EffNotifyPeer, Key: r.key, Peer: r.peer, Status: Failed, Reason: reason.reason(), At: now})

@@ -195,7 +195,8 @@ func (t *Table) open(now int64, ev *Event) error {
 		r.record(t.cfg.HistoryLen, now, StateNone, Failed, r.reason)
 		t.ctr.transitions[StateNone][Failed]++
 		t.ctr.failures[r.reason]++
-		t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: StateNone, To: Failed, Visible: true, Reason: r.reason.reason(), PeerReason: r.peerReason.reason(), At: now})
+		t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: StateNone, To: Failed, Visible: true, Reason: r.reason.reason(), PeerReason: r.peerReason.reason(), At: now,
+			Opened: now, Entered: now})
 		if r.peer != NoPeer && r.reason != codeAbortedRemote {
 			// A local abort that came before the open: the peer this room
 			// is bound to has not heard of it yet (R4, R8).
@@ -208,7 +209,7 @@ func (t *Table) open(now int64, ev *Event) error {
 	t.linkPeer(r)
 	r.record(t.cfg.HistoryLen, now, StateNone, Bootstrapping, codeNone)
 	t.ctr.transitions[StateNone][Bootstrapping]++
-	t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: StateNone, To: Bootstrapping, Visible: true, At: now})
+	t.emit(Effect{Kind: EffTransition, Key: r.key, Peer: r.peer, From: StateNone, To: Bootstrapping, Visible: true, At: now, Opened: now, Entered: now})
 	return nil
 }
 

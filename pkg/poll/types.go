@@ -241,4 +241,10 @@ type Effect struct {
 	// (Reason aborted:remote), on EffTransition and EffPublish.
 	PeerReason Reason
 	At         int64
+	// Opened is when the room was opened and Entered when it entered
+	// From (Opened for an open), on EffTransition: a room's life and the
+	// time it spent in From, for the duration metrics. A room enters
+	// Transferring at its first KV byte and stays there across progress,
+	// so Entered of its move to Success is when its transfer began.
+	Opened, Entered int64
 }

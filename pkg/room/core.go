@@ -54,6 +54,9 @@ type core struct {
 
 	subMu sync.Mutex // taken inside mu (publish), never the other way round
 	subs  map[*Subscription]struct{}
+	// ended, if set (the node config's Ended), hears every room's end as
+	// the table makes it (end, read.go).
+	ended func(RoomEnd)
 
 	fenceMu sync.Mutex
 	// fences are the rooms whose fence the data plane has not reported
@@ -176,6 +179,8 @@ func (c *core) takeLocked() []poll.Effect {
 // publishLocked publishes a batch's Transition and Publish effects and
 // wakes the calls parked on rooms whose Failed became visible or that
 // went. Publication never blocks (Subscription drops what does not fit).
+// A room's move to a terminal state also goes to the Ended hook, which
+// drops nothing: every room ends exactly once (I1).
 func (c *core) publishLocked(effs []poll.Effect) {
 	for _, e := range effs {
 		switch e.Kind {
@@ -183,8 +188,11 @@ func (c *core) publishLocked(effs []poll.Effect) {
 			// Checked first: the fields would be allocated for every room
 			// of a 100k-room shutdown batch with debug off.
 			if ce := c.log.Check(zap.DebugLevel, "room transition"); ce != nil {
-				ce.Write(zap.Uint64("room", uint64(e.Key.Room)), zap.Uint64("nonce", uint64(e.Key.Nonce)),
+				ce.Write(conn.RoomField(e.Key),
 					zap.Stringer("from", e.From), zap.Stringer("to", e.To), zap.String("reason", string(e.Reason)))
+			}
+			if e.To.Terminal() {
+				c.end(e)
 			}
 			if e.Visible {
 				c.publish(Transition{Key: e.Key, From: e.From, To: e.To, Reason: e.Reason, PeerReason: e.PeerReason,
@@ -250,11 +258,11 @@ func (c *core) perform(effs []poll.Effect) {
 		case poll.EffRebound:
 			// The room's METADATA, unanswered or refused by the instance
 			// that restarted, goes to the new one once it registered us.
-			c.log.Debug("room moved to the restarted peer's new instance", zap.Uint64("room", uint64(e.Key.Room)), zap.Uint32("peer", uint32(e.Peer)))
+			c.log.Debug("room moved to the restarted peer's new instance", conn.RoomField(e.Key), zap.Uint32("peer", uint32(e.Peer)))
 			c.lk.Rebound(e.Key)
 		case poll.EffReaped, poll.EffRemoved:
 			if e.Kind == poll.EffReaped {
-				c.log.Info("uncleared room reaped", zap.Uint64("room", uint64(e.Key.Room)), zap.Stringer("state", e.Status))
+				c.log.Info("uncleared room reaped", conn.RoomField(e.Key), zap.Stringer("state", e.Status))
 			}
 			c.dropFence(e.Key)
 			c.dropOpen(e.Key)

@@ -448,7 +448,7 @@ func (e decodeEvents) Complete(k transfer.Key) {
 }
 
 func (e decodeEvents) Failed(k transfer.Key, r transfer.Reason, err error) {
-	e.d.log.Warn("room transfer failed", zap.Uint64("room", k.Room), zap.String("reason", string(r)), zap.Error(err))
+	e.d.log.Warn("room transfer failed", zap.Inline(k), zap.String("reason", string(r)), zap.Error(err))
 	if reason, fails := roomFailure(e.d.log, poll.Decode, r); fails {
 		e.d.node.OnFailed(pkey(k), reason)
 	}

@@ -271,7 +271,7 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 	local, sender := d.slot.get(), d.transport()
 	if d.fenced[md.Key] || local == nil || sender == nil {
 		if local == nil {
-			d.log.Warn("metadata before any region is registered", zap.Uint64("room", uint64(md.Key.Room)))
+			d.log.Warn("metadata before any region is registered", conn.RoomField(md.Key), zap.Stringer("rank", rankName(md.Rank)))
 		}
 		return
 	}
@@ -294,7 +294,7 @@ func (d *PrefillData) Bind(peer conn.PeerInfo, md Metadata) {
 		err = sender.AddPeer(peer.Addr, pl)
 	}
 	if err != nil {
-		d.log.Warn("cannot bind room to decode peer", zap.Uint64("room", uint64(md.Key.Room)), zap.String("peer", peer.Addr), zap.Error(err))
+		d.log.Warn("cannot bind room to decode peer", conn.RoomField(md.Key), zap.Stringer("rank", rankName(md.Rank)), zap.String("peer", peer.Addr), zap.Error(err))
 		// Its own input, later: this one is stepping the METADATA.
 		go d.node.OnFailed(md.Key, poll.ReasonInvalid)
 		return
@@ -759,7 +759,7 @@ func (d *PrefillData) refused(key poll.Key, err error) sendOutcome {
 	if errors.Is(err, transfer.ErrFenced) || errors.Is(err, transfer.ErrStreamEnded) {
 		return sendOutcome{ended: true, key: key}
 	}
-	d.log.Warn("transfer refused", zap.Uint64("room", uint64(key.Room)), zap.Error(err))
+	d.log.Warn("transfer refused", conn.RoomField(key), zap.Error(err))
 	if reason, fails := roomFailure(d.log, poll.Prefill, transfer.ReasonOf(err)); fails {
 		d.node.applyOwned(func() {
 			_ = d.node.t.Step(d.node.now(), poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason})
@@ -801,7 +801,7 @@ func (d *PrefillData) done(key poll.Key, rank transfer.Rank, bytes int64, err er
 			// Decode ended the room before its bytes were in (fenced); its
 			// control plane tells us why (ABORT, retried until acked), and
 			// the transfer-idle deadline covers a notice that never comes.
-			d.log.Debug("decode fenced the room", zap.Uint64("room", uint64(key.Room)))
+			d.log.Debug("decode fenced the room", conn.RoomField(key), zap.Stringer("from_rank", rankName(rank)))
 		case reason == poll.ReasonRegionReplaced:
 			d.replacedAtPeer(key, rank)
 		default:

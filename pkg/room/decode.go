@@ -36,6 +36,9 @@ type DecodeConfig struct {
 	// DataPlane, if set (tests), replaces the data plane built from
 	// DataTransport: the owner then takes no SubmitMetadata.
 	DataPlane DecodeDataPlane
+	// Ended, if set, is called once for every room that reaches a
+	// terminal state (see PrefillConfig.Ended).
+	Ended func(RoomEnd)
 	// newSink, if set (tests), builds the data plane's sink over the
 	// region (transfer.NewSink of DataTransport otherwise).
 	newSink func(transfer.RegionSet, transfer.ReceiverConfig, transfer.Events) (transfer.Sink, error)
@@ -100,7 +103,7 @@ func NewDecodeOwner(cfg DecodeConfig) (*DecodeOwner, error) {
 		return nil, err
 	}
 	n.core, n.link = c, link
-	c.hooks = n
+	c.hooks, c.ended = n, cfg.Ended
 	if n.dp == nil {
 		n.data = newDecodeData(cfg.DataTransport, cfg.Receiver, c.log, n)
 		n.data.slot.paths = paths

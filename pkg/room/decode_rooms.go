@@ -98,7 +98,7 @@ func (n *DecodeOwner) metadataAcked(from poll.PeerID, key poll.Key, a conn.AckRe
 		if a.Reason == conn.RejectForeignRoom.String() {
 			reason = poll.ReasonCollision
 		}
-		n.log.Warn("prefill rejected metadata", zap.Uint64("room", uint64(key.Room)), zap.String("reason", a.Reason))
+		n.log.Warn("prefill rejected metadata", conn.RoomField(key), zap.String("reason", a.Reason))
 		ev = poll.Event{Kind: poll.EvAbortLocal, Key: key, Reason: reason}
 	default:
 		return true
@@ -265,7 +265,8 @@ func (n *DecodeOwner) frameIn(from conn.Target, ft conn.FrameType, env *pdlinkv1
 		a, _ := n.stepFrameOwned(poll.Event{Kind: poll.EvPeerStatus, Key: key, Peer: from.PeerID(), Reason: r})
 		return a
 	case conn.FrameAbortAck:
-		n.log.Debug("abort acknowledged", zap.Uint64("room", env.GetAbortAck().GetRoomId()), zap.Uint32("peer", uint32(from.PeerID())))
+		aa := env.GetAbortAck()
+		n.log.Debug("abort acknowledged", conn.RoomField(poll.Key{Room: poll.RoomID(aa.GetRoomId()), Nonce: poll.Nonce(aa.GetNonce())}), zap.Uint32("peer", uint32(from.PeerID())))
 		return conn.AckApplied
 	default: // REGISTER, METADATA: decode never receives them
 		return conn.AckRejected(conn.RejectInvalid)

@@ -157,7 +157,10 @@
 // that stops releases parked calls with ErrClosedNode.
 //
 // Watch (Subscribe) sees each room's transitions in table order: the owner
-// goroutine publishes them as it steps, by a send that never blocks.
+// goroutine publishes them as it steps, by a send that never blocks. The
+// config's Ended hook hears every room's end in the same step, and
+// drops none: it feeds the duration histograms, which a subscription that
+// drops for a slow reader could not.
 //
 // # Goroutines and locks
 //
@@ -222,5 +225,7 @@
 //     Fence must be sticky and must not wait (see PrefillDataPlane).
 //  4. Serve Watch from Subscribe (bounded; Dropped counts what a slow
 //     reader missed) and metrics from Stats (rooms) and Counters (frames,
-//     rejects, retransmits, peers, restarts).
+//     rejects, retransmits, peers, restarts, Watch drops); feed the
+//     duration histograms from the config's Ended hook (quick, never
+//     blocking: it runs inside the owner's step).
 package room

@@ -60,7 +60,7 @@ func (c *core) callFence(k poll.Key) (done, ok bool) {
 	defer func() {
 		if p := recover(); p != nil {
 			c.lk.CountWorkerRestart()
-			c.log.Error("data plane fence panicked, will retry", zap.Uint64("room", uint64(k.Room)), zap.Any("panic", p))
+			c.log.Error("data plane fence panicked, will retry", conn.RoomField(k), zap.Any("panic", p))
 			done, ok = false, false
 		}
 	}()

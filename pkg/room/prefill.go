@@ -32,6 +32,12 @@ type PrefillConfig struct {
 	// AcceptRegister, if set, vets a decode peer's REGISTER (for example
 	// its region layouts against ours); an error rejects it as invalid.
 	AcceptRegister func(conn.PeerInfo) error
+	// Ended, if set, is called once for every room that reaches a
+	// terminal state, as the table moves it there: the duration
+	// histograms' feed, which unlike a Subscription drops nothing. It runs
+	// on the owner goroutine inside the room table's critical section, so
+	// it must be quick, must not block and must not call the owner.
+	Ended func(RoomEnd)
 
 	// newTransport, if set (tests), builds the data plane's transport
 	// instead of transfer.NewTransport of DataTransport.
@@ -87,7 +93,7 @@ func NewPrefillOwner(cfg PrefillConfig) (*PrefillOwner, error) {
 		return nil, err
 	}
 	n.core, n.link = c, link
-	c.hooks = n
+	c.hooks, c.ended = n, cfg.Ended
 	if n.dp == nil {
 		n.data = newPrefillData(cfg.DataTransport, cfg.Sender, c.log, n)
 		n.data.slot.paths = paths

@@ -56,7 +56,7 @@ func (n *PrefillOwner) frameIn(from conn.Target, ft conn.FrameType, env *pdlinkv
 		return n.handleStatus(p, env.GetStatus())
 	case conn.FrameAbortAck:
 		aa := env.GetAbortAck()
-		n.log.Debug("abort acknowledged", zap.Uint64("room", aa.GetRoomId()), zap.String("peer", n.link.PeerInfo(p).Instance))
+		n.log.Debug("abort acknowledged", conn.RoomField(poll.Key{Room: poll.RoomID(aa.GetRoomId()), Nonce: poll.Nonce(aa.GetNonce())}), zap.String("peer", n.link.PeerInfo(p).Instance))
 		return conn.AckApplied
 	}
 	return conn.AckResult{}

@@ -22,6 +22,22 @@ type Transition struct {
 	At        time.Time
 }
 
+// RoomEnd is a room reaching its terminal state, as the node's Ended hook
+// hears it: once per room, as the table moves it to Success or Failed (a
+// Failed room before its fence makes the failure visible to Poll and
+// Watch), whether or not any subscriber keeps up.
+type RoomEnd struct {
+	Key poll.Key
+	To  poll.State // Success or Failed
+	// Reason is the failure reason (Failed only).
+	Reason poll.Reason
+	// Life is the time from the room's open to its terminal state.
+	Life time.Duration
+	// Transfer is, on Success, the time from the room's first KV byte to
+	// Success; 0 on Failed.
+	Transfer time.Duration
+}
+
 // Status is what a scheduler may see of a room: the table's poll.Status
 // and, on prefill, decode's prefix.
 type Status struct {
@@ -67,6 +83,20 @@ func (c *core) subscribe(buf int) *Subscription {
 	c.subs[s] = struct{}{}
 	c.subMu.Unlock()
 	return s
+}
+
+// end hands a room's terminal transition to the Ended hook. It is called
+// inside withTable (takeLocked), on the owner goroutine while it runs, so
+// the hook must be quick and must never block nor call the node.
+func (c *core) end(e poll.Effect) {
+	if c.ended == nil {
+		return
+	}
+	re := RoomEnd{Key: e.Key, To: e.To, Reason: e.Reason, Life: time.Duration(e.At - e.Opened)}
+	if e.To == poll.Success && e.From == poll.Transferring {
+		re.Transfer = time.Duration(e.At - e.Entered)
+	}
+	c.ended(re)
 }
 
 // publish is called inside withTable (takeLocked), on the owner goroutine

@@ -329,12 +329,12 @@ func (r *Receiver) fence(key Key) (bool, <-chan struct{}) {
 		}
 		letGo := room.letGo
 		room.mu.Unlock()
-		r.log.Debug("room fenced", zap.Stringer("room", key), zap.Bool("done", false))
+		r.log.Debug("room fenced", zap.Inline(key), zap.Bool("done", false))
 		return false, letGo
 	}
 	room.mu.Unlock()
 	r.forget(room)
-	r.log.Debug("room fenced", zap.Stringer("room", key), zap.Bool("done", true))
+	r.log.Debug("room fenced", zap.Inline(key), zap.Bool("done", true))
 	return true, nil
 }
 
@@ -351,7 +351,7 @@ func (r *Receiver) forget(room *rxRoom) {
 func (r *Receiver) letGoFence(room *rxRoom) {
 	r.forget(room)
 	close(room.letGo)
-	r.log.Debug("fenced room let go", zap.Stringer("room", room.key))
+	r.log.Debug("fenced room let go", zap.Inline(room.key))
 	if f := r.cfg.OnFenced; f != nil {
 		f(room.key)
 	}
@@ -373,7 +373,7 @@ func (r *Receiver) interrupt(room *rxRoom) {
 	}
 	room.mu.Unlock()
 	if n > 0 {
-		r.log.Warn("stalled io interrupted", zap.Stringer("room", room.key), zap.Int("conns", n),
+		r.log.Warn("stalled io interrupted", zap.Inline(room.key), zap.Int("conns", n),
 			zap.Duration("grace", r.cfg.FenceGrace))
 	}
 }
@@ -400,7 +400,7 @@ func (r *Receiver) fail(room *rxRoom, reason Reason, err error, fields ...zap.Fi
 	ok := room.finish(failed, reason)
 	room.mu.Unlock()
 	if ok {
-		r.log.Warn("room failed", append(fields, zap.Stringer("room", room.key), zap.String("reason", string(reason)), zap.Error(err))...)
+		r.log.Warn("room failed", append(fields, zap.Inline(room.key), zap.String("reason", string(reason)), zap.Error(err))...)
 		r.events.Failed(room.key, reason, err)
 	}
 }

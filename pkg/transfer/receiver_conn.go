@@ -145,7 +145,7 @@ func (c *rxConn) serve() error {
 			err = c.shmOffer(&h)
 		default:
 			err = fmt.Errorf("%w: %d from sender", ErrBadFrameType, h.Type)
-			r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
+			r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Inline(h.Key()))
 		}
 		if err != nil {
 			return err
@@ -264,7 +264,7 @@ func (c *rxConn) result(key Key, reason Reason) error {
 
 // reject fails room as invalid, drains the frame's payload and tells the sender.
 func (c *rxConn) reject(room *rxRoom, payload uint64, err error) error {
-	c.r.refuse(RefusedInvalid, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key))
+	c.r.refuse(RefusedInvalid, c.raw.RemoteAddr(), err, zap.Inline(room.key))
 	c.r.fail(room, ReasonInvalid, err, zap.Stringer("remote", c.raw.RemoteAddr()))
 	if err := c.drain(payload); err != nil {
 		return err
@@ -288,7 +288,7 @@ func (c *rxConn) chunk(h *Header) error {
 	}
 	runs, err := DecodeRuns(c.runs, b, h.NumRuns, h.RunsCRC)
 	if err != nil {
-		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Inline(h.Key()))
 		return err // a run list that fails its checksum cannot be trusted to delimit the payload
 	}
 	c.runs = runs
@@ -340,7 +340,7 @@ func (c *rxConn) land(h *Header, room *rxRoom, fill func(*rxRoom, [][]byte, uint
 	}
 	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
 		err := fmt.Errorf("%w: seq %d", ErrChecksum, h.Seq)
-		r.refuse(RefusedChecksum, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key))
+		r.refuse(RefusedChecksum, c.raw.RemoteAddr(), err, zap.Inline(room.key))
 		r.fail(room, ReasonChecksum, err)
 		return c.result(room.key, ReasonChecksum)
 	}
@@ -444,7 +444,7 @@ func (c *rxConn) done(h *Header) error {
 		// of the room's streams is not this side's, and expected says what
 		// this side waits for instead.
 		r.refuse(RefusedUnknownRoom, c.raw.RemoteAddr(), fmt.Errorf("%w: done for a stream not expected here", ErrRejected),
-			zap.Stringer("room", h.Key()), zap.Stringer("expected", expectedBeside{r, h.Key()}))
+			zap.Inline(h.Key()), zap.Stringer("expected", expectedBeside{r, h.Key()}))
 		if err := c.discard(h.PayloadLen); err != nil {
 			return err
 		}
@@ -493,7 +493,7 @@ func (c *rxConn) done(h *Header) error {
 	}
 	if h.Flags&FlagPayloadCRC != 0 && crc != h.PayloadCRC {
 		err := fmt.Errorf("%w: aux row", ErrChecksum)
-		r.refuse(RefusedChecksum, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key))
+		r.refuse(RefusedChecksum, c.raw.RemoteAddr(), err, zap.Inline(room.key))
 		r.fail(room, ReasonChecksum, err)
 		return c.result(room.key, ReasonChecksum)
 	}
@@ -504,7 +504,7 @@ func (c *rxConn) done(h *Header) error {
 		return c.result(room.key, ReasonFenced) // fenced while the aux row landed
 	}
 	delete(c.pending, room)
-	r.log.Debug("room complete", zap.Stringer("room", room.key))
+	r.log.Debug("room complete", zap.Inline(room.key))
 	r.events.Complete(room.key)
 	return c.result(room.key, "")
 }

@@ -38,6 +38,9 @@ func refusalLine(t *testing.T, logs *observer.ObservedLogs, level zapcore.Level,
 	if l.Level != level || f["reason"] != reason.String() || f["remote"] == "" || (f["room"] == nil) != (reason == RefusedBadFrame) {
 		t.Fatalf("refusal logged at %v with %v, want %v naming reason %v, the remote end and the room", l.Level, f, level, reason)
 	}
+	if reason != RefusedBadFrame {
+		wantKeyFields(t, f)
+	}
 	return f
 }
 
@@ -64,8 +67,10 @@ func TestStreamUnderAnotherKeyIsRefusedCountedAndLoggedWithWhatWasExpected(t *te
 		t.Fatalf("unknown_room refusals %d, want 1", n)
 	}
 	f := refusalLine(t, logs, zapcore.InfoLevel, RefusedUnknownRoom)
-	if f["room"] != sent.String() || !strings.Contains(f["expected"].(string), expected.String()) {
-		t.Fatalf("refusal names room %v and expected %v; want %v and %v", f["room"], f["expected"], sent, expected)
+	_, from := f["from_rank"]
+	if f["room"] != sent.Room || f["nonce"] != sent.Nonce || f["rank"] != "1/4" || from || !strings.Contains(f["expected"].(string), expected.String()) {
+		t.Fatalf("refusal names room %v nonce %v rank %v from_rank %v and expected %v; want %v and %v",
+			f["room"], f["nonce"], f["rank"], f["from_rank"], f["expected"], sent, expected)
 	}
 }
 
@@ -95,6 +100,7 @@ func TestChunkRefusedInvalidIsCountedAndLoggedWithRoomAndPeer(t *testing.T) {
 	if len(failed) != 1 || failed[0].ContextMap()["remote"] == nil {
 		t.Fatalf("room failure lines %v, want one naming the remote end", failed)
 	}
+	wantKeyFields(t, failed[0].ContextMap())
 }
 
 // A frame header that fails its checks breaks the connection: counted bad_frame, logged

@@ -55,4 +55,5 @@ func TestRoomTransferFailedLogNamesTheResultCode(t *testing.T) {
 	if f["reason"] != "fenced" || f["result_code"] != uint32(codeFenced) || !strings.Contains(f["error"].(string), "fenced the room") {
 		t.Fatalf("line %v, want reason fenced, result_code %d and an error saying fenced", f, codeFenced)
 	}
+	wantKeyFields(t, f)
 }

@@ -533,12 +533,12 @@ func (s *Sender) fence(key Key) (bool, <-chan struct{}) {
 		letGo := j.letGo
 		j.mu.Unlock()
 		j.peer.dropPieces(j)
-		s.log.Debug("room fenced", zap.Stringer("room", key), zap.Bool("done", false))
+		s.log.Debug("room fenced", zap.Inline(key), zap.Bool("done", false))
 		return false, letGo
 	}
 	j.mu.Unlock()
 	j.finalize(nil, false)
-	s.log.Debug("room fenced", zap.Stringer("room", key), zap.Bool("done", true))
+	s.log.Debug("room fenced", zap.Inline(key), zap.Bool("done", true))
 	return true, nil
 }
 
@@ -712,7 +712,7 @@ func (j *job) release() {
 func (j *job) letGoFence() {
 	j.finalize(nil, false)
 	close(j.letGo)
-	j.s.log.Debug("fenced room let go", zap.Stringer("room", j.st.Key))
+	j.s.log.Debug("fenced room let go", zap.Inline(j.st.Key))
 	if f := j.s.cfg.OnFenced; f != nil {
 		f(j.st.Key)
 	}
@@ -734,7 +734,7 @@ func (j *job) interrupt() {
 	}
 	j.mu.Unlock()
 	if stalled {
-		j.s.log.Warn("stalled io interrupted", zap.Stringer("room", j.st.Key), zap.String("peer", j.st.Peer),
+		j.s.log.Warn("stalled io interrupted", zap.Inline(j.st.Key), zap.String("peer", j.st.Peer),
 			zap.Duration("grace", j.s.cfg.FenceGrace))
 	}
 }
@@ -785,7 +785,7 @@ func (j *job) finalize(err error, callDone bool) {
 			return
 		}
 		if err != nil {
-			fields := []zap.Field{zap.Stringer("room", j.st.Key), zap.String("peer", j.st.Peer),
+			fields := []zap.Field{zap.Inline(j.st.Key), zap.String("peer", j.st.Peer),
 				zap.String("reason", string(ReasonOf(err)))}
 			if re := (*ResultError)(nil); errors.As(err, &re) {
 				fields = append(fields, zap.Uint32("result_code", re.Code)) // decode said so

@@ -173,7 +173,7 @@ func (c *rxConn) shmChunk(h *Header) error {
 	}
 	runs, err := DecodeShmRuns(c.shm.runs, b, h.NumRuns, h.RunsCRC)
 	if err != nil {
-		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Inline(h.Key()))
 		return err
 	}
 	c.shm.runs = runs
@@ -349,9 +349,9 @@ func (c *rxConn) shmRefuse(room *rxRoom, h *Header, reason Reason, err error) er
 	c.shmChunkEnded()
 	switch reason {
 	case ReasonInvalid:
-		c.r.refuse(RefusedInvalid, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key), zap.Bool("shm", true))
+		c.r.refuse(RefusedInvalid, c.raw.RemoteAddr(), err, zap.Inline(room.key), zap.Bool("shm", true))
 	case ReasonChecksum:
-		c.r.refuse(RefusedChecksum, c.raw.RemoteAddr(), err, zap.Stringer("room", room.key), zap.Bool("shm", true))
+		c.r.refuse(RefusedChecksum, c.raw.RemoteAddr(), err, zap.Inline(room.key), zap.Bool("shm", true))
 	}
 	c.r.fail(room, reason, err)
 	if err := c.copied(h); err != nil {

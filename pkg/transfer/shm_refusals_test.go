@@ -163,6 +163,9 @@ func wantShmRefusalLine(t *testing.T, logs *observer.ObservedLogs, reason Refusa
 	if f["reason"] != reason.String() || f["remote"] == "" || (f["room"] != nil) != room {
 		t.Fatalf("refusal logged with %v, want reason %v, the remote end, room %v", f, reason, room)
 	}
+	if room {
+		wantKeyFields(t, f)
+	}
 }
 
 // wantClosed reads until the receiver closes the connection.

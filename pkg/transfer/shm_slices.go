@@ -83,7 +83,7 @@ func (c *rxConn) shmSlicedChunk(h *Header) error {
 		// flag pair in DecodeHeader): the same refusal, so a sender that ignores the
 		// answer fails here as it would there.
 		err := fmt.Errorf("%w: sliced shm chunk, head slices not offered by this receiver", ErrBadFrameType)
-		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Inline(h.Key()))
 		return err
 	}
 	b, err := c.readRunList(h, shmSliceRunSize)
@@ -92,7 +92,7 @@ func (c *rxConn) shmSlicedChunk(h *Header) error {
 	}
 	runs, err := DecodeShmSliceRuns(c.shm.sliceRuns, b, h.NumRuns, h.RunsCRC)
 	if err != nil {
-		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Inline(h.Key()))
 		return err
 	}
 	c.shm.sliceRuns = runs

@@ -304,7 +304,7 @@ func (c *rxConn) slicedChunk(h *Header) error {
 	}
 	runs, err := DecodeSliceRuns(c.sliceRuns, b, h.NumRuns, h.RunsCRC)
 	if err != nil {
-		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Stringer("room", h.Key()))
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Inline(h.Key()))
 		return err // a run list that fails its checks cannot be trusted to delimit the payload
 	}
 	c.sliceRuns = runs

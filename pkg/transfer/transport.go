@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"go.uber.org/zap/zapcore"
 )
 
 // Rank names one tensor-parallel rank of an engine: rank TP of Size (the proto's Rank,
@@ -29,8 +31,9 @@ type Key struct {
 	From Rank
 }
 
-// String is room/nonce, and the rank when the room has more than one, so that log lines of
-// engines without tensor parallelism read as they always did.
+// String is room/nonce, and the rank when the room has more than one: for errors and for a
+// list of keys in one field (a refusal's expected streams). A line about the key logs it
+// with zap.Inline, whose room field is the id alone (MarshalLogObject).
 func (k Key) String() string {
 	if k.From.Size > 0 {
 		return fmt.Sprintf("%d/%d rank %d/%d from %d/%d", k.Room, k.Nonce, k.Rank.TP, k.Rank.Size, k.From.TP, k.From.Size)
@@ -39,6 +42,21 @@ func (k Key) String() string {
 		return fmt.Sprintf("%d/%d rank %d/%d", k.Room, k.Nonce, k.Rank.TP, k.Rank.Size)
 	}
 	return fmt.Sprintf("%d/%d", k.Room, k.Nonce)
+}
+
+// MarshalLogObject logs a key as fields of the line (zap.Inline(key)): room, the id as a
+// number, as every line about a room has it on both daemons (conn.RoomField); nonce; rank and,
+// for a stream of head slices, from_rank, each as "tp/size".
+func (k Key) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	enc.AddUint64("room", k.Room)
+	enc.AddUint64("nonce", k.Nonce)
+	if k.Rank.Size > 0 {
+		enc.AddString("rank", fmt.Sprintf("%d/%d", k.Rank.TP, k.Rank.Size))
+	}
+	if k.From.Size > 0 {
+		enc.AddString("from_rank", fmt.Sprintf("%d/%d", k.From.TP, k.From.Size))
+	}
+	return nil
 }
 
 // Reason is the closed set of failure reasons the data plane reports.
