@@ -92,12 +92,12 @@ func (c *rxConn) shmOffer(h *Header) error {
 	}
 	if crc32.Checksum(buf, castagnoli) != h.PayloadCRC {
 		err := fmt.Errorf("%w: payload checksum", ErrBadShmOffer)
-		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Uint16("rank", h.Rank.TP))
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Uint16("prefill_rank", h.Rank.TP))
 		return err
 	}
 	o, err := DecodeShmOffer(buf)
 	if err != nil {
-		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Uint16("rank", h.Rank.TP))
+		r.refuse(RefusedBadFrame, c.raw.RemoteAddr(), err, zap.Uint16("prefill_rank", h.Rank.TP))
 		return err
 	}
 	if c.shm.byOffer == nil {
@@ -125,12 +125,12 @@ func (c *rxConn) shmOffer(h *Header) error {
 			c.shm.counted = true
 			r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.conns.Add(1) })
 		}
-		r.log.Info("same-host pages accepted", zap.Stringer("remote", c.raw.RemoteAddr()), zap.Uint16("rank", h.Rank.TP),
+		r.log.Info("same-host pages accepted", zap.Stringer("remote", c.raw.RemoteAddr()), zap.Uint16("prefill_rank", h.Rank.TP),
 			zap.String("region", o.ID.Path), zap.Uint64("generation", o.ID.Generation))
 	} else {
 		r.shm.add(&shmTotals.decode, func(c *shmCounters) { c.fallbacks[code].Add(1) })
 		r.log.Warn("same-host pages refused, tcp for this rank", zap.Stringer("remote", c.raw.RemoteAddr()),
-			zap.Uint16("rank", h.Rank.TP), zap.String("region", o.ID.Path), zap.String("reason", code.String()), zap.Error(err))
+			zap.Uint16("prefill_rank", h.Rank.TP), zap.String("region", o.ID.Path), zap.String("reason", code.String()), zap.Error(err))
 	}
 	answer := Header{Type: FrameShmAnswer, Rank: h.Rank, Seq: h.Seq, Status: uint32(code)}
 	if code == ShmAccepted {

@@ -93,7 +93,7 @@ func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 			tc.shm.ranks[src] = st
 			s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.fallbacks[ShmNoSlices].Add(1) })
 			s.log.Warn("same-host head slices not copied by the peer, tcp for this rank's sliced streams",
-				zap.String("peer", tc.p.addr), zap.Uint16("rank", src.TP), zap.String("region", st.id.Path),
+				zap.String("peer", tc.p.addr), zap.Uint16("prefill_rank", src.TP), zap.String("region", st.id.Path),
 				zap.String("reason", ShmNoSlices.String()), zap.String("transport", string(s.cfg.Transport)))
 		}
 		return 0, false, nil
@@ -137,14 +137,14 @@ func (tc *txConn) offerShm(src Rank, m *Mapping) (shmOfferState, error) {
 					tc.shm.counted = true
 					s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.conns.Add(1) })
 				}
-				s.log.Info("same-host pages accepted", zap.String("peer", tc.p.addr), zap.Uint16("rank", src.TP),
+				s.log.Info("same-host pages accepted", zap.String("peer", tc.p.addr), zap.Uint16("prefill_rank", src.TP),
 					zap.String("region", id.Path), zap.Uint64("generation", id.Generation),
 					zap.Bool("head_slices", st.caps&ShmCapSlices != 0))
 				return st, nil
 			}
 			s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.fallbacks[code].Add(1) })
 			s.log.Warn("same-host pages refused by the peer, tcp for this rank", zap.String("peer", tc.p.addr),
-				zap.Uint16("rank", src.TP), zap.String("region", id.Path), zap.String("reason", code.String()),
+				zap.Uint16("prefill_rank", src.TP), zap.String("region", id.Path), zap.String("reason", code.String()),
 				zap.String("transport", string(s.cfg.Transport)))
 			return st, nil
 		case <-t.C:
