@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"flag"
-	"sync"
 	"testing"
 	"time"
 
@@ -42,28 +41,7 @@ func BenchmarkPrefillDrainFailsLiveRoomsByItsCap(b *testing.B) {
 		pages := dec.layout.Buffers[0].Pages()
 		deadline := time.Now().Add(5 * time.Minute)
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		each := func(call func(i int) error) {
-			const workers = 8
-			var wg sync.WaitGroup
-			errs := make(chan error, workers)
-			for w := range workers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := w; i < n; i += workers {
-						if err := call(i); err != nil {
-							errs <- err
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				b.Fatal(err)
-			}
-		}
+		each := func(call func(i int) error) { inParallel(b, 8, n, call) }
 		each(func(i int) error {
 			_, err := p.prefill.OpenSender(ctx, &pb.OpenSenderRequest{RoomId: uint64(i + 1)})
 			return err

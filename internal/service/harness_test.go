@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -204,5 +205,30 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("%s: not within %v", what, waitBound)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// inParallel calls call(i) for every i in [0, n) from workers goroutines, as
+// an engine's schedulers call the daemon, and fails tb on the first error.
+func inParallel(tb testing.TB, workers, n int, call func(i int) error) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				if err := call(i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		tb.Fatal(err)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"runtime"
-	"sync"
 	"testing"
 	"time"
 
@@ -49,26 +48,7 @@ func BenchmarkDaemonMemoryPerLiveRoom(b *testing.B) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		// each calls one RPC per room from a few goroutines, as schedulers do.
 		each := func(call func(ctx context.Context, i int) error) {
-			const workers = 8
-			var wg sync.WaitGroup
-			errs := make(chan error, workers)
-			for w := range workers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := w; i < len(ids); i += workers {
-						if err := call(ctx, i); err != nil {
-							errs <- err
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				b.Fatal(err)
-			}
+			inParallel(b, 8, len(ids), func(i int) error { return call(ctx, i) })
 		}
 		heap := func() uint64 {
 			var m runtime.MemStats
