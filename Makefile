@@ -31,14 +31,14 @@ build:
 # so their timing bounds are not judged on a machine loaded by each other.
 SYSTEM_PKGS := ./test/... ./deploy/...
 
-## test: every package under the race detector, the Python suites, then the
-## real-process suites (e2e, chaos short version, deploy checks) one package at
-## a time. The real-engine suites are make engine-check until a fresh root has
-## proven their install (issue 25/30 notes).
+## test: every package under the race detector, the Python suites, the
+## real-engine suites (make engine-check), then the real-process suites (e2e,
+## chaos short version, deploy checks) one package at a time.
 test:
 	@scripts/deps.sh test
 	$(GO) test $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/ -e /deploy)
 	$(MAKE) python-test
+	$(MAKE) engine-check
 	$(GO) test $(GOTEST_FLAGS) -p 1 $(SYSTEM_PKGS)
 	PDLINK_CHAOS_TRANSPORT=tcp $(GO) test $(GOTEST_FLAGS) ./test/chaos/
 
