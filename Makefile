@@ -54,6 +54,7 @@ python-test: build
 ## pdlink moved, token for token against one colocated server. SGLang's in
 ## .venv (the sglang group), vLLM's in .venv-vllm (scripts/pyenv.sh vllm).
 engine-check: build
+	@scripts/deps.sh engines
 	scripts/pyenv.sh test sglang vllm
 	cd python && PDLINK_BIN_DIR=$(abspath $(BIN)) ../.venv/bin/python -m pytest -q tests/engines/sglang
 	cd python && PDLINK_BIN_DIR=$(abspath $(BIN)) ../.venv-vllm/bin/python -m pytest -q tests/engines/vllm

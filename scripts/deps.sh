@@ -18,6 +18,8 @@
 #   fresh-check  make fresh-check (the minimal Debian root)
 #   python       scripts/pyenv.sh: the Python venv of make test, make lint,
 #                make proto (Debian's python3 and its venv module)
+#   engines      make engine-check (what the engines' wheels link and PyPI
+#                does not ship)
 #   all          every group
 set -euo pipefail
 
@@ -34,6 +36,10 @@ bench=(iperf3)
 systemd_check=(systemd-container debootstrap)
 fresh_check=(debootstrap)
 python=(python3 python3-venv)
+# libnuma1: vLLM's CPU kernels (vllm._C) link libnuma.so.1; without it every
+# vLLM worker dies at start ("'_C' object has no attribute
+# 'init_cpu_memory_env'", after a warning that the import failed).
+engines=(libnuma1)
 
 groups=("$@")
 ((${#groups[@]})) || groups=(all)
@@ -46,9 +52,10 @@ for g in "${groups[@]}"; do
 	systemd-check) want+=("${systemd_check[@]}") ;;
 	fresh-check) want+=("${fresh_check[@]}") ;;
 	python) want+=("${python[@]}") ;;
-	all) want+=("${proto[@]}" "${test[@]}" "${bench[@]}" "${systemd_check[@]}" "${fresh_check[@]}" "${python[@]}") ;;
+	engines) want+=("${engines[@]}") ;;
+	all) want+=("${proto[@]}" "${test[@]}" "${bench[@]}" "${systemd_check[@]}" "${fresh_check[@]}" "${python[@]}" "${engines[@]}") ;;
 	*)
-		echo "deps: unknown group $g (proto, test, bench, systemd-check, fresh-check, python, all)" >&2
+		echo "deps: unknown group $g (proto, test, bench, systemd-check, fresh-check, python, engines, all)" >&2
 		exit 2
 		;;
 	esac
