@@ -20,8 +20,8 @@ with (
     Region.create(prefill_dir, layout) as src,  # files under each daemon's --region-dir
     Region.create(decode_dir, layout) as dst,
 ):
-    pre.register_region(src, rank=(0, 1))
-    dec.register_region(dst, rank=(0, 1))
+    pre.keep_region(src, rank=(0, 1))  # registered again after a daemon restart
+    dec.keep_region(dst, rank=(0, 1))
 
     room = 1  # the router gives both engines the same room id
     src.pages(0)[[3, 4]] = np.arange(4096, dtype=np.uint8)  # "the KV": engine writes

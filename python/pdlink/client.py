@@ -11,10 +11,17 @@ SendMetadata, Poll, Abort, Clear) is retried a bounded number of times with
 backoff when the daemon is Unavailable; OpenSender and OpenReceiver are
 not (a repeat would answer AlreadyExists, or draw another nonce). A failed
 call raises a PdlinkError subclass of its gRPC code.
+
+A daemon that restarts forgets every region. A region registered with
+keep_region() is registered again each time the Watch stream subscribes,
+before the stream reports connected, and before an open while the stream is
+down; an OpenReceiver refused for want of it registers it and opens once
+more. register_region() registers once and leaves restarts to the caller.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -25,7 +32,7 @@ from typing import Any, NamedTuple
 import grpc
 import grpc.experimental
 
-from pdlink.errors import PdlinkError, from_rpc_error
+from pdlink.errors import FailedPrecondition, PdlinkError, from_rpc_error
 from pdlink.region import Region, RegionLayout
 from pdlink.states import RoomState, RoomStatus, moves_forward
 from pdlink.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
@@ -41,6 +48,11 @@ _UNTRACKED_KEPT = 4096
 # service.WatchHeader): transitions after it are not missed, so a resync Poll
 # taken after it leaves no gap.
 _WATCH_HEADER = "pdlink-watch"
+
+# The daemon's refusal of a call that needs a registered region.
+_NO_REGION = "no region registered"
+
+logger = logging.getLogger("pdlink.client")
 
 # Reconnect quickly after a daemon restart: gRPC's default backoff starts at
 # 1 s and grows to 120 s, longer than a scheduler waits.
@@ -302,6 +314,14 @@ class _Client:
         self._stub = self._stub_type(self._channel)
         self.cache = StatusCache()
         self._closed = threading.Event()
+        # keep_region's regions by rank, registered again after a restart.
+        # The lock keeps one registration of them in flight (the watch thread
+        # and an open can both find them missing).
+        self._kept: dict[tuple[int, int], Region] = {}
+        self._region_lock = threading.Lock()
+        # How often the kept regions were registered again (a daemon restart,
+        # or a Watch stream lost and subscribed again).
+        self.region_restores = 0
         # Test hook: when set, the watch thread calls it before it takes each
         # event, to play a slow consumer.
         self._watch_hook: Callable[[], object] | None = None
@@ -372,10 +392,51 @@ class _Client:
         r = self._call("RegisterRegion", req, retry=True, timeout=timeout)
         return RegisterResult(r.region_id, r.generation, r.device, r.inode, r.rooms_failed)
 
+    def keep_region(
+        self, region: Region, *, rank: Sequence[int] = (0, 1), timeout: float | None = None
+    ) -> RegisterResult:
+        """register_region, and again whenever the daemon may have lost it.
+
+        An engine calls this once per rank at start: after a daemon restart no
+        room works until the region is back, and an idle engine makes no call
+        that would notice. unregister_region(rank) stops keeping it.
+        """
+        key = (int(rank[0]), int(rank[1]))
+        with self._region_lock:
+            r = self.register_region(region, rank=key, timeout=timeout)
+            self._kept[key] = region
+        return r
+
+    def _restore_regions(self, why: str, *, retry: bool) -> None:
+        """Register every kept region again (idempotent for the same file)."""
+        with self._region_lock:
+            for rank, region in list(self._kept.items()):
+                req = self._register_req(
+                    region_path=region.path, layout=region.layout.to_proto(rank)
+                )
+                r = self._call("RegisterRegion", req, retry=retry)
+                self.region_restores += 1
+                logger.warning(
+                    "pdlink region registered again (%s): daemon=%s rank=%s generation=%d",
+                    why,
+                    self.address,
+                    rank,
+                    r.generation,
+                )
+
+    def _ensure_regions(self) -> None:
+        # An open while the Watch stream is down may reach a daemon that
+        # restarted before the stream noticed: register first. (A daemon that
+        # is gone refuses this as it would refuse the open.)
+        if self._kept and self._watch_thread is not None and not self.cache.connected.is_set():
+            self._restore_regions("an open while the Watch stream is down", retry=False)
+
     def unregister_region(
         self, *, rank: Sequence[int] = (0, 1), timeout: float | None = None
     ) -> UnregisterResult:
         """Drop rank's region (its rooms fail with region_replaced). Idempotent."""
+        with self._region_lock:
+            self._kept.pop((int(rank[0]), int(rank[1])), None)
         req = self._unregister_req(rank=_rank_proto(rank))
         r = self._call("UnregisterRegion", req, retry=True, timeout=timeout)
         return UnregisterResult(r.unregistered, r.generation, r.rooms_failed)
@@ -488,6 +549,17 @@ class _Client:
                     raise PdlinkError("watch stream ended before it subscribed", method="Watch")
                 if not first:
                     self.cache.reconnects += 1
+                if self._kept:
+                    try:
+                        self._restore_regions(
+                            "the daemon's Watch stream subscribed again", retry=False
+                        )
+                    except PdlinkError as err:
+                        # Connected without its region the daemon serves no
+                        # room: the stream goes, and the next try registers.
+                        logger.warning("pdlink region register failed: %s", err)
+                        stream.cancel()
+                        raise
                 first = False
                 self._resync()
                 self.cache.disconnected_since = None
@@ -546,6 +618,7 @@ class PrefillClient(_Client):
             room_id=room_id, nonce=nonce, expected_receivers=expected_receivers
         )
         self._set_open_rank(req, rank)
+        self._ensure_regions()
         return self._opened(self._call("OpenSender", req, retry=False, timeout=timeout))
 
     def send(
@@ -600,7 +673,9 @@ class DecodeClient(_Client):
     ) -> RoomStatus:
         """OpenReceiver: create the room; status.nonce is the nonce drawn for it.
 
-        prefill_bootstrap_addr is prefilld's "tcp://host:port". Not retried.
+        prefill_bootstrap_addr is prefilld's "tcp://host:port". Not retried,
+        except once after registering a kept region that decoded refused the
+        open for want of (it restarted before the Watch stream saw it).
         """
         req = decode_pb2.OpenReceiverRequest(
             room_id=room_id,
@@ -608,6 +683,14 @@ class DecodeClient(_Client):
             expected_senders=expected_senders,
         )
         self._set_open_rank(req, rank)
+        self._ensure_regions()
+        try:
+            return self._opened(self._call("OpenReceiver", req, retry=False, timeout=timeout))
+        except FailedPrecondition as err:
+            key = (0, 1) if rank is None else (int(rank[0]), int(rank[1]))
+            if _NO_REGION not in (err.details or "") or key not in self._kept:
+                raise
+        self._restore_regions("the daemon refused an open for want of it", retry=False)
         return self._opened(self._call("OpenReceiver", req, retry=False, timeout=timeout))
 
     def send_metadata(

@@ -70,7 +70,6 @@ from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType
 
 from pdlink import (
     DecodeClient,
-    FailedPrecondition,
     PdlinkError,
     PrefillClient,
     Region,
@@ -86,8 +85,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_STAGING_SLOTS = 4096
 DEFAULT_DAEMON_LOST_TIMEOUT = 5.0
-# How often a manager checks whether its daemon restarted (and lost the region).
-REGION_CHECK_PERIOD = 0.2
 
 # pdlink's room states to SGLang's KVPoll, by name. Never by number: KVPoll's
 # Failed is 0 and the schedulers' MIN all-reduce over ranks relies on it,
@@ -152,15 +149,6 @@ def region_layout(
     return RegionLayout(buffers, aux, attention)
 
 
-# The daemon's refusal of a call that needs a registered region (a daemon
-# restarted since the scheduler registered its region).
-_NO_REGION = "no region registered"
-
-
-def _no_region(err: PdlinkError) -> bool:
-    return isinstance(err, FailedPrecondition) and _NO_REGION in (err.details or "")
-
-
 def _failure_text(st: RoomStatus) -> str:
     if not st.found:
         return f"pdlink room {st.room_id} is gone from the daemon (cleared, reaped or restarted)"
@@ -217,18 +205,12 @@ class PdlinkKVManager(CommonKVManager):
 
         client_type = PrefillClient if self.is_prefill else DecodeClient
         self.client = client_type(self.daemon_addr)
-        # A daemon that restarts forgets the region: it is registered again
-        # before the next call that needs it (see ensure_region).
-        self._region_lock = threading.Lock()
-        self._region_reconnects = self.client.cache.reconnects
-        self.client.register_region(self.region, rank=self.rank)
+        # A daemon that restarts forgets the region: the client registers it
+        # again when its Watch stream comes back (an idle scheduler opens
+        # nothing that would notice).
+        self.client.keep_region(self.region, rank=self.rank)
         if not self.client.wait_connected(30):
             raise RuntimeError(f"pdlink daemon at {self.daemon_addr} did not answer Watch in 30s")
-        self._region_stop = threading.Event()
-        self._region_thread = threading.Thread(
-            target=self._region_loop, name=f"pdlink-region {self.daemon_addr}", daemon=True
-        )
-        self._region_thread.start()
         logger.info(
             "pdlink kv manager ready: mode=%s daemon=%s rank=%s region=%s slots=%d",
             "prefill" if self.is_prefill else "decode",
@@ -260,60 +242,6 @@ class PdlinkKVManager(CommonKVManager):
             super().register_to_bootstrap()
         finally:
             self.local_ip, self.rank_port = own
-
-    def register_region_again(self, why: str, *, if_stale: bool = False) -> None:
-        """RegisterRegion once more (idempotent for the same file): a restarted
-        daemon holds no region, and no room works on it until then. if_stale:
-        only when the Watch stream reconnected since the last registration."""
-        with self._region_lock:
-            seen = self.client.cache.reconnects
-            if if_stale and seen == self._region_reconnects:
-                return  # registered meanwhile (the other thread)
-            r = self.client.register_region(self.region, rank=self.rank)
-            self._region_reconnects = seen
-        logger.warning(
-            "pdlink region registered again (%s): daemon=%s rank=%s generation=%d",
-            why,
-            self.daemon_addr,
-            self.rank,
-            r.generation,
-        )
-
-    def ensure_region(self) -> None:
-        """Register the region again if the daemon's Watch stream reconnected
-        since it was registered (the daemon may have restarted): prefilld binds
-        no decode metadata to a room opened without one, decoded refuses the
-        open. Run by the region thread and before each open; an int compare
-        while nothing changed."""
-        cache = self.client.cache
-        if cache.reconnects == self._region_reconnects or not cache.connected.is_set():
-            return
-        try:
-            self.register_region_again("the daemon's Watch stream reconnected", if_stale=True)
-        except PdlinkError as err:
-            # Tried again at the next check; an open meanwhile fails with the
-            # daemon's answer.
-            logger.warning("pdlink region re-register failed: %s", err)
-
-    def _region_loop(self) -> None:
-        # An idle scheduler opens no room: without this thread the region
-        # would wait for the first request after a restart, whose open could
-        # reach the daemon before the region does.
-        while not self._region_stop.wait(REGION_CHECK_PERIOD):
-            self.ensure_region()
-
-    def open_with_region(self, call: Callable[[], Any]) -> Any:
-        """call() (an open), and once more after registering the region if the
-        daemon refused it for having none: decoded restarted before its Watch
-        stream said so. (prefilld takes an OpenSender with no region; the
-        room then fails at its first Send, "not bound to decode".)"""
-        try:
-            return call()
-        except PdlinkError as err:
-            if not _no_region(err):
-                raise
-        self.register_region_again("the daemon refused an open for want of it")
-        return call()
 
     def daemon_lost(self) -> str | None:
         """A failure reason once the daemon's Watch stream has been down too long."""
@@ -386,8 +314,6 @@ class PdlinkKVManager(CommonKVManager):
                 sender.send_failed = f"pdlink Send of room {sender.bootstrap_room} failed: {err!r}"
 
     def close(self) -> None:
-        self._region_stop.set()
-        self._region_thread.join(timeout=10)
         if self._sends is not None and self._send_worker is not None:
             self._sends.put(None)  # after the Sends already queued
             self._send_worker.join(timeout=30)
@@ -489,7 +415,6 @@ class PdlinkKVSender(_Room, CommonKVSender):
         if self.conclude_state is not None:
             return
         try:
-            mgr.ensure_region()
             mgr.client.open(bootstrap_room, expected_receivers=1, rank=mgr.rank)
             self._opened = True
         except PdlinkError as err:
@@ -680,12 +605,7 @@ class PdlinkKVReceiver(_Room, CommonKVReceiver):
         try:
             # Every decode rank names the prefill TP: decoded plans each
             # rank's sources (head slices) from it, and the Opens must agree.
-            mgr.ensure_region()
-            mgr.open_with_region(
-                lambda: mgr.client.open(
-                    self.bootstrap_room, addr, expected_senders=prefill_tp, rank=mgr.rank
-                )
-            )
+            mgr.client.open(self.bootstrap_room, addr, expected_senders=prefill_tp, rank=mgr.rank)
             self._opened = True
         except PdlinkError as err:
             self._fail(

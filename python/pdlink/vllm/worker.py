@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,8 +42,6 @@ _CALL_TIMEOUT = 5.0
 # stall the engine for long (a lost daemon fails its rooms past
 # daemon_lost_timeout anyway).
 _POLL_TIMEOUT = 1.0
-# How often a side checks whether its daemon restarted (and lost the region).
-_MONITOR_PERIOD = 0.2
 
 
 def _failure_text(st: RoomStatus) -> str:
@@ -82,37 +79,6 @@ class _Side:
         self.rank = rank
         self.lost_since: float | None = None
         self.quarantine: set[int] = set()
-        self._reconnects = client.cache.reconnects
-        self._closed = threading.Event()
-        self._monitor_thread = threading.Thread(
-            target=self._monitor, name=f"pdlink-region {client.address}", daemon=True
-        )
-        self._monitor_thread.start()
-
-    def reregister_after_restart(self) -> None:
-        """A daemon that restarted lost the region: register it again (idempotent).
-
-        The Watch stream's reconnect count says the daemon came back. Run by
-        the side's monitor thread, since an idle engine takes no steps.
-        """
-        seen = self.client.cache.reconnects
-        if seen == self._reconnects or not self.client.cache.connected.is_set():
-            return
-        try:
-            r = self.client.register_region(self.staging.region, rank=self.rank)
-        except PdlinkError as err:
-            logger.warning("pdlink region re-register failed: %s", err)
-            return
-        self._reconnects = seen
-        logger.warning(
-            "pdlink region registered again after a daemon restart: daemon=%s generation=%d",
-            self.client.address,
-            r.generation,
-        )
-
-    def _monitor(self) -> None:
-        while not self._closed.wait(_MONITOR_PERIOD):
-            self.reregister_after_restart()
 
     def poll(self, rooms: list[int], lost_timeout: float) -> list[RoomStatus] | None:
         """Statuses, or None while the daemon does not answer (rooms fail past lost_timeout)."""
@@ -172,8 +138,6 @@ class _Side:
             logger.warning("pdlink clear failed: room=%d err=%s", room, err)
 
     def close(self) -> None:
-        self._closed.set()
-        self._monitor_thread.join(timeout=5)
         try:
             self.client.unregister_region(rank=self.rank, timeout=_CALL_TIMEOUT)
         except PdlinkError as err:
@@ -233,11 +197,12 @@ class WorkerSide:
         self, client_type: Any, addr: str, region_dir: str, buffers: list, slots: int
     ) -> _Side:
         staging = Staging.create(region_dir, buffers, slots)
-        # The Watch stream (watch=True) is kept only for its reconnect count
-        # (a daemon restart); rooms are polled in one batch per step.
+        # The Watch stream (watch=True) is kept so the client registers the
+        # region again after a daemon restart (keep_region); rooms are polled
+        # in one batch per step.
         client = client_type(addr, timeout=_CALL_TIMEOUT)
         try:
-            client.register_region(staging.region, rank=self.rank)
+            client.keep_region(staging.region, rank=self.rank)
             client.wait_connected(30)
         except BaseException:
             client.close()

@@ -131,7 +131,7 @@ def test_prefilld_killed_with_a_room_held(stack, oracle):
     stack.pair.prefill.start()
     # The connector registers its region again when its Watch stream reconnects.
     wait_for(
-        lambda: "registered again after a daemon restart" in stack.prefill.tail(400),
+        lambda: "pdlink region registered again" in stack.prefill.tail(400),
         30,
         0.2,
         "prefill's region registered with the new prefilld",
@@ -150,7 +150,7 @@ def test_decoded_killed_then_back(stack, oracle):
     _idle(stack.prefill, "prefill whose decode had no decoded")
     stack.pair.decode.start()
     wait_for(
-        lambda: "registered again after a daemon restart" in stack.decode.tail(400),
+        lambda: "pdlink region registered again" in stack.decode.tail(400),
         30,
         0.2,
         "decode's region registered with the new decoded",
