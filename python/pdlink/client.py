@@ -549,7 +549,9 @@ class _Client:
                     raise PdlinkError("watch stream ended before it subscribed", method="Watch")
                 if not first:
                     self.cache.reconnects += 1
-                if self._kept:
+                # keep_region registered them on this daemon; only a stream
+                # that subscribes again may face one that restarted.
+                if not first and self._kept:
                     try:
                         self._restore_regions(
                             "the daemon's Watch stream subscribed again", retry=False
