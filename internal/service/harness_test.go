@@ -20,6 +20,7 @@ import (
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/internal/daemon"
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -237,6 +238,19 @@ func failedInsteadOfSuccess(t *testing.T, what string, pre, dec *pb.RoomStatus) 
 // statusLine is a side's state and reasons for a failure message.
 func statusLine(s *pb.RoomStatus) string {
 	return fmt.Sprintf("%v reason %q peer_reason %q", s.State, s.Reason, s.PeerReason)
+}
+
+// dataTransports are the data planes a byte check through the daemons runs over: tcp,
+// where prefill gathers head slices and decode scatters them itself, the checksum
+// covering what was gathered and what was scattered (so only the bytes landed show a
+// wrong offset), and shm, where decode copies from the prefill mapping (a stream it
+// cannot map fails rather than falling back to tcp as auto would, the default that
+// took the same-host path alone on one host).
+var dataTransports = []transfer.Kind{transfer.KindTCP, transfer.KindShm}
+
+// onTransport is a config tweak setting both daemons' --data-transport to kind.
+func onTransport(kind transfer.Kind) func(pre, dec *daemon.Config) {
+	return func(pre, dec *daemon.Config) { pre.DataTransport, dec.DataTransport = kind, kind }
 }
 
 // inParallel calls call(i) for every i in [0, n) from workers goroutines, as
