@@ -73,6 +73,9 @@ func waitState(t *testing.T, what string, poll func() *pb.RoomStatus, want pb.Ro
 	var st *pb.RoomStatus
 	eventually(t, what, func() bool {
 		st = poll()
+		if want == pb.RoomState_ROOM_STATE_SUCCESS && st.State == pb.RoomState_ROOM_STATE_FAILED {
+			t.Fatalf("%s: room Failed instead: %s", what, statusLine(st)) // terminal (I1): the wait could only run out
+		}
 		return st.State == want
 	})
 	return st

@@ -97,14 +97,21 @@ func (s gqaShape) check(t *testing.T, p *tpPair, dst func(int) []int32) {
 // of each side opens the room as its scheduler does (expected_senders is
 // the prefill TP size, as SGLang's decode knows it), every prefill rank
 // sends (a replica that feeds nobody too), and the room is Success on
-// both sides with every decode rank holding exactly its heads.
+// both sides with every decode rank holding exactly its heads, on both
+// data transports (tcp: the sender's gather and the receiver's scatter).
 func TestGQAWithReplicatedHeadsMovesEveryHeadToEveryReplica(t *testing.T) {
+	for _, kind := range dataTransports {
+		t.Run(string(kind), func(t *testing.T) { gqaMovesEveryHeadToEveryReplica(t, kind) })
+	}
+}
+
+func gqaMovesEveryHeadToEveryReplica(t *testing.T, kind transfer.Kind) {
 	for _, s := range []gqaShape{
 		{2, 2, 4}, {1, 1, 2}, {2, 1, 4}, {4, 2, 8},
 		{2, 4, 2}, {1, 2, 1}, {2, 4, 1}, {4, 8, 2},
 	} {
 		t.Run(fmt.Sprintf("%dheads_%d->%d", s.heads, s.pre, s.dec), func(t *testing.T) {
-			p := startMappedPairWith(t, s.pre, s.dec, s.layout, nil)
+			p := startMappedPairWith(t, s.pre, s.dec, s.layout, onTransport(kind))
 			src := func(r int) []int32 { return []int32{int32(3 + r), 20, int32(30 + r)} }
 			dst := func(r int) []int32 { return []int32{int32(50 + r), 9, int32(40 - r)} }
 			s.fill(p, src)

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -19,6 +20,7 @@ import (
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/internal/daemon"
+	"github.com/pdlink/pdlink/pkg/transfer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -206,6 +208,49 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// waitBothSuccess waits until each room is Success on both sides. A side that is Failed
+// fails t at once with its reasons (failedInsteadOfSuccess), not after waitBound.
+func waitBothSuccess(t *testing.T, p *pair, rooms ...uint64) {
+	t.Helper()
+	for _, r := range rooms {
+		what := fmt.Sprintf("room %d Success on both sides", r)
+		eventually(t, what, func() bool {
+			ps, ds := pollState(t, p, r)
+			failedInsteadOfSuccess(t, what, ps, ds)
+			return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
+		})
+	}
+}
+
+// failedInsteadOfSuccess fails t at once, naming each side's state and reasons, when a
+// side of a room awaited for Success is Failed: Failed is terminal (I1), so the wait could
+// only run out and hide why.
+func failedInsteadOfSuccess(t *testing.T, what string, pre, dec *pb.RoomStatus) {
+	t.Helper()
+	if pre.State != pb.RoomState_ROOM_STATE_FAILED && dec.State != pb.RoomState_ROOM_STATE_FAILED {
+		return
+	}
+	t.Fatalf("%s: room Failed instead: prefill %s; decode %s", what, statusLine(pre), statusLine(dec))
+}
+
+// statusLine is a side's state and reasons for a failure message.
+func statusLine(s *pb.RoomStatus) string {
+	return fmt.Sprintf("%v reason %q peer_reason %q", s.State, s.Reason, s.PeerReason)
+}
+
+// dataTransports are the data planes a byte check through the daemons runs over: tcp,
+// where prefill gathers head slices and decode scatters them itself, the checksum
+// covering what was gathered and what was scattered (so only the bytes landed show a
+// wrong offset), and shm, where decode copies from the prefill mapping (a stream it
+// cannot map fails rather than falling back to tcp as auto would, the default that
+// took the same-host path alone on one host).
+var dataTransports = []transfer.Kind{transfer.KindTCP, transfer.KindShm}
+
+// onTransport is a config tweak setting both daemons' --data-transport to kind.
+func onTransport(kind transfer.Kind) func(pre, dec *daemon.Config) {
+	return func(pre, dec *daemon.Config) { pre.DataTransport, dec.DataTransport = kind, kind }
 }
 
 // inParallel calls call(i) for every i in [0, n) from workers goroutines, as

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -227,16 +226,6 @@ func sendWithin(p *pair, d time.Duration, req *pb.SendRequest) error {
 	defer cancel()
 	_, err := p.prefill.Send(ctx, req)
 	return err
-}
-
-func waitBothSuccess(t *testing.T, p *pair, rooms ...uint64) {
-	t.Helper()
-	for _, r := range rooms {
-		eventually(t, fmt.Sprintf("room %d Success on both sides", r), func() bool {
-			ps, ds := pollState(t, p, r)
-			return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-		})
-	}
 }
 
 // A retried last Send answers with the first call's outcome: while the

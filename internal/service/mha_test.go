@@ -82,11 +82,21 @@ func (p *mhaPair) checkBytes(t *testing.T) {
 
 // MHA with different TP (head slices): every byte of every decode rank's
 // page is the right prefill rank's head, and the room is Success on both
-// sides only once every (prefill, decode) pair delivered.
+// sides only once every (prefill, decode) pair delivered. On both data
+// transports: over tcp prefill gathers the slices (2 -> 4, 1 -> 8) and
+// decode scatters them (4 -> 2, 8 -> 1), and a wrong offset in either
+// passes the checksum (the sender sums what it gathered, the receiver what
+// it scattered): only these bytes show it.
 func TestMHAWithDifferentTPMovesEveryHeadFromItsPrefillRank(t *testing.T) {
+	for _, kind := range dataTransports {
+		t.Run(string(kind), func(t *testing.T) { mhaWithDifferentTPMovesEveryHead(t, kind) })
+	}
+}
+
+func mhaWithDifferentTPMovesEveryHead(t *testing.T, kind transfer.Kind) {
 	for _, tc := range []struct{ pre, dec int }{{2, 4}, {4, 2}, {1, 8}, {8, 1}} {
 		t.Run(fmt.Sprintf("%d->%d", tc.pre, tc.dec), func(t *testing.T) {
-			p := startMHAPair(t, tc.pre, tc.dec, nil)
+			p := startMHAPair(t, tc.pre, tc.dec, onTransport(kind))
 			const room = 41
 			for i := range tc.pre {
 				p.fillRank(i, mhaSrc(i), int64(i))
@@ -99,10 +109,7 @@ func TestMHAWithDifferentTPMovesEveryHeadFromItsPrefillRank(t *testing.T) {
 			for i := range tc.pre {
 				p.send(t, room, i)
 			}
-			eventually(t, "Success on both sides", func() bool {
-				ps, ds := pollState(t, p.pair, room)
-				return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-			})
+			waitBothSuccess(t, p.pair, room)
 			p.checkBytes(t)
 		})
 	}
@@ -113,9 +120,15 @@ func TestMHAWithDifferentTPMovesEveryHeadFromItsPrefillRank(t *testing.T) {
 // prefill ranks 0 and 1, sent its metadata) fails region_replaced on both
 // sides; a room with no state on it yet (only decode rank 1, fed by
 // prefill ranks 2 and 3, sent metadata) is untouched, and then succeeds
-// over the new file with every byte right.
+// over the new file with every byte right, on both data transports.
 func TestMHAOnePrefillRanksNewGenerationFailsOnlyTheRoomsOnIt(t *testing.T) {
-	p := startMHAPair(t, 4, 2, nil)
+	for _, kind := range dataTransports {
+		t.Run(string(kind), func(t *testing.T) { mhaNewGenerationFailsOnlyTheRoomsOnIt(t, kind) })
+	}
+}
+
+func mhaNewGenerationFailsOnlyTheRoomsOnIt(t *testing.T, kind transfer.Kind) {
+	p := startMHAPair(t, 4, 2, onTransport(kind))
 	const held, spared = 51, 52
 	p.open(t, held)
 	p.open(t, spared)
@@ -152,10 +165,7 @@ func TestMHAOnePrefillRanksNewGenerationFailsOnlyTheRoomsOnIt(t *testing.T) {
 	for i := range 4 {
 		p.send(t, spared, i)
 	}
-	eventually(t, "spared Success on both sides", func() bool {
-		ps, ds := pollState(t, p.pair, spared)
-		return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-	})
+	waitBothSuccess(t, p.pair, spared)
 	p.checkBytes(t)
 }
 

@@ -127,13 +127,7 @@ func TestLargestPageListGoesEndToEndAndOneMoreIsRefusedAtTheEdge(t *testing.T) {
 		if _, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, Pages: &pb.PageList{Indices: src}, Last: true, AuxIndex: 0}); err != nil {
 			t.Fatalf("Send of %d pages: %v", len(src), err)
 		}
-		eventually(t, "Success on both sides", func() bool {
-			ps, ds := pollState(t, p, room)
-			if ps.State == pb.RoomState_ROOM_STATE_FAILED || ds.State == pb.RoomState_ROOM_STATE_FAILED {
-				t.Fatalf("room failed: prefill %v, decode %v", ps, ds)
-			}
-			return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-		})
+		waitBothSuccess(t, p, room)
 		for i, pg := range dst {
 			if got, want := dec.mem.Pages(0, transfer.Run{Start: pg, Count: 1})[0], byte(i*7+1); got != want {
 				t.Fatalf("destination page %d holds %d, want %d (source page %d)", pg, got, want, src[i])

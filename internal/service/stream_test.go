@@ -57,10 +57,7 @@ func TestEachSendsPagesReachDecodeBeforeTheLastSend(t *testing.T) {
 	if _, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, StartPosition: 2, Pages: &pb.PageList{Indices: src[2:]}, Last: true, AuxIndex: 2}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "Success on both sides", func() bool {
-		ps, ds := pollState(t, p, room)
-		return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-	})
+	waitBothSuccess(t, p, room)
 	for i := range src {
 		if !landed(i) {
 			t.Fatalf("position %d differs", i)

@@ -157,13 +157,7 @@ func (p *tpPair) moveRoom(t *testing.T, room uint64, src, dst func(rank int) []i
 	for i := range p.pre {
 		p.sendRank(t, room, i, src(i))
 	}
-	eventually(t, "Success on both sides", func() bool {
-		ps, ds := pollState(t, p.pair, room)
-		if ps.State == pb.RoomState_ROOM_STATE_FAILED || ds.State == pb.RoomState_ROOM_STATE_FAILED {
-			t.Fatalf("room failed: prefill %q, decode %q (peer %q)", ps.Reason, ds.Reason, ds.PeerReason)
-		}
-		return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-	})
+	waitBothSuccess(t, p.pair, room)
 }
 
 func (p *tpPair) waitPrefill(t *testing.T, room uint64, want pb.RoomState) {
@@ -219,10 +213,7 @@ func TestEqualTPMovesEachRanksBytesToItsPeerRank(t *testing.T) {
 					t.Fatalf("Send rank %d: %v", i, err)
 				}
 			}
-			eventually(t, "Success on both sides", func() bool {
-				ps, ds := pollState(t, p.pair, room)
-				return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-			})
+			waitBothSuccess(t, p.pair, room)
 			for i := range n {
 				pre, dec := p.pre[i], p.dec[i]
 				for b := range dec.layout.Buffers {
@@ -394,10 +385,7 @@ func TestOneRanksNewGenerationFailsOnlyTheRoomsOnIt(t *testing.T) {
 					t.Fatalf("Send rank %d: %v", i, err)
 				}
 			}
-			eventually(t, "spared Success on both sides", func() bool {
-				ps, ds := pollState(t, p.pair, spared)
-				return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-			})
+			waitBothSuccess(t, p.pair, spared)
 			for i := range 2 {
 				for b := range p.dec[i].layout.Buffers {
 					for k, pg := range dst(i) {

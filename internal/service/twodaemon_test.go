@@ -134,10 +134,7 @@ func TestRoomMovesRealBytesAndIsVisibleOnlyWhileHeld(t *testing.T) {
 	if _, err := p.prefill.Send(ctxT(t), &pb.SendRequest{RoomId: room, StartPosition: 2, Pages: &pb.PageList{Indices: src[2:]}, Last: true, AuxIndex: 2}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "Success on both sides", func() bool {
-		ps, ds := pollState(t, p, room)
-		return ps.State == pb.RoomState_ROOM_STATE_SUCCESS && ds.State == pb.RoomState_ROOM_STATE_SUCCESS
-	})
+	waitBothSuccess(t, p, room)
 	for b := range dec.layout.Buffers {
 		for i, pg := range dst {
 			want := pre.mem.Pages(b, transfer.Run{Start: src[i], Count: 1})
