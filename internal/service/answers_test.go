@@ -348,12 +348,7 @@ func TestCollisionLoserSeesPeerReasonAndBothDaemonsCountIt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stream, err := p.decode.Watch(ctx, &pb.DecodeServiceWatchRequest{Filter: &pb.WatchFilter{ToStates: []pb.RoomState{pb.RoomState_ROOM_STATE_FAILED}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Header(); err != nil {
-		t.Fatal(err)
-	}
+	subscribed(t, stream, err)
 	// Prefill's room for this id belongs to another request (nonce 12345).
 	if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: room, Nonce: 12345}); err != nil {
 		t.Fatal(err)

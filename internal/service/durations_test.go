@@ -74,12 +74,7 @@ func TestDurationHistogramsCountEveryRoomThatEnds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	stream, err := p.decode.Watch(ctx, &pb.DecodeServiceWatchRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Header(); err != nil {
-		t.Fatal(err)
-	}
+	subscribed(t, stream, err)
 
 	const rooms = oldFeedBuffer + 200
 	inParallel(t, 4, rooms, func(i int) error {

@@ -210,6 +210,19 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// subscribed fails t unless the Watch call (its stream and error) opened a
+// stream the daemon has subscribed: the header comes after the
+// subscription, so no transition after it is missed.
+func subscribed(t testing.TB, stream grpc.ClientStream, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Header(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // waitBothSuccess waits until each room is Success on both sides. A side that is Failed
 // fails t at once with its reasons (failedInsteadOfSuccess), not after waitBound.
 func waitBothSuccess(t *testing.T, p *pair, rooms ...uint64) {

@@ -11,12 +11,7 @@ import (
 func watchPrefill(t *testing.T, p *pair) func(room uint64, to pb.RoomState) *pb.Transition {
 	t.Helper()
 	stream, err := p.prefill.Watch(ctxT(t), &pb.PrefillServiceWatchRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Header(); err != nil { // subscribed from here on
-		t.Fatal(err)
-	}
+	subscribed(t, stream, err)
 	return func(room uint64, to pb.RoomState) *pb.Transition {
 		t.Helper()
 		for {

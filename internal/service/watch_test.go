@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 )
 
@@ -16,12 +14,7 @@ func TestWatchStreamsFilteredTransitions(t *testing.T) {
 	p := startPair(t)
 	stream, err := p.prefill.Watch(ctxT(t), &pb.PrefillServiceWatchRequest{Filter: &pb.WatchFilter{
 		ToStates: []pb.RoomState{pb.RoomState_ROOM_STATE_FAILED}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Header(); err != nil { // subscribed from here on
-		t.Fatal(err)
-	}
+	subscribed(t, stream, err)
 	// Opens are filtered out; the abort's Failed comes through once fenced.
 	for id := uint64(1); id <= 3; id++ {
 		if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: id}); err != nil {
@@ -53,12 +46,7 @@ func TestSlowWatcherIsToldWhatItMissed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	stream, err := p.decode.Watch(ctx, &pb.DecodeServiceWatchRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Header(); err != nil {
-		t.Fatal(err)
-	}
+	subscribed(t, stream, err)
 	registerRegions(t, p)
 	// 20 rooms opened and aborted: 40 transitions against a buffer of 4,
 	// while the stream is stuck. The daemon keeps serving meanwhile.
@@ -103,18 +91,9 @@ func TestWatchDroppedTotalCountsWhatASlowWatcherMissed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	pre, err := p.prefill.Watch(ctx, &pb.PrefillServiceWatchRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	subscribed(t, pre, err)
 	dec, err := p.decode.Watch(ctx, &pb.DecodeServiceWatchRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []grpc.ClientStream{pre, dec} {
-		if _, err := s.Header(); err != nil { // subscribed from here on
-			t.Fatal(err)
-		}
-	}
+	subscribed(t, dec, err)
 	// 20 rooms opened and aborted on each side (other ids on decode, so
 	// its aborts reach no prefill room): 40 transitions per stream against
 	// a buffer of 4 and one transition in the stuck goroutine's hands.

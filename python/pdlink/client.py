@@ -376,11 +376,14 @@ class _Client:
         *,
         rank: Sequence[int] = (0, 1),
         timeout: float | None = None,
+        retry: bool = True,
     ) -> RegisterResult:
         """Map a region file for rank=(tp_rank, tp_size) (a Region, or a path and its layout).
 
         Idempotent for the same file and layout; a replaced file is a new
         generation and fails the rooms on the old one (region_replaced).
+        retry=False fails at once on an unreachable daemon, for callers that
+        have their own back-off.
         """
         if isinstance(region, Region):
             path, layout = region.path, layout or region.layout
@@ -389,7 +392,7 @@ class _Client:
         if layout is None:
             raise ValueError("register_region of a path needs its layout")
         req = self._register_req(region_path=path, layout=layout.to_proto(tuple(rank)))
-        r = self._call("RegisterRegion", req, retry=True, timeout=timeout)
+        r = self._call("RegisterRegion", req, retry=retry, timeout=timeout)
         return RegisterResult(r.region_id, r.generation, r.device, r.inode, r.rooms_failed)
 
     def keep_region(
@@ -411,10 +414,7 @@ class _Client:
         """Register every kept region again (idempotent for the same file)."""
         with self._region_lock:
             for rank, region in list(self._kept.items()):
-                req = self._register_req(
-                    region_path=region.path, layout=region.layout.to_proto(rank)
-                )
-                r = self._call("RegisterRegion", req, retry=retry)
+                r = self.register_region(region, rank=rank, retry=retry)
                 self.region_restores += 1
                 logger.warning(
                     "pdlink region registered again (%s): daemon=%s rank=%s generation=%d",
