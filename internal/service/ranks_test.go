@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -9,6 +10,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
 	"github.com/pdlink/pdlink/pkg/poll"
@@ -21,6 +26,86 @@ func TestRankBeyondMaxRanksIsRefusedAtTheEdge(t *testing.T) {
 	wantField(t, validateRank("rank", &pb.Rank{TpRank: 0, TpSize: poll.MaxRanks + 1}), "rank")
 	if err := validateRank("rank", &pb.Rank{TpRank: poll.MaxRanks - 1, TpSize: poll.MaxRanks}); err != nil {
 		t.Fatalf("rank %d of %d refused: %v", poll.MaxRanks-1, poll.MaxRanks, err)
+	}
+}
+
+// An empty Rank{} (tp_size 0) is not "rank 0 of 1": an absent rank is.
+// Every RPC that takes a rank refuses it at the edge with InvalidArgument
+// naming the field, the same answer whichever call carries it, instead of
+// passing it on as rank 0 of 1 (opens, Send) or to the owner, which
+// refused it as an invalid frame (region calls, SendMetadata).
+func TestEmptyRankIsInvalidArgumentNamingTheFieldOnEveryRPC(t *testing.T) {
+	p := startPair(t)
+	pre, dec := registerRegions(t, p)
+	if _, err := p.prefill.OpenSender(ctxT(t), &pb.OpenSenderRequest{RoomId: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.decode.OpenReceiver(ctxT(t), &pb.OpenReceiverRequest{RoomId: 8, PrefillBootstrapAddr: p.bootstrap}); err != nil {
+		t.Fatal(err)
+	}
+	empty := func() *pb.Rank { return &pb.Rank{} }
+	withEmptyRank := func(r region) *pb.RegionLayout {
+		l := layoutPB(r.layout)
+		l.Rank = empty()
+		return l
+	}
+	answers := map[string][]string{} // description -> calls that gave it
+	for _, c := range []rpcCase{
+		{"prefill RegisterRegion", func(ctx context.Context) error {
+			_, err := p.prefill.RegisterRegion(ctx, &pb.PrefillServiceRegisterRegionRequest{RegionPath: pre.path, Layout: withEmptyRank(pre)})
+			return err
+		}, codes.InvalidArgument, "layout.rank"},
+		{"decode RegisterRegion", func(ctx context.Context) error {
+			_, err := p.decode.RegisterRegion(ctx, &pb.DecodeServiceRegisterRegionRequest{RegionPath: dec.path, Layout: withEmptyRank(dec)})
+			return err
+		}, codes.InvalidArgument, "layout.rank"},
+		{"prefill UnregisterRegion", func(ctx context.Context) error {
+			_, err := p.prefill.UnregisterRegion(ctx, &pb.PrefillServiceUnregisterRegionRequest{Rank: empty()})
+			return err
+		}, codes.InvalidArgument, "rank"},
+		{"decode UnregisterRegion", func(ctx context.Context) error {
+			_, err := p.decode.UnregisterRegion(ctx, &pb.DecodeServiceUnregisterRegionRequest{Rank: empty()})
+			return err
+		}, codes.InvalidArgument, "rank"},
+		{"OpenSender", func(ctx context.Context) error {
+			_, err := p.prefill.OpenSender(ctx, &pb.OpenSenderRequest{RoomId: 9, Rank: empty()})
+			return err
+		}, codes.InvalidArgument, "rank"},
+		{"Send", func(ctx context.Context) error {
+			_, err := p.prefill.Send(ctx, &pb.SendRequest{RoomId: 7, Rank: empty(), Pages: &pb.PageList{Indices: []int32{0}}})
+			return err
+		}, codes.InvalidArgument, "rank"},
+		{"OpenReceiver", func(ctx context.Context) error {
+			_, err := p.decode.OpenReceiver(ctx, &pb.OpenReceiverRequest{RoomId: 10, PrefillBootstrapAddr: p.bootstrap, Rank: empty()})
+			return err
+		}, codes.InvalidArgument, "rank"},
+		{"SendMetadata", func(ctx context.Context) error {
+			_, err := p.decode.SendMetadata(ctx, &pb.SendMetadataRequest{RoomId: 8, Rank: empty(), DstPages: &pb.PageList{Indices: []int32{0}}})
+			return err
+		}, codes.InvalidArgument, "rank"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.call(ctxT(t))
+			for _, d := range status.Convert(err).Details() {
+				if br, ok := d.(*errdetails.BadRequest); ok {
+					desc := br.GetFieldViolations()[0].GetDescription()
+					answers[desc] = append(answers[desc], c.name)
+				}
+			}
+			wantField(t, err, c.field)
+		})
+	}
+	if len(answers) != 1 {
+		t.Errorf("an empty rank gets %d different answers, want one: %q", len(answers), answers)
+	}
+	// Nothing was taken as rank 0 of 1: no room opened, both regions stay.
+	for _, id := range []uint64{9, 10} {
+		if pr, dr := pollState(t, p, id); pr.GetFound() || dr.GetFound() {
+			t.Errorf("room %d opened with an empty rank: prefill %v, decode %v", id, pr, dr)
+		}
+	}
+	if _, err := p.decode.SendMetadata(ctxT(t), &pb.SendMetadataRequest{RoomId: 8, DstPages: &pb.PageList{Indices: []int32{0}}}); err != nil {
+		t.Fatalf("decode's region or room 8 was touched by a refused call: %v", err)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "github.com/pdlink/pdlink/api/pdlink/v1"
+	"github.com/pdlink/pdlink/pkg/conn"
 	"github.com/pdlink/pdlink/pkg/poll"
 	"github.com/pdlink/pdlink/pkg/room"
 )
@@ -65,18 +66,15 @@ func validateBatch(field string, ids []uint64) error {
 	return nil
 }
 
+// validateRank applies the one rank rule, conn.ValidateRank (the room
+// owner and the peer apply it too), and answers InvalidArgument naming the
+// field: an absent rank is rank 0 of 1; a present one needs tp_size
+// 1..MaxRanks and tp_rank below it, so an empty Rank{} is refused here on
+// every call, never passed on as 0 of 1 to be refused later as a frame.
 func validateRank(field string, r *pb.Rank) error {
-	if r == nil {
-		return nil // rank 0 of 1
-	}
-	if r.TpSize == 0 && r.TpRank == 0 {
-		return nil
-	}
-	if r.TpSize < 1 || r.TpRank >= r.TpSize {
-		return invalid(field, "tp_rank %d must be below tp_size %d", r.TpRank, r.TpSize)
-	}
-	if r.TpSize > poll.MaxRanks {
-		return invalid(field, "tp_size %d: at most %d", r.TpSize, poll.MaxRanks)
+	if conn.ValidateRank(r) != nil {
+		return invalid(field, "tp_rank %d, tp_size %d: want tp_size 1..%d and tp_rank below it (no rank: rank 0 of 1)",
+			r.GetTpRank(), r.GetTpSize(), poll.MaxRanks)
 	}
 	return nil
 }

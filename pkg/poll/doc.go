@@ -64,7 +64,15 @@
 // effect: NotOpen when never seen (the peer may retry until its own
 // deadline, because decode's metadata legitimately races prefill's open),
 // or Ended with the final state and reason when an ended tombstone (left by
-// clear and reap, TTL'd) remembers it (ErrRoomEnded; R2, R3). A peer's
+// clear and reap, TTL'd) remembers it (ErrRoomEnded; R2, R3). A room that
+// ended unbound (prefill, nonce 0) remembers no request: the first
+// METADATA or STATUS it answers Ended binds it to that frame's nonce, and a
+// failure (ABORT, STATUS Failed) with a nonce it has not learned is the
+// next request's early abort and leaves an abort tombstone (R4 across
+// reuse).
+// Without decode's nonce relayed to OpenSender a request's first frame
+// cannot tell which request it belongs to; this errs towards failing at
+// once, the same answer the reused id's open room gives that frame. A peer's
 // frame about a room that is terminal here is answered with the outcome
 // (NotifyPeer) too. An abort for a room not yet opened leaves an abort
 // tombstone (I4); the next Open of that key (or of that room id when a

@@ -124,6 +124,58 @@ func TestAbortBeforeOpenLeavesTombstone_R4(t *testing.T) {
 	}
 }
 
+// R4 across room id reuse: prefill's previous room with this id ended
+// unbound (aborted before decode's METADATA, nonce 0) and was cleared.
+// Decode's next request opens the id and aborts before prefill opened it:
+// the ended tombstone never learned a nonce, so it must not swallow that
+// ABORT; prefill's open is born Failed instead of waiting out its
+// bootstrap deadline.
+func TestAbortForReusedIDAfterUnboundEndLeavesTombstone_R4(t *testing.T) {
+	h := newHarness(t, Prefill)
+	h.must(open(1, 0, NoPeer))
+	h.must(local(EvAbortLocal, 1))
+	h.must(local(EvFenced, 1))
+	h.must(local(EvClear, 1))
+	h.take()
+
+	h.must(Event{Kind: EvAbortRemote, Key: Key{1, 43}, Peer: testPeer, Reason: ReasonAbortedLocal})
+	h.must(open(1, 0, NoPeer))
+	h.expectState(1, Failed)
+	info, _ := h.tab.Get(1)
+	if info.Reason != ReasonAbortedRemote || info.PeerReason != ReasonAbortedLocal || info.Key.Nonce != 43 {
+		t.Fatalf("reused id's room after decode's early abort: %+v", info)
+	}
+}
+
+// The other side of that rule: once an unbound ended tombstone answered a
+// request's METADATA (Ended), it is that request's; its late ABORT is
+// answered as ended and leaves nothing for the next request with the id,
+// and another request's METADATA is not answered with its outcome.
+func TestUnboundEndedTombstoneLearnsTheNonceItAnswered_R3(t *testing.T) {
+	h := newHarness(t, Prefill)
+	h.must(open(1, 0, NoPeer))
+	h.must(local(EvAbortLocal, 1))
+	h.must(local(EvFenced, 1))
+	h.must(local(EvClear, 1))
+	h.take()
+
+	h.expectErr(ev(EvMetadata, 1, 42, testPeer), ErrRoomEnded) // R3: told it ended
+	h.expectErr(Event{Kind: EvAbortRemote, Key: Key{1, 42}, Peer: testPeer, Reason: ReasonTimeoutWaitingForInput}, ErrRoomEnded)
+	if s := h.tab.Stats(h.now); s.Tombstones != 1 {
+		t.Fatalf("tombstones %d, want only the ended one", s.Tombstones)
+	}
+	h.take()
+	h.expectErr(ev(EvMetadata, 1, 43, testPeer), ErrNotFound) // the next request's, early
+	if !h.has(EffReplyUnknown, 1, func(e Effect) bool { return e.Reply == ReplyNotOpen && e.Key.Nonce == 43 }) {
+		t.Fatalf("next request's early metadata not answered NotOpen:\n%s", formatEffects(h.effects))
+	}
+	h.must(open(1, 0, NoPeer))
+	h.expectState(1, Bootstrapping)
+	h.expectErr(ev(EvMetadata, 1, 42, testPeer), ErrRoomEnded) // the old one's, late
+	h.must(ev(EvMetadata, 1, 43, testPeer))
+	h.expectState(1, WaitingForInput)
+}
+
 func TestAbortTombstoneExpiresAndIsBounded_I4(t *testing.T) {
 	h := newHarness(t, Decode)
 	for i := RoomID(1); i <= maxTombs+4; i++ {

@@ -253,15 +253,29 @@ func isFailKind(k EventKind) bool {
 // a room (I3): an abort leaves a tombstone (I4), a late frame for a room
 // that ended is answered with its outcome (R2, R3), anything else is
 // answered NotOpen.
+//
+// A failure with a nonce is about that request only, so only the ended
+// tombstone of that exact key swallows it: a room that ended unbound
+// (nonce 0) never learned which request it was, and the early ABORT of
+// the next request with its id (decode opened and aborted before prefill
+// opened) must leave its abort tombstone, or prefill's room waits out its
+// bootstrap deadline. Other frames still match an unbound tombstone (R3:
+// decode's late METADATA is answered Ended), and the tombstone learns the
+// nonce it answered: that request was told it ended, so its later frames
+// (its ABORT too) are recognised as late, and another nonce's are not its.
 func (t *Table) unknown(now int64, ev *Event) error {
-	if tb := t.findEnded(ev.Key, false); tb != nil {
+	fail := isFailKind(ev.Kind)
+	if tb := t.findEnded(ev.Key, fail && ev.Key.Nonce != 0); tb != nil {
 		t.reject(rejEnded)
-		if !isFailKind(ev.Kind) {
+		if !fail {
+			if tb.key.Nonce == 0 && ev.Peer != NoPeer {
+				tb.key.Nonce = ev.Key.Nonce
+			}
 			t.replyEnded(now, ev, tb)
 		}
 		return ErrRoomEnded
 	}
-	if isFailKind(ev.Kind) {
+	if fail {
 		local, peer := failureReason(StateNone, ev)
 		t.addAbort(now, ev.Key, local, peer)
 		return nil
