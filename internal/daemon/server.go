@@ -427,8 +427,9 @@ func dataTransportInfo(role Role, kind transfer.Kind) prometheus.Collector {
 }
 
 // shmCollectors export the same-host data plane's counters (transfer.ShmTotals): offers
-// refused by reason, data connections moving pages by shared memory now, and (decode)
-// the page bytes copied from prefill mappings.
+// refused by reason, data connections moving pages by shared memory now, (decode) the
+// page bytes copied from prefill mappings and (prefill) the offers made again after a
+// region was registered again.
 func shmCollectors(role Role) []prometheus.Collector {
 	side := sideOf(role)
 	decode := role == RoleDecode
@@ -458,6 +459,12 @@ func shmCollectors(role Role) []prometheus.Collector {
 			Help:        "Page bytes decode copied from prefill mappings (same-host pages).",
 			ConstLabels: prometheus.Labels{"side": side},
 		}, func() float64 { return float64(transfer.ShmTotals(true).CopiedBytes) }))
+	} else {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "pdlink_shm_reoffers_total",
+			Help:        "Same-host offers made again on a data connection for a file it had offered, because the engine registered that file again (RegisterRegion of the same file, say once a truncated file is whole): decode proves it again, so what it found while the file was short is not kept.",
+			ConstLabels: prometheus.Labels{"side": side},
+		}, func() float64 { return float64(transfer.ShmTotals(false).Reoffers) }))
 	}
 	return cs
 }

@@ -304,6 +304,48 @@ func TestReRegisteringTheSameFileWithADescribedLayoutIsANewGeneration(t *testing
 	}
 }
 
+// Registering the same file again, whole, with the same layout, renews its
+// mapping (transfer.Mapping.Renew: the same-host connections offer it to
+// decode again) and keeps its generation; one cut below its layout is
+// refused and renews nothing; put back to its size it is the same file and
+// generation, renewed again (#26 item 1: a truncated file restored and
+// registered again used to be answered idempotent and nothing else, so what
+// decode found while it was short stayed for the connection's life).
+func TestRegisteringTheSameFileAgainRenewsItsMapping(t *testing.T) {
+	a := newRegion(t)
+	s := &regionSlot{log: zap.NewNop()}
+	allowTempRegions(t, s)
+	first, err := s.register(a.path, layoutPB(a.layout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := s.get().Current()
+	for i, step := range []struct {
+		size     int64
+		refused  bool
+		renewals uint64
+	}{
+		{a.layout.Size(), false, 1},
+		{a.layout.Aux.Offset, true, 1}, // cut at its aux rows
+		{a.layout.Size(), false, 2},    // put back: the same inode
+	} {
+		if err := os.Truncate(a.path, step.size); err != nil {
+			t.Fatal(err)
+		}
+		reg, err := s.register(a.path, layoutPB(a.layout))
+		if step.refused != (err != nil) {
+			t.Fatalf("step %d: register of a %d-byte file: %+v %v, refused %v", i, step.size, reg, err, step.refused)
+		}
+		if cur := s.get().Current(); cur != m || m.Renewals() != step.renewals {
+			t.Fatalf("step %d: mapping replaced %v, renewals %d; want the same mapping renewed %d times", i, cur != m, m.Renewals(), step.renewals)
+		}
+		if err == nil && reg.File != first.File {
+			t.Fatalf("step %d: the same file registered again answered %+v, want %+v", i, reg.File, first.File)
+		}
+	}
+	s.close()
+}
+
 // unregisterPastAHeldWriter runs unregister while the data plane holds a
 // room's copy (I9): it must fence the room, not answer and not show the
 // room Failed while the copy goes on, and answer once finish lets the

@@ -184,9 +184,16 @@ func (s *regionSlot) register(path string, l *pb.RegionLayout) (Registered, erro
 	}
 	// Idempotent only for the same file and the same layout: a layout that
 	// changed (heads described, another page size) is a new generation, so
-	// the peers learn it and no room runs on the old one.
+	// the peers learn it and no room runs on the old one. The same file
+	// whole is the same generation, renewed: the engine vouches for it
+	// again (once a file truncated under its layout has its size back, say),
+	// so each same-host connection offers it again and decode proves it
+	// again, instead of keeping what it found while the file was short.
 	if cur != nil && cur.ID().Path == path && cur.Layout().Equal(layout) {
 		if err := cur.Check(); err == nil {
+			cur.Renew()
+			s.log.Info("region registered again", zap.String("region", path), zap.Uint64("generation", cur.ID().Generation),
+				zap.Stringer("rank", rankName(rank)), zap.Uint64("renewals", cur.Renewals()))
 			return Registered{ID: regionID(layout), File: cur.ID()}, nil // the same file: idempotent
 		}
 	}

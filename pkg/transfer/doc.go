@@ -272,8 +272,9 @@
 // under it; otherwise the connection goroutine unmaps it at once. Kernels without
 // MADV_POPULATE_READ (before 5.14) leave every source to fault in on first copy. Any
 // failure answers a fallback reason (disabled, open, identity, map) and the sender sends
-// that rank's chunks with payload on the same connection, logged once per connection and
-// rank and counted (pdlink_shm_fallback_total{side,reason}). An accepted answer also says
+// that rank's chunks with payload on the same connection, logged once per connection,
+// rank and offer (a file is offered again only as a new generation or renewed, below)
+// and counted (pdlink_shm_fallback_total{side,reason}). An accepted answer also says
 // what decode copies besides whole pages (ShmCaps, in the answer's pages field): a decode
 // of the build before head slices went by shared memory sends none and refuses a sliced
 // shm chunk as a bad frame, so the sender sends a rank's sliced streams by tcp to it (its
@@ -325,6 +326,24 @@
 // unmaps that offer and keeps its id as gone: every later chunk prefill announced on it
 // before it noticed fails with the same reason (a chunk naming an offer never made, or
 // one retired by a newer offer, stays invalid).
+//
+// Neither a gone offer nor a refused one outlives the engine's next registration of the
+// file. The same file registered again whole, with the same layout, is the same
+// generation renewed (Mapping.Renew; the daemons' RegisterRegion calls it), and each
+// connection's writer offers that rank's file again before its next chunk, whatever the
+// last answer was: accepted (decode may since have found it truncated), or refused (an
+// offer made while the file was short answers identity, and under auto the rank would
+// stay on TCP for the connection's life). Decode retires the older offer as for a new
+// generation and proves the file again (open, fstat, mmap: tens of microseconds, then
+// the populate worker's pass over the new mapping in the background); the new answer
+// holds until the next generation or registration. Each re-offer is counted
+// (pdlink_shm_reoffers_total, prefill) and logged, once per connection and rank for each
+// registration. Rooms that met the short file have failed already: a connection carries
+// its frames in order, so every chunk announced on the gone offer reaches decode before
+// the new offer and fails with the stat's reason, and later chunks of a failed room are
+// discarded. Without a registration a gone offer stays gone: prefill is not told why
+// decode failed a room, so the engine, which cut the file and put it back, is the one to
+// say it is whole, by registering it.
 //
 // Budget: on TCP a chunk's bytes come back to the peer's in-flight budget when its write
 // returns; a shm chunk's come back only at its COPIED frame, which decode sends for every

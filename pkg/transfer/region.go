@@ -44,6 +44,8 @@ type Mapping struct {
 	closed atomic.Bool
 	// faultLogged is set by the first fault on the mapping, which alone is logged.
 	faultLogged atomic.Bool
+	// renewals counts Renew: the engine registered this file again (same generation).
+	renewals atomic.Uint64
 }
 
 // RegionID names one mapped file: the path it was opened at, the device and inode the open
@@ -123,6 +125,17 @@ func (m *Mapping) ID() RegionID { return m.id }
 
 // Layout returns the mapping's layout.
 func (m *Mapping) Layout() Layout { return m.layout }
+
+// Renew records that the engine registered the mapped file again, the same file with the
+// same layout (so the same generation): for instance once a file truncated under its
+// layout has its size back. Each Sender connection then offers the file anew before its
+// next same-host chunk of the rank, and decode proves it again (open, identity, size):
+// an offer it had kept as gone (found truncated at a chunk's stat) or an answer that
+// refused the file holds no longer. A new generation needs no Renew: its identity is new.
+func (m *Mapping) Renew() { m.renewals.Add(1) }
+
+// Renewals is how many times Renew was called on the mapping.
+func (m *Mapping) Renewals() uint64 { return m.renewals.Load() }
 
 // Close unmaps the mapping. Nothing may read or write it any more: the Region no longer
 // serves it, and every room that used it is fenced and its fence done. Its slices stay as

@@ -16,16 +16,20 @@ type shmCounters struct {
 	fallbacks [maxShmFallback + 1]atomic.Uint64
 	conns     atomic.Int64 // connections with at least one accepted offer now
 	copied    atomic.Uint64
+	reoffers  atomic.Uint64
 }
 
 // ShmStats is a side's same-host counters: offers accepted, refusals by reason (the
 // pdlink_shm_fallback_total reason label), data connections moving pages by shared
-// memory now, and (decode) the page bytes copied from prefill mappings.
+// memory now, (decode) the page bytes copied from prefill mappings, and (prefill) the
+// offers made again for a file already answered on the connection because the engine
+// registered it again (Mapping.Renew).
 type ShmStats struct {
 	Accepted    uint64
 	Fallbacks   map[string]uint64
 	ShmConns    int64
 	CopiedBytes uint64
+	Reoffers    uint64
 }
 
 // shmTotals are every Sender's (prefill) and Receiver's (decode) counters in the process,
@@ -48,7 +52,8 @@ func (s *shmCounters) add(total *shmCounters, count func(*shmCounters)) {
 }
 
 func (s *shmCounters) stats() ShmStats {
-	out := ShmStats{Accepted: s.accepted.Load(), Fallbacks: map[string]uint64{}, ShmConns: s.conns.Load(), CopiedBytes: s.copied.Load()}
+	out := ShmStats{Accepted: s.accepted.Load(), Fallbacks: map[string]uint64{}, ShmConns: s.conns.Load(), CopiedBytes: s.copied.Load(),
+		Reoffers: s.reoffers.Load()}
 	for _, f := range AllShmFallbacks() {
 		out.Fallbacks[f.String()] = s.fallbacks[f].Load()
 	}
@@ -78,7 +83,9 @@ type shmSource struct {
 	job *populateJob
 	// gone is why the file was found deleted, replaced or truncated at a chunk's stat; m is
 	// then unmapped and nil. The offer stays known so that the chunks prefill announced on
-	// it before it noticed fail with that stat's reason, not as chunks naming no offer.
+	// it before it noticed fail with that stat's reason, not as chunks naming no offer,
+	// until prefill offers the rank's file again (a new generation, or the same file
+	// registered again once whole: Mapping.Renew), which retires it like any older offer.
 	gone error
 }
 

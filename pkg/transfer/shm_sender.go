@@ -21,8 +21,11 @@ type txShm struct {
 }
 
 type shmOfferState struct {
-	id       RegionID
-	offer    uint32
+	id    RegionID
+	offer uint32
+	// renewals is the mapping's Renewals when it was offered: a Renew since (the engine
+	// registered the file again) makes the writer offer it again.
+	renewals uint64
 	accepted bool
 	caps     ShmCaps // the accepting decode's
 	// saidNoSlices: a sliced stream of the rank was sent by tcp for want of ShmCapSlices,
@@ -64,9 +67,10 @@ func shmOfferWait(base time.Duration, size int64) time.Duration {
 
 // shmSourceFor returns the offer id this connection copies w's pages by, negotiating it
 // first when the stream's source rank has no answer on the connection for its region's
-// current file (a first chunk, or a new generation). false: the pages go as payload (tcp,
-// no pages, the peer refused, or a stream of head slices and a peer that copies whole
-// pages only). An error is the connection's.
+// current file (a first chunk, a new generation, or the same file registered again since
+// its answer: Mapping.Renew). false: the pages go as payload (tcp, no pages, the peer
+// refused, or a stream of head slices and a peer that copies whole pages only). An error
+// is the connection's.
 func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 	s := tc.p.s
 	if s.cfg.Transport == KindTCP || len(w.plans) == 0 {
@@ -81,9 +85,12 @@ func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 		return 0, false, nil
 	}
 	st, ok := tc.shm.ranks[src]
-	if !ok || st.id != m.ID() {
+	if renewals := m.Renewals(); !ok || st.id != m.ID() || st.renewals != renewals {
+		if ok && st.id == m.ID() {
+			tc.reofferShm(src, st, renewals)
+		}
 		var err error
-		if st, err = tc.offerShm(src, m); err != nil {
+		if st, err = tc.offerShm(src, m, renewals); err != nil {
 			return 0, false, err
 		}
 	}
@@ -101,9 +108,22 @@ func (tc *txConn) shmSourceFor(j *job, w *piece) (uint32, bool, error) {
 	return st.offer, st.accepted, nil
 }
 
+// reofferShm counts and logs that source rank src's file, answered before on this
+// connection (prev), is offered again because the engine registered it again: a decode
+// that found it truncated, or refused it, proves it again, and its new answer replaces
+// the old one for the rank (decode retires the older offer as for a new generation).
+func (tc *txConn) reofferShm(src Rank, prev shmOfferState, renewals uint64) {
+	s := tc.p.s
+	s.shm.add(&shmTotals.prefill, func(c *shmCounters) { c.reoffers.Add(1) })
+	s.log.Info("same-host pages offered again: the region was registered again", zap.String("peer", tc.p.addr),
+		zap.Uint16("prefill_rank", src.TP), zap.String("region", prev.id.Path), zap.Uint64("generation", prev.id.Generation),
+		zap.Bool("was_accepted", prev.accepted), zap.Uint64("renewals", renewals))
+}
+
 // offerShm sends m's SHM_OFFER for source rank src and waits for its answer, which it
-// records for the rank. An error is the connection's.
-func (tc *txConn) offerShm(src Rank, m *Mapping) (shmOfferState, error) {
+// records for the rank with renewals (m's Renewals read before the offer). An error is
+// the connection's.
+func (tc *txConn) offerShm(src Rank, m *Mapping, renewals uint64) (shmOfferState, error) {
 	s := tc.p.s
 	id := m.ID()
 	tc.shm.next++
@@ -126,7 +146,7 @@ func (tc *txConn) offerShm(src Rank, m *Mapping) (shmOfferState, error) {
 				continue // the answer to an offer this writer gave up on
 			}
 			code := ShmFallback(a.Status)
-			st := shmOfferState{id: id, offer: offer, accepted: code == ShmAccepted}
+			st := shmOfferState{id: id, offer: offer, renewals: renewals, accepted: code == ShmAccepted}
 			if st.accepted {
 				st.caps = ShmCaps(a.Pages)
 			}
