@@ -49,7 +49,6 @@ import argparse
 import ctypes
 import http.client
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -91,6 +90,7 @@ for p in (TESTS / "engines" / "sglang", TESTS / "engines", TESTS, PYTHON_DIR, PD
 
 import harness  # noqa: E402
 import tiny_llama  # noqa: E402
+from benchlib import pct, uptime  # noqa: E402
 from daemons import Pair  # noqa: E402
 from harness import PAGE, colocated, decode_server, generate, new_room, prefill_server  # noqa: E402
 from servers import Server  # noqa: E402
@@ -143,20 +143,6 @@ class _TimeCopies(importlib.abc.MetaPathFinder):
 if _LOG:
     sys.meta_path.insert(0, _TimeCopies())
 """
-
-
-def _uptime() -> str:
-    try:
-        return subprocess.run(
-            ["uptime"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[max(0, math.ceil(q * len(s)) - 1)]
 
 
 def stream(srv: Server, ids: list[int], max_new: int, t0: float, **fields) -> dict:
@@ -355,7 +341,7 @@ def main() -> None:
 
     summary: dict = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "uptime_start": _uptime(),
+        "uptime_start": uptime(),
         "args": vars(args),
         "work_dir": str(work),
         "pdlink": PDLINK_SOURCE,
@@ -405,7 +391,7 @@ def main() -> None:
                     r["copies"] = rows
                 runs[s].append(r)
         after = metric_values(pair.decode.http, "pdlink_")
-        summary["uptime_end"] = _uptime()
+        summary["uptime_end"] = uptime()
     finally:
         for s in servers.values():
             if s.alive():

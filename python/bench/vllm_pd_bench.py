@@ -76,7 +76,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -92,12 +91,14 @@ for p in (TESTS / "engines" / "vllm", TESTS / "engines", TESTS, PYTHON_DIR):
     sys.path.insert(0, str(p))
 
 import tiny_llama  # noqa: E402
+from benchlib import pct, uptime  # noqa: E402
 from daemons import Pair  # noqa: E402
 from harness import (  # noqa: E402
     BASE_ENV,
     BLOCK_SIZE,
     completion_body,
     kv_usage,
+    metric_sum,
     metrics,
     pdlink_config,
     prefill_only,
@@ -105,24 +106,12 @@ from harness import (  # noqa: E402
 )
 from servers import HTTPStatusError, Server, free_port  # noqa: E402
 
-
-def _uptime() -> str:
-    try:
-        return subprocess.run(
-            ["uptime"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+from pdlink.client import wait_for  # noqa: E402
 
 
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.read().decode()
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[max(0, math.ceil(q * len(s)) - 1)]
 
 
 def matched(got: list[int] | None, want: list[int]) -> int:
@@ -190,12 +179,13 @@ def complete_ids(server: Server, prompt: str, max_tokens: int, **more) -> list[i
 
 
 def delta(after: dict[str, float], before: dict[str, float], name: str, **labels: str) -> float:
-    total = 0.0
-    for key, v in after.items():
-        base, _, rest = key.partition("{")
-        if base == name and all(f'{k}="{val}"' in rest for k, val in labels.items()):
-            total += v - before.get(key, 0.0)
-    return total
+    return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
+
+
+def mean_ms(after: dict[str, float], before: dict[str, float], hist: str, **labels: str):
+    """A histogram's mean between two scrapes in ms (its _sum over its _count), or None."""
+    n = delta(after, before, hist + "_count", **labels)
+    return round(delta(after, before, hist + "_sum", **labels) / n * 1e3, 2) if n else None
 
 
 def _tree(pid: int) -> list[int]:
@@ -305,20 +295,18 @@ def late_decode(decode: Server, prompt: str, max_tokens: int, params: dict, want
 def held_then_late(prefill, decode, prompts, want, fillers, max_tokens, bound, counters) -> dict:
     """Prefill each prompt (decode never asked), time until the pool is empty, then late decodes."""
     res: dict = {}
-    t_end = time.monotonic() + 60
-    while kv_usage(prefill) != 0 and time.monotonic() < t_end:
-        time.sleep(0.25)
+    idle = lambda: kv_usage(prefill) == 0  # noqa: E731
+    # Every 0.25 s: the held time's resolution, and a light load on the server.
+    wait_for(idle, 60, 0.25, "prefill's KV pool idle before the held-blocks run")
     before = counters()
     params = [prefill_only(prefill, p) for p in prompts]
     t_ans = time.monotonic()
     res["usage_while_held"] = round(kv_usage(prefill), 4)
-    held = None
-    while time.monotonic() - t_ans < bound:
-        if kv_usage(prefill) == 0:
-            held = time.monotonic() - t_ans
-            break
-        time.sleep(0.25)
-    res["held_seconds"] = round(held, 2) if held is not None else f"> {bound:g} (still held)"
+    try:
+        wait_for(idle, bound, 0.25, "prefill's blocks freed")
+        res["held_seconds"] = round(time.monotonic() - t_ans, 2)
+    except TimeoutError:
+        res["held_seconds"] = f"> {bound:g} (still held)"
     res["late_blocks_free"] = late_decode(decode, prompts[0], max_tokens, params[0], want[0])
     for f in fillers:
         complete_ids(prefill, f, 1)
@@ -410,7 +398,7 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     summary: dict = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "uptime_start": _uptime(),
+        "uptime_start": uptime(),
         "args": vars(args),
         "work_dir": str(work),
     }
@@ -501,27 +489,17 @@ def main() -> None:
         before = metrics(lambda: _get(decoded), "pdlink_")
         runs1 = measure(urls, prompts, mt, log, lambda: settle(phase1, idle1))
         after = metrics(lambda: _get(decoded), "pdlink_")
-        summary["uptime_phase1"] = _uptime()
+        summary["uptime_phase1"] = uptime()
         oracle = {r["prompt"]: r["ids"] for r in runs1["colocated"]}
         results["colocated (phase 1)"] = summarize(runs1["colocated"], oracle, lengths)
         res = results["pdlink"] = summarize(runs1["pdlink"], oracle, lengths)
         cnt = delta(after, before, "pdlink_transfer_duration_seconds_count")
-        rcnt = delta(after, before, "pdlink_room_duration_seconds_count", outcome="success")
         res["kv"] = {
             "rooms": cnt,
-            "transfer_mean_ms": round(
-                delta(after, before, "pdlink_transfer_duration_seconds_sum") / cnt * 1e3, 2
-            )
-            if cnt
-            else None,
-            "room_open_to_success_mean_ms": round(
-                delta(after, before, "pdlink_room_duration_seconds_sum", outcome="success")
-                / rcnt
-                * 1e3,
-                2,
-            )
-            if rcnt
-            else None,
+            "transfer_mean_ms": mean_ms(after, before, "pdlink_transfer_duration_seconds"),
+            "room_open_to_success_mean_ms": mean_ms(
+                after, before, "pdlink_room_duration_seconds", outcome="success"
+            ),
             "bytes_mean": round(delta(after, before, "pdlink_transfer_bytes_total") / cnt)
             if cnt
             else None,
@@ -569,17 +547,13 @@ def main() -> None:
         before = metrics(lambda: nixl_dec.get("/metrics"), "vllm:nixl")
         runs2 = measure(urls, prompts, mt, log, lambda: settle(phase2, idle2))
         after = metrics(lambda: nixl_dec.get("/metrics"), "vllm:nixl")
-        summary["uptime_phase2"] = _uptime()
+        summary["uptime_phase2"] = uptime()
         results["colocated (phase 2)"] = summarize(runs2["colocated"], oracle, lengths)
         res = results["nixl"] = summarize(runs2["nixl"], oracle, lengths)
         xcnt = delta(after, before, "vllm:nixl_xfer_time_seconds_count")
         res["kv"] = {
             "transfers": xcnt,
-            "xfer_mean_ms": round(
-                delta(after, before, "vllm:nixl_xfer_time_seconds_sum") / xcnt * 1e3, 2
-            )
-            if xcnt
-            else None,
+            "xfer_mean_ms": mean_ms(after, before, "vllm:nixl_xfer_time_seconds"),
             "bytes_mean": round(delta(after, before, "vllm:nixl_bytes_transferred_sum") / xcnt)
             if xcnt
             else None,
@@ -600,7 +574,7 @@ def main() -> None:
             },
         )
         log(f"nixl, no decode: {res['no_decode']}")
-        summary["uptime_end"] = _uptime()
+        summary["uptime_end"] = uptime()
     finally:
         for s in servers.values():
             if s.alive():
