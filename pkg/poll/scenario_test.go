@@ -124,6 +124,18 @@ func TestAbortBeforeOpenLeavesTombstone_R4(t *testing.T) {
 	}
 }
 
+// endUnboundAndClear opens prefill's room id, aborts it before any decode
+// bound it (nonce 0), fences and clears it: what the previous request with
+// that id leaves is its unbound ended tombstone.
+func (h *harness) endUnboundAndClear(id RoomID) {
+	h.t.Helper()
+	h.must(open(id, 0, NoPeer))
+	h.must(local(EvAbortLocal, id))
+	h.must(local(EvFenced, id))
+	h.must(local(EvClear, id))
+	h.take()
+}
+
 // R4 across room id reuse: prefill's previous room with this id ended
 // unbound (aborted before decode's METADATA, nonce 0) and was cleared.
 // Decode's next request opens the id and aborts before prefill opened it:
@@ -132,11 +144,7 @@ func TestAbortBeforeOpenLeavesTombstone_R4(t *testing.T) {
 // bootstrap deadline.
 func TestAbortForReusedIDAfterUnboundEndLeavesTombstone_R4(t *testing.T) {
 	h := newHarness(t, Prefill)
-	h.must(open(1, 0, NoPeer))
-	h.must(local(EvAbortLocal, 1))
-	h.must(local(EvFenced, 1))
-	h.must(local(EvClear, 1))
-	h.take()
+	h.endUnboundAndClear(1)
 
 	h.must(Event{Kind: EvAbortRemote, Key: Key{1, 43}, Peer: testPeer, Reason: ReasonAbortedLocal})
 	h.must(open(1, 0, NoPeer))
@@ -153,11 +161,7 @@ func TestAbortForReusedIDAfterUnboundEndLeavesTombstone_R4(t *testing.T) {
 // and another request's METADATA is not answered with its outcome.
 func TestUnboundEndedTombstoneLearnsTheNonceItAnswered_R3(t *testing.T) {
 	h := newHarness(t, Prefill)
-	h.must(open(1, 0, NoPeer))
-	h.must(local(EvAbortLocal, 1))
-	h.must(local(EvFenced, 1))
-	h.must(local(EvClear, 1))
-	h.take()
+	h.endUnboundAndClear(1)
 
 	h.expectErr(ev(EvMetadata, 1, 42, testPeer), ErrRoomEnded) // R3: told it ended
 	h.expectErr(Event{Kind: EvAbortRemote, Key: Key{1, 42}, Peer: testPeer, Reason: ReasonTimeoutWaitingForInput}, ErrRoomEnded)
