@@ -39,9 +39,14 @@ class Fakes:
         self.prefill_answer: tuple[int, dict] = (200, {"kv_transfer_params": PARAMS})
         self.prefill_delay = 0.0
         self.after_done = 0.0  # decode's stream stays open this long after [DONE]
+        # decode answers only after this long (its KV coming), watching its connection.
+        self.decode_delay = 0.0
+        self.decode_closed = False
+        self.arrived: list[tuple[str, float]] = []
 
     async def prefill(self, request: web.Request) -> web.Response:
         self.prefill_bodies.append(await request.json())
+        self.arrived.append(("prefill", time.monotonic()))
         await asyncio.sleep(self.prefill_delay)
         status, body = self.prefill_answer
         return web.json_response(body, status=status)
@@ -49,6 +54,13 @@ class Fakes:
     async def decode(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.decode_bodies.append(body)
+        self.arrived.append(("decode", time.monotonic()))
+        end = time.monotonic() + self.decode_delay
+        while time.monotonic() < end:
+            if request.transport is None or request.transport.is_closing():
+                self.decode_closed = True
+                return web.Response(status=499)
+            await asyncio.sleep(0.02)
         if not body.get("stream"):
             return web.json_response({"choices": [{"text": "".join(TOKENS)}]})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -202,3 +214,61 @@ def test_a_prefill_slower_than_its_bound_is_a_504():
 
     asyncio.run(_scenario(fakes, check, prefill_timeout=0.3))
     assert fakes.decode_bodies == []
+
+
+CONCURRENT = {"flow": "concurrent", "prefill_bootstrap": "tcp://127.0.0.1:7000"}
+
+
+def test_the_concurrent_flow_asks_both_at_once_naming_one_room():
+    fakes = Fakes()
+    fakes.prefill_delay = 0.5
+
+    async def check(session, url):
+        async with session.post(url, json=BODY) as r:
+            assert r.status == 200
+            assert await r.json() == {"choices": [{"text": "".join(TOKENS)}]}
+
+    asyncio.run(_scenario(fakes, check, **CONCURRENT))
+    [pre], [dec] = fakes.prefill_bodies, fakes.decode_bodies
+    room = pre["kv_transfer_params"]["pdlink_room"]
+    assert 0 < room < 2**63
+    assert pre["max_tokens"] == 1 and pre["kv_transfer_params"]["do_remote_decode"] is True
+    assert dec == {
+        **BODY,
+        "kv_transfer_params": {
+            "do_remote_prefill": True,
+            "pdlink_room": room,
+            "pdlink_bootstrap": "tcp://127.0.0.1:7000",
+            "pdlink_flow": "concurrent",
+        },
+    }
+    # Decode did not wait for prefill's answer (0.5 s).
+    (_, t_pre), (_, t_dec) = sorted(fakes.arrived)
+    assert abs(t_dec - t_pre) < 0.4
+
+
+def test_a_failed_prefill_cancels_decode_and_is_the_answer():
+    fakes = Fakes()
+    fakes.prefill_answer = (400, {"error": {"message": "prompt too long"}})
+    fakes.decode_delay = 5.0
+
+    async def check(session, url):
+        t0 = time.monotonic()
+        async with session.post(url, json=BODY) as r:
+            assert r.status == 400
+            assert await r.json() == {"error": {"message": "prompt too long"}}
+        assert time.monotonic() - t0 < 3
+        for _ in range(100):
+            if fakes.decode_closed:
+                break
+            await asyncio.sleep(0.02)
+
+    asyncio.run(_scenario(fakes, check, **CONCURRENT))
+    assert fakes.decode_closed, "decode's request was left running"
+
+
+def test_the_concurrent_flow_needs_prefills_bootstrap_address():
+    with pytest.raises(ValueError, match="bootstrap"):
+        proxy.build_app("http://a", "http://b", flow="concurrent")
+    with pytest.raises(ValueError, match="flow"):
+        proxy.build_app("http://a", "http://b", flow="overlapped")
