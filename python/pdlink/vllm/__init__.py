@@ -8,8 +8,10 @@
 The flow is vLLM's documented disaggregated one (NixlConnector's): the
 prefill request carries kv_transfer_params {"do_remote_decode": true} and
 max_tokens 1; its answer's kv_transfer_params go unchanged to the decode
-request. Settings: pdlink.vllm.config; the params: pdlink.vllm.metadata;
-why staging: pdlink.vllm.staging.
+request. The concurrent flow (pdlink.vllm.proxy --flow concurrent) asks both
+at once and sends prefill's pages per layer: pdlink.vllm.layerwise.
+Settings: pdlink.vllm.config; the params: pdlink.vllm.metadata; why staging:
+pdlink.vllm.staging.
 """
 
 from pdlink.vllm.connector import PdlinkConnector

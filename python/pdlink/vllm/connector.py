@@ -9,6 +9,7 @@ by both, so an unsupported one fails the server at start.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -21,11 +22,25 @@ from pdlink.vllm.config import Settings, refuse_unsupported
 from pdlink.vllm.metadata import PdlinkMetadata
 
 
+def _log_like_vllm() -> None:
+    """pdlink.vllm's log lines through vLLM's own handlers, at its level
+    (VLLM_LOGGING_LEVEL): otherwise Python's defaults drop every line below
+    WARNING, and those left come out without time or process."""
+    ours, theirs = logging.getLogger("pdlink.vllm"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.level)
+    ours.propagate = False
+
+
 class PdlinkConnector(KVConnectorBase_V1):
     """Prefill -> decode KV through pdlink's daemons; see pdlink.vllm."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
+        _log_like_vllm()
         refuse_unsupported(vllm_config, kv_cache_config)
         settings = Settings.from_transfer_config(vllm_config.kv_transfer_config)
         self._scheduler = None
@@ -47,20 +62,32 @@ class PdlinkConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         assert self._worker is not None
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, PdlinkMetadata)
-        self._worker.start_load_kv(meta)
+        self._worker.start_load_kv(self._meta())
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:
+            assert isinstance(connector_metadata, PdlinkMetadata)
+            self._worker.begin_step(connector_metadata)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Loads land before the request is scheduled (async, whole request).
         return
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
-        # Pages leave after the request finished (request_finished holds them).
-        return
+        # The concurrent flow's pages leave per layer; the sequential flow's
+        # after the request finished (request_finished holds them).
+        assert self._worker is not None
+        self._worker.save_kv_layer(layer_name, self._meta())
 
     def wait_for_save(self) -> None:
-        return
+        if self._worker is not None and self.has_connector_metadata():
+            self._worker.wait_for_save(self._meta())
+
+    def _meta(self) -> PdlinkMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, PdlinkMetadata)
+        return meta
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         assert self._worker is not None
@@ -73,7 +100,19 @@ class PdlinkConnector(KVConnectorBase_V1):
         r = self.get_transfer_results(finished_req_ids)
         return r.finished_sending or None, r.finished_recving or None
 
+    def build_connector_worker_meta(self) -> Any:
+        return self._worker.worker_meta() if self._worker is not None else None
+
     # -- scheduler --------------------------------------------------------
+
+    def has_pending_push_work(self) -> bool:
+        # The concurrent flow's rooms whose request finished: the engine keeps
+        # stepping (each step polls them) until every rank saw them end.
+        return self._scheduler is not None and self._scheduler.pushing()
+
+    def on_new_request(self, request: Any) -> None:
+        assert self._scheduler is not None
+        self._scheduler.on_new_request(request)
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int

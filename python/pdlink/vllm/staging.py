@@ -44,6 +44,8 @@ class PageBuffer:
 
     name: str
     pages: torch.Tensor
+    # The attention layer whose KV tensor this is (vLLM's layer name).
+    layer: str = ""
 
     @property
     def item_len(self) -> int:
@@ -95,9 +97,18 @@ def page_buffers(kv_caches: dict[str, torch.Tensor], num_blocks: int) -> list[Pa
                 raise UnsupportedConfig(f"layer {name}: KV pages are not a view of the tensor")
             if pages.stride(0) < pages.shape[1]:
                 raise UnsupportedConfig(f"layer {name}: KV blocks overlap in memory")
-            out.append(PageBuffer(f"{name}[{i}]" if d else name, pages))
+            out.append(PageBuffer(f"{name}[{i}]" if d else name, pages, layer=name))
     if not out:
         raise UnsupportedConfig("no KV cache tensors registered")
+    return out
+
+
+def layer_buffers(buffers: list[PageBuffer]) -> dict[str, list[int]]:
+    """Each layer's buffer indices: what save_kv_layer stages once that layer's forward ran.
+    A layer that shares another's tensor has none (its bytes are the other's)."""
+    out: dict[str, list[int]] = {}
+    for i, b in enumerate(buffers):
+        out.setdefault(b.layer, []).append(i)
     return out
 
 
@@ -140,12 +151,15 @@ class Staging:
             run = int(s[0])
         return b.to(self.device), s, run
 
-    def stage_out(self, blocks: Any, slots: Any) -> None:
-        """Engine blocks -> staging slots (prefill, before Send)."""
+    def stage_out(self, blocks: Any, slots: Any, buffers: Any = None) -> None:
+        """Engine blocks -> staging slots (prefill, before Send), of every buffer or of
+        the given buffer indices (one layer's, as its forward wrote them)."""
         b, s, run = self._indices(blocks, slots)
         if not b.numel():
             return
-        for pages, view in zip(self._engine, self.views, strict=True):
+        chosen = range(len(self.views)) if buffers is None else buffers
+        for i in chosen:
+            pages, view = self._engine[i], self.views[i]
             if run is not None and pages.device == view.device:
                 torch.index_select(pages, 0, b, out=view[run : run + b.numel()])
             else:

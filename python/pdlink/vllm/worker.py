@@ -32,8 +32,15 @@ import numpy as np
 from pdlink import DecodeClient, NotFound, PdlinkError, PrefillClient, RoomState, RoomStatus
 from pdlink.sglang.staging import SlotPool, StagingFull
 from pdlink.vllm.config import Settings
-from pdlink.vllm.metadata import LoadJob, PdlinkMetadata, SendJob
-from pdlink.vllm.staging import Staging, page_buffers
+from pdlink.vllm.layerwise import StagedSends
+from pdlink.vllm.metadata import (
+    LoadJob,
+    PdlinkMetadata,
+    PdlinkWorkerMetadata,
+    SendJob,
+    failure_text,
+)
+from pdlink.vllm.staging import Staging, layer_buffers, page_buffers
 
 logger = logging.getLogger("pdlink.vllm")
 
@@ -42,15 +49,6 @@ _CALL_TIMEOUT = 5.0
 # stall the engine for long (a lost daemon fails its rooms past
 # daemon_lost_timeout anyway).
 _POLL_TIMEOUT = 1.0
-
-
-def _failure_text(st: RoomStatus) -> str:
-    if not st.found:
-        return "room gone from the daemon (cleared, reaped or restarted)"
-    reason = st.reason or "unknown"
-    if st.peer_reason:
-        reason += f" (peer: {st.peer_reason})"
-    return reason
 
 
 @dataclass
@@ -158,6 +156,8 @@ class WorkerSide:
         self.rank = (get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size())
         self.prefill: _Side | None = None
         self.decode: _Side | None = None
+        # Prefill's rooms of the concurrent flow (staged per layer).
+        self.staged: StagedSends | None = None
         self._sends: dict[int, _Send] = {}
         self._loads: dict[int, _Load] = {}
         self._load_by_req: dict[str, int] = {}
@@ -177,6 +177,9 @@ class WorkerSide:
         if s.prefill:
             self.prefill = self._side(
                 PrefillClient, s.prefilld_addr, s.prefill_region_dir, buffers, slots
+            )
+            self.staged = StagedSends(
+                self.prefill, self.rank, layer_buffers(buffers), s.daemon_lost_timeout
             )
         if s.decode:
             self.decode = self._side(
@@ -211,6 +214,25 @@ class WorkerSide:
         return _Side(client, staging, slots, self.rank)
 
     # -- each step --------------------------------------------------------
+
+    def begin_step(self, meta: PdlinkMetadata) -> None:
+        """Before the forward: the concurrent flow's rooms of this step."""
+        if meta.stages and self.staged is not None:
+            self.staged.begin_step(meta.stages)
+
+    def save_kv_layer(self, layer_name: str, meta: PdlinkMetadata) -> None:
+        if meta.stages and self.staged is not None:
+            self.staged.save_layer(layer_name, meta.stages)
+
+    def wait_for_save(self, meta: PdlinkMetadata) -> None:
+        if meta.stages and self.staged is not None:
+            self.staged.end_step(meta.stages)
+
+    def worker_meta(self) -> PdlinkWorkerMetadata | None:
+        if self.staged is None or not self.staged.ended:
+            return None
+        ended, self.staged.ended = self.staged.ended, []
+        return PdlinkWorkerMetadata(dict.fromkeys(ended, 1))
 
     def start_load_kv(self, meta: PdlinkMetadata) -> None:
         for job in meta.sends:
@@ -294,6 +316,9 @@ class WorkerSide:
             self._finished_seen |= finished_req_ids & ours
         if self._sends and self.prefill is not None:
             self._progress_sends(self.prefill)
+        if self.staged is not None and self.staged.rooms:
+            for req_id, room, reason in self.staged.poll():
+                self._count_failure("send", req_id, room, reason)
         if self._loads and self.decode is not None:
             self._progress_loads(self.decode)
         sending = self._done_sending & self._finished_seen
@@ -316,7 +341,7 @@ class WorkerSide:
                 if st.found and st.state == RoomState.SUCCESS:
                     self._finish_send(side, send)
                 else:
-                    send.failed = _failure_text(st)
+                    send.failed = failure_text(st)
                     self._finish_send(side, send)
             elif st.state == RoomState.WAITING_FOR_INPUT and not send.sent:
                 self._stage_and_send(side, send, st.prefix_len)
@@ -368,7 +393,7 @@ class WorkerSide:
                 assert slots is not None
                 side.staging.stage_in(slots, job.blocks[job.prefix_pages :])
             elif not load.failed:
-                load.failed = _failure_text(st)
+                load.failed = failure_text(st)
             del self._loads[st.room_id]
             side.release(st.room_id)
             self._finish_load(load)

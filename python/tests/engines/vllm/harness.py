@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -179,3 +180,48 @@ def daemon_metric(hostport: str, name: str, **labels: str) -> float:
 
 def daemon_rooms(hostport: str) -> list[dict]:
     return json.loads(http_get(hostport, "/debug/rooms")).get("rooms") or []
+
+
+def concurrent_params(room: int, bootstrap: str) -> tuple[dict, dict]:
+    """Prefill's and decode's kv_transfer_params of the concurrent flow
+    (pdlink.vllm.proxy --flow concurrent): both name the room the proxy drew."""
+    pre = {"do_remote_decode": True, "pdlink_room": room}
+    dec = {
+        "do_remote_prefill": True,
+        "pdlink_room": room,
+        "pdlink_bootstrap": bootstrap,
+        "pdlink_flow": "concurrent",
+    }
+    return pre, dec
+
+
+def concurrent(
+    prefill: Server,
+    decode: Server,
+    bootstrap: str,
+    prompt: str,
+    max_tokens: int,
+    *,
+    room: int,
+    decode_prompt: str | None = None,
+    prefill_delay: float = 0.0,
+) -> Disagg:
+    """One request through prefill and decode at once (decode_prompt: a proxy that sent
+    decode another prompt; prefill_delay: prefill's request that far behind decode's)."""
+    pre_params, dec_params = concurrent_params(room, bootstrap)
+    out: dict[str, Any] = {}
+
+    def run_prefill() -> None:
+        time.sleep(prefill_delay)
+        try:
+            out["prefill"] = complete(prefill, prompt, 1, kv_transfer_params=pre_params)
+        except Exception as err:  # reported in the result
+            out["prefill_error"] = err
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=run_prefill)
+    th.start()
+    text, err = decode_with(decode, decode_prompt or prompt, max_tokens, dec_params)
+    th.join(300)
+    params = (out.get("prefill") or {}).get("kv_transfer_params")
+    return Disagg(params, text, err, time.monotonic() - t0)
